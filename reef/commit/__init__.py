@@ -1,0 +1,1 @@
+"""commit: evaluate candidates, publish releases, move heads by compare-and-swap."""

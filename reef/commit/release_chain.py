@@ -1,0 +1,312 @@
+"""A scenario's release chain, built on its commit log and the artifact store.
+
+Every change is one commit-log step, appended while the log is held exclusively, after the
+artifact (if any) is committed to git. So the log is the truth and the scenario's git ref is
+only its mirror (repaired from the log on open, never the reverse).
+
+- `publish` adds a release on top of `expected_parent` (the head), or a pending one that
+  waits for `promote` when the gate said `review`.
+- `reject` logs a refused candidate; the head stays.
+- `rollback` and `promote` republish existing content as a new release with the next step:
+  history is never rewritten.
+- `advance` moves the *serving* pointer (the release new requests are frozen to, with the
+  runtime load that serves it) by compare-and-swap, only forward along the chain. It is
+  process state, not logged: after a restart the serving pointer starts at the head.
+- `begin_batch` logs a learner's batch before training; it stays open until a `publish` or
+  `reject` names it, or `abandon_batch` closes it. `open_batch` tells a restarted learner.
+- `compact` deletes consumed records from the experience store, logged first.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from reef.commit.artifacts import ArtifactManifest, ArtifactStore, content_id_of
+from reef.commit.commit_log import CommitLog
+from reef.core.errors import Conflict, InvalidInput, NotFound, StaleHead
+from reef.core.types import ArtifactKind, CommitEntry, JSON, Operation, Release, ReleaseRef, Verdict
+from reef.observe.store import ExperienceStore
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Content a recipe proposes: files of a LoRA adapter, a harness tree, or both."""
+
+    files: Mapping[str, bytes]
+    kind: ArtifactKind
+    source: JSON = field(default_factory=lambda: {"kind": "training"})
+    metadata: JSON = field(default_factory=dict)
+
+    @property
+    def content_id(self) -> str:
+        return content_id_of(self.files)
+
+
+class ReleaseChain:
+    def __init__(self, scenario: str, log: CommitLog, artifacts: ArtifactStore) -> None:
+        self.scenario = scenario
+        self.log = log
+        self.artifacts = artifacts
+        self._serving_lock = threading.Lock()
+        self._serving: ReleaseRef | None = None
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def binding(self) -> JSON:
+        first = self._entries()[0]
+        assert first.binding is not None
+        return first.binding
+
+    def head(self) -> Release:
+        return Release.from_entry(_head_entry(self._entries()))
+
+    def last_step(self) -> int:
+        return self.log.last_step
+
+    def releases(self) -> list[Release]:
+        """Every release of the chain, pending ones included, newest first."""
+        return [Release.from_entry(e) for e in reversed(self._entries()) if e.publishes_release]
+
+    def history(self) -> list[CommitEntry]:
+        """Every step, rejections, batches and compactions included, oldest first."""
+        return self._entries()
+
+    def release(self, release_id: str) -> Release:
+        for entry in reversed(self._entries()):
+            if entry.publishes_release and entry.release.release_id == release_id:
+                return Release.from_entry(entry)
+        raise NotFound(f"scenario {self.scenario!r} has no release {release_id}")
+
+    def algorithm_state(self) -> JSON | None:
+        return self._entries()[-1].algorithm_state
+
+    def high_water(self) -> int:
+        """The experience-store cursor the learner has consumed up to."""
+        return self._entries()[-1].high_water
+
+    def open_batch(self) -> JSON | None:
+        """The batch logged for training that no later step closed, if any."""
+        open_: JSON | None = None
+        for entry in self._entries():
+            if entry.operation is Operation.BATCH:
+                open_ = entry.batch
+            elif open_ is not None and entry.metrics.get("batch_id") == open_["batch_id"]:
+                open_ = None
+        return open_
+
+    def consumed_record_ids(self) -> set[str]:
+        """Records of batches that training closed (published or rejected)."""
+        batches = {e.batch["batch_id"]: e.batch for e in self._entries() if e.operation is Operation.BATCH and e.batch}
+        consumed: set[str] = set()
+        for entry in self._entries():
+            batch_id = entry.metrics.get("batch_id")
+            if entry.operation in (Operation.TRAINING, Operation.REJECTION) and batch_id in batches:
+                consumed.update(batches[batch_id]["record_ids"])
+        return consumed
+
+    # -- serving pointer -------------------------------------------------------------------
+
+    def serving(self) -> ReleaseRef:
+        with self._serving_lock:
+            if self._serving is None:
+                self._serving = self.head().ref
+            return self._serving
+
+    def advance(self, expected_head: str, new: ReleaseRef) -> ReleaseRef:
+        """Serve `new` (a release of this chain, with its runtime load) from now on."""
+        target = self.release(new.release_id)
+        if target.pending or target.content_id != new.content_id:
+            raise InvalidInput(f"release {new.release_id} is pending or does not hold content {new.content_id}")
+        current = self.serving()
+        with self._serving_lock:
+            if self._serving is None or self._serving.release_id != expected_head:
+                raise StaleHead(f"serving release is {self._serving and self._serving.release_id}, not {expected_head}")
+            if target.step < self.release(current.release_id).step:
+                raise InvalidInput("advance moves forward only; use rollback to serve older content")
+            self._serving = new
+            return new
+
+    # -- writing -------------------------------------------------------------------------
+
+    def publish(
+        self,
+        candidate: Candidate,
+        expected_parent: str,
+        *,
+        verdict: Verdict,
+        batch_id: str | None = None,
+        algorithm_state: JSON | None = None,
+        high_water: int | None = None,
+        metrics: JSON | None = None,
+    ) -> Release:
+        """Publish a candidate the gate selected (`select`), or hold it pending (`review`)."""
+        if verdict.decision == "reject":
+            raise InvalidInput("a rejected candidate is logged with reject(), never published")
+        with self.log.transaction():
+            head = self._check_head(expected_parent)
+            entry = self._commit_artifact(
+                candidate, head, Operation.TRAINING, pending=verdict.decision == "review",
+                verdict=verdict, batch_id=batch_id, algorithm_state=algorithm_state,
+                high_water=high_water, metrics=metrics,
+            )
+            return Release.from_entry(entry)
+
+    def reject(
+        self,
+        candidate_content_id: str,
+        expected_head: str,
+        *,
+        verdict: Verdict,
+        batch_id: str | None = None,
+        algorithm_state: JSON | None = None,
+        high_water: int | None = None,
+        metrics: JSON | None = None,
+    ) -> CommitEntry:
+        if verdict.decision != "reject":
+            raise InvalidInput("reject() logs a verdict of reject")
+        with self.log.transaction():
+            head = self._check_head(expected_head)
+            extra = {"candidate_content_id": candidate_content_id, **_batch_metric(batch_id), **(metrics or {})}
+            return self._append_on_head(head, Operation.REJECTION, verdict=verdict, metrics=extra,
+                                        algorithm_state=algorithm_state, high_water=high_water)
+
+    def rollback(self, target_release_id: str, expected_head: str) -> Release:
+        with self.log.transaction():
+            head = self._check_head(expected_head)
+            target = self.release(target_release_id)
+            if target.pending:
+                raise InvalidInput(f"release {target_release_id} is pending review; promote it instead")
+            candidate = self._candidate_of(target, {"kind": "rollback", "release_id": target_release_id})
+            entry = self._commit_artifact(candidate, head, Operation.ROLLBACK, rollback_target=target_release_id)
+            return Release.from_entry(entry)
+
+    def promote(self, release_id: str, expected_head: str | None = None) -> Release:
+        with self.log.transaction():
+            head = _head_entry(self._entries())
+            if expected_head is not None:
+                self._check_head(expected_head)
+            target = self.release(release_id)
+            if not target.pending:
+                raise InvalidInput(f"release {release_id} is not pending review")
+            if any(e.operation is Operation.PROMOTE and e.rollback_target_release_id == release_id for e in self._entries()):
+                raise Conflict(f"release {release_id} was already promoted")
+            candidate = self._candidate_of(target, {"kind": "promote", "release_id": release_id})
+            entry = self._commit_artifact(candidate, head, Operation.PROMOTE, rollback_target=release_id,
+                                          verdict=target.verdict)
+            return Release.from_entry(entry)
+
+    def begin_batch(
+        self, batch_id: str, record_ids: Sequence[str], report_ids: Sequence[str], *, high_water: int, expected_step: int
+    ) -> CommitEntry:
+        with self.log.transaction():
+            if self.log.last_step != expected_step:
+                raise StaleHead(f"expected step {expected_step}, the last step is {self.log.last_step}")
+            if self.open_batch() is not None:
+                raise Conflict(f"batch {self.open_batch()['batch_id']} is still open; finish or abandon it first")
+            head = _head_entry(self._entries())
+            batch = {"batch_id": batch_id, "record_ids": list(record_ids), "report_ids": list(report_ids),
+                     "from_release_id": head.release.release_id}
+            return self._append_on_head(head, Operation.BATCH, batch=batch, high_water=high_water)
+
+    def abandon_batch(self, batch_id: str, reason: str) -> CommitEntry:
+        with self.log.transaction():
+            open_ = self.open_batch()
+            if open_ is None or open_["batch_id"] != batch_id:
+                raise NotFound(f"no open batch {batch_id} in scenario {self.scenario!r}")
+            head = _head_entry(self._entries())
+            return self._append_on_head(head, Operation.ABANDON, metrics={"batch_id": batch_id, "reason": reason})
+
+    def compact(self, store: ExperienceStore, record_ids: Sequence[str]) -> CommitEntry:
+        """Delete records that training consumed; the log line comes first, then the delete."""
+        with self.log.transaction():
+            unconsumed = sorted(set(record_ids) - self.consumed_record_ids())
+            if unconsumed:
+                raise InvalidInput(f"only records consumed by training can be compacted; not consumed: {', '.join(unconsumed)}")
+            head = _head_entry(self._entries())
+            entry = self._append_on_head(head, Operation.COMPACTION, compacted_ids=tuple(record_ids))
+        store.compact(self.scenario, entry.compacted_ids)
+        return entry
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _entries(self) -> list[CommitEntry]:
+        entries = self.log.entries()
+        if not entries:
+            raise NotFound(f"scenario {self.scenario!r} has no commit log")
+        return entries
+
+    def _check_head(self, expected: str) -> CommitEntry:
+        head = _head_entry(self._entries())
+        if head.release.release_id != expected:
+            raise StaleHead(f"scenario {self.scenario!r}: head is {head.release.release_id}, not {expected}")
+        return head
+
+    def _candidate_of(self, release: Release, source: JSON) -> Candidate:
+        manifest = self.artifacts.manifest(release.release_id)
+        return Candidate(self.artifacts.files(release.release_id), ArtifactKind(manifest.kind), source, manifest.metadata)
+
+    def _commit_artifact(
+        self, candidate: Candidate, head: CommitEntry, operation: Operation, *, pending: bool = False,
+        verdict: Verdict | None = None, batch_id: str | None = None, rollback_target: str | None = None,
+        algorithm_state: JSON | None = None, high_water: int | None = None, metrics: JSON | None = None,
+    ) -> CommitEntry:
+        manifest = ArtifactManifest(candidate.content_id, head.release.release_id, candidate.kind.value,
+                                    dict(candidate.source), dict(candidate.metadata))
+        mirror = self._sync_mirror()
+        release_id = self.artifacts.commit(self.scenario, candidate.files, manifest, expected_parent=mirror)
+        last = self._entries()[-1]
+        entry = CommitEntry(
+            scenario=self.scenario,
+            step=last.step + 1,
+            operation=operation,
+            release=ReleaseRef(release_id, candidate.content_id),
+            parent_release_id=head.release.release_id,
+            checkpoint=True,
+            pending=pending,
+            verdict=verdict,
+            algorithm_state=algorithm_state if algorithm_state is not None else last.algorithm_state,
+            high_water=high_water if high_water is not None else last.high_water,
+            rollback_target_release_id=rollback_target,
+            metrics={**_batch_metric(batch_id), **(metrics or {})},
+        )
+        return self.log.append(entry, expected_step=last.step)
+
+    def _append_on_head(self, head: CommitEntry, operation: Operation, **fields: Any) -> CommitEntry:
+        last = self._entries()[-1]
+        if fields.get("algorithm_state") is None:
+            fields["algorithm_state"] = last.algorithm_state
+        if fields.get("high_water") is None:
+            fields["high_water"] = last.high_water
+        entry = CommitEntry(scenario=self.scenario, step=last.step + 1, operation=operation, release=head.release,
+                            parent_release_id=head.parent_release_id, **fields)
+        return self.log.append(entry, expected_step=last.step)
+
+    def _sync_mirror(self) -> str | None:
+        """The git ref must point at the last artifact the log names; repair it if a crash
+        left it ahead (an artifact committed, its log line never written)."""
+        logged = last_artifact_release(self._entries())
+        if self.artifacts.scenario_head(self.scenario) != logged:
+            self.artifacts.reset_scenario_head(self.scenario, logged)
+        return logged
+
+
+def last_artifact_release(entries: Sequence[CommitEntry]) -> str | None:
+    for entry in reversed(entries):
+        if entry.publishes_release:
+            return entry.release.release_id
+    return None
+
+
+def _head_entry(entries: Sequence[CommitEntry]) -> CommitEntry:
+    for entry in reversed(entries):
+        if entry.publishes_release and not entry.pending:
+            return entry
+    raise NotFound("the commit log has no release")
+
+
+def _batch_metric(batch_id: str | None) -> JSON:
+    return {"batch_id": batch_id} if batch_id else {}
+

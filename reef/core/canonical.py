@@ -1,0 +1,67 @@
+"""Canonical JSON, content hashes and identifiers.
+
+Equality of durable things (records, reports, commit-log lines) is defined on their canonical
+JSON, so a retry that sends the same content compares equal whatever its key order.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import re
+import uuid
+from typing import Any
+
+from reef.core.errors import InvalidInput
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no whitespace, no NaN or infinity (they are not JSON)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def sha256_hex(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
+def content_hash(value: Any) -> str:
+    return sha256_hex(canonical_json(value))
+
+
+def new_id() -> str:
+    """A random receipt or report id: 32 hex characters."""
+    return uuid.uuid4().hex
+
+
+_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_SCENARIO_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_id(value: object, what: str = "id") -> str:
+    """Client-chosen ids are short and path-safe: letters, digits, `.`, `_`, `:`, `-`."""
+    if not isinstance(value, str) or not _ID_PATTERN.match(value) or ".." in value:
+        raise InvalidInput(f"{what} must be 1-128 characters of letters, digits, '.', '_', ':' or '-', got {value!r}")
+    return value
+
+
+def check_scenario_name(value: object) -> str:
+    if not isinstance(value, str) or not _SCENARIO_PATTERN.match(value) or ".." in value:
+        raise InvalidInput(
+            f"scenario name must be 1-128 characters of letters, digits, '.', '_' or '-', got {value!r}"
+        )
+    return value
+
+
+def check_finite(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidInput(f"{what} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def scenario_key(name: str) -> str:
+    """A file- and ref-safe key for a scenario name (urlsafe base64 without padding)."""
+    return base64.urlsafe_b64encode(name.encode("utf-8")).decode("ascii").rstrip("=")

@@ -1,0 +1,63 @@
+"""The exception tree every step of Reef shares.
+
+    ReefError
+    ├── InvalidInput        bad input from a caller; nothing was changed         (HTTP 400)
+    ├── NotFound            unknown receipt, scenario or release                 (HTTP 404)
+    │   └── MissingArtifact a release the commit log names has no artifact
+    ├── Conflict            a binding contradiction or a stale compare-and-swap  (HTTP 409)
+    │   ├── RecordConflict  same record or report id, other content
+    │   └── StaleHead       head, parent or step moved under the caller
+    ├── Corruption          durable state is damaged; names the file and line
+    └── StorageUnavailable  the store cannot take writes now (disk full, closed)  (HTTP 503)
+
+Callers catch the branch they mean; the HTTP layer maps branches to status codes.
+"""
+
+from __future__ import annotations
+
+
+class ReefError(Exception):
+    """Base of every error Reef raises on purpose."""
+
+    kind = "reef_error"
+
+
+class InvalidInput(ReefError, ValueError):
+    kind = "invalid_request_error"
+
+
+class NotFound(ReefError, LookupError):
+    kind = "not_found_error"
+
+
+class MissingArtifact(NotFound):
+    kind = "missing_artifact_error"
+
+
+class Conflict(ReefError):
+    kind = "conflict_error"
+
+
+class RecordConflict(Conflict):
+    kind = "record_conflict_error"
+
+
+class StaleHead(Conflict):
+    kind = "stale_head_error"
+
+
+class Corruption(ReefError):
+    """Durable state is damaged somewhere other than a torn last line."""
+
+    kind = "corruption_error"
+
+    def __init__(self, path: str, line: int | None, reason: str) -> None:
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {reason}")
+        self.path = path
+        self.line = line
+        self.reason = reason
+
+
+class StorageUnavailable(ReefError):
+    kind = "storage_unavailable_error"

@@ -1,0 +1,1 @@
+"""grow: arrives with later issues (see DESIGN.md section 1)."""

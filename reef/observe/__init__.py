@@ -1,0 +1,1 @@
+"""observe: the experience store (records, reports, sessions)."""

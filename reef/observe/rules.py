@@ -1,0 +1,104 @@
+"""The store rules both backends share: identity, the finish transition, reference checks.
+
+Backends keep only SQL here and there; every decision about what is a retry, a conflict or a
+missing reference is made by these functions, so SQLite and PostgreSQL cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any, Iterable, Sequence
+
+from reef.core.canonical import canonical_json, content_hash
+from reef.core.errors import InvalidInput, NotFound, RecordConflict
+from reef.core.types import Record, RecordStatus, Report, TokenSpan
+
+
+def record_content_hash(record: Record) -> str:
+    return content_hash(record.content())
+
+
+def record_body(record: Record) -> str:
+    data = record.to_json()
+    data.pop("seq", None)
+    return canonical_json(data)
+
+
+def report_identity_hash(report: Report) -> str:
+    return content_hash(report.content())
+
+
+def report_body(report: Report) -> str:
+    data = report.to_json()
+    data.pop("seq", None)
+    return canonical_json(data)
+
+
+def resolve_record_retry(stored: Record, new: Record) -> Record | None:
+    """Decide a put of an id that exists: the stored record to return, or `None` meaning the
+    stored in-progress record should be finished with `new`'s outcome. Raises on conflict."""
+    if canonical_json(stored.content()) != canonical_json(new.content()):
+        raise RecordConflict(f"record {new.id} already exists with other content")
+    if new.status is RecordStatus.IN_PROGRESS:
+        return stored
+    if stored.status is RecordStatus.IN_PROGRESS:
+        return None
+    if canonical_json(stored.outcome()) != canonical_json(new.outcome()):
+        raise RecordConflict(f"record {new.id} was already finished with another outcome")
+    return stored
+
+
+def finished(
+    stored: Record,
+    status: RecordStatus,
+    response: dict | None,
+    token_ids: list[int] | None,
+    logprobs: list[float] | None,
+    spans: Sequence[TokenSpan],
+    error: str | None,
+    timings: dict[str, float] | None,
+) -> Record | None:
+    """The finished form of `stored`, or `None` when it is an identical retry of a finish."""
+    if status is RecordStatus.IN_PROGRESS:
+        raise InvalidInput("a record can only be finished as complete or incomplete")
+    candidate = replace(
+        stored,
+        status=status,
+        response=response,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        spans=list(spans),
+        error=error,
+        timings={**stored.timings, **(timings or {})},
+    )
+    if stored.status is not RecordStatus.IN_PROGRESS:
+        if canonical_json(stored.outcome()) == canonical_json(candidate.outcome()):
+            return None
+        raise RecordConflict(f"record {stored.id} is already {stored.status.value}; records are never overwritten")
+    return candidate
+
+
+def check_report_retry(stored: Report, new: Report) -> Report:
+    if canonical_json(stored.content()) != canonical_json(new.content()):
+        raise RecordConflict(f"report {new.id} already exists with other content")
+    return stored
+
+
+def require_references(report: Report, known: Iterable[str]) -> None:
+    known_set = set(known)
+    missing = [ref for ref in report.references if ref not in known_set]
+    if missing:
+        raise NotFound(f"report {report.id} references unknown records in scenario {report.scenario!r}: {', '.join(missing)}")
+
+
+def record_from_row(body: str, seq: int) -> Record:
+    data: dict[str, Any] = json.loads(body)
+    data["seq"] = seq
+    return Record.from_json(data)
+
+
+def report_from_row(body: str, seq: int) -> Report:
+    data: dict[str, Any] = json.loads(body)
+    data["seq"] = seq
+    return Report.from_json(data)

@@ -1,0 +1,344 @@
+"""The SQLite experience store: WAL, `synchronous=FULL`, one writer thread with group commit.
+
+Every write is a small function run by a single writer thread on its own connection. The
+writer takes whatever writes are queued (up to `max_batch`), runs each inside its own
+savepoint in one `BEGIN IMMEDIATE` transaction, commits once (one fsync for the group) and only
+then answers each caller. A caller's write is durable when its call returns; a failing write
+rolls back its own savepoint and leaves the rest of the group intact. Readers use one
+connection per thread and never block the writer (WAL).
+"""
+
+from __future__ import annotations
+
+import queue
+import sqlite3
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
+
+from reef.core.errors import NotFound, RecordConflict, ReefError, StorageUnavailable
+from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
+from reef.observe import rules
+from reef.observe.store import ExperienceStore
+
+T = TypeVar("T")
+Write = Callable[[sqlite3.Connection], Any]
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    scenario TEXT NOT NULL,
+    session TEXT,
+    status TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS records_by_scenario ON records (scenario, seq);
+CREATE INDEX IF NOT EXISTS records_by_session ON records (scenario, session, seq);
+CREATE TABLE IF NOT EXISTS tombstones (
+    id TEXT PRIMARY KEY,
+    scenario TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    compacted_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS reports (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    scenario TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reports_by_scenario ON reports (scenario, seq);
+CREATE TABLE IF NOT EXISTS report_refs (
+    report_seq INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    record_id TEXT NOT NULL,
+    PRIMARY KEY (report_seq, position)
+);
+CREATE INDEX IF NOT EXISTS report_refs_by_record ON report_refs (record_id);
+"""
+
+_STOP = object()
+
+
+class SQLiteStore(ExperienceStore):
+    def __init__(self, path: Path | str, *, max_batch: int = 256) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.max_batch = max_batch
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._closed = False
+        self._writer_conn = self._connect()
+        self._migrate(self._writer_conn)
+        self._writer = threading.Thread(target=self._write_loop, name="reef-sqlite-writer", daemon=True)
+        self._writer.start()
+
+    # -- connections ---------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StorageUnavailable(f"{self.path}: schema version {version} is newer than this Reef ({SCHEMA_VERSION})")
+        conn.executescript(SCHEMA)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _reader(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StorageUnavailable(f"{self.path}: store is closed")
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            conn.execute("PRAGMA query_only=ON")
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._writer.join()
+        self._writer_conn.close()
+        with self._readers_lock:
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
+
+    # -- the writer ----------------------------------------------------------------------
+
+    def _submit(self, write: Write) -> Any:
+        if self._closed:
+            raise StorageUnavailable(f"{self.path}: store is closed")
+        future: Future[Any] = Future()
+        self._queue.put((write, future))
+        return future.result()
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            group = [item]
+            while len(group) < self.max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    self._queue.put(_STOP)
+                    break
+                group.append(nxt)
+            self._run_group(group)
+
+    def _run_group(self, group: list[tuple[Write, Future[Any]]]) -> None:
+        conn = self._writer_conn
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for write, _ in group:
+                conn.execute("SAVEPOINT one")
+                try:
+                    outcomes.append((True, write(conn)))
+                    conn.execute("RELEASE one")
+                except (ReefError, ValueError) as exc:
+                    conn.execute("ROLLBACK TO one")
+                    conn.execute("RELEASE one")
+                    outcomes.append((False, exc))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            error = StorageUnavailable(f"{self.path}: write failed: {exc}")
+            for _, future in group:
+                future.set_exception(error)
+            return
+        for (ok, value), (_, future) in zip(outcomes, group):
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    # -- records -------------------------------------------------------------------------
+
+    def put_record(self, record: Record) -> Record:
+        def write(conn: sqlite3.Connection) -> Record:
+            stored = _load_record(conn, record.id)
+            if stored is not None:
+                resolved = rules.resolve_record_retry(stored, record)
+                if resolved is not None:
+                    return resolved
+                return _finish(conn, stored, record)
+            tomb = conn.execute("SELECT content_hash FROM tombstones WHERE id = ?", (record.id,)).fetchone()
+            if tomb is not None:
+                if tomb[0] != rules.record_content_hash(record):
+                    raise RecordConflict(f"record {record.id} already existed with other content (compacted)")
+                return record
+            now = time.time()
+            finished_at = now if record.status is not RecordStatus.IN_PROGRESS else None
+            cur = conn.execute(
+                "INSERT INTO records (id, scenario, session, status, body, created_at, finished_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (record.id, record.scenario, record.session, record.status.value, rules.record_body(record), now, finished_at),
+            )
+            return _with_seq(record, cur.lastrowid)
+
+        return self._submit(write)
+
+    def finish_record(
+        self,
+        record_id: str,
+        status: RecordStatus,
+        *,
+        response: dict | None = None,
+        token_ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        spans: Sequence[TokenSpan] = (),
+        error: str | None = None,
+        timings: dict[str, float] | None = None,
+    ) -> Record:
+        def write(conn: sqlite3.Connection) -> Record:
+            stored = _load_record(conn, record_id)
+            if stored is None:
+                raise NotFound(f"unknown record {record_id}")
+            done = rules.finished(stored, status, response, token_ids, logprobs, spans, error, timings)
+            return stored if done is None else _finish(conn, stored, done)
+
+        return self._submit(write)
+
+    def get_record(self, record_id: str) -> Record:
+        stored = _load_record(self._reader(), record_id)
+        if stored is None:
+            raise NotFound(f"unknown record {record_id}")
+        return stored
+
+    def session_records(self, scenario: str, session: str) -> list[Record]:
+        rows = self._reader().execute(
+            "SELECT body, seq FROM records WHERE scenario = ? AND session = ? ORDER BY seq", (scenario, session)
+        )
+        return [rules.record_from_row(body, seq) for body, seq in rows]
+
+    def compact(self, scenario: str, record_ids: Sequence[str]) -> int:
+        def write(conn: sqlite3.Connection) -> int:
+            deleted = 0
+            now = time.time()
+            for record_id in record_ids:
+                stored = _load_record(conn, record_id)
+                if stored is None or stored.scenario != scenario:
+                    continue
+                conn.execute(
+                    "INSERT OR IGNORE INTO tombstones (id, scenario, content_hash, compacted_at) VALUES (?, ?, ?, ?)",
+                    (record_id, scenario, rules.record_content_hash(stored), now),
+                )
+                conn.execute("DELETE FROM records WHERE id = ?", (record_id,))
+                deleted += 1
+            return deleted
+
+        return self._submit(write)
+
+    def count_records(self, scenario: str | None = None) -> int:
+        return _count(self._reader(), "records", scenario)
+
+    # -- reports -------------------------------------------------------------------------
+
+    def put_report(self, report: Report) -> Report:
+        def write(conn: sqlite3.Connection) -> Report:
+            row = conn.execute("SELECT body, seq FROM reports WHERE id = ?", (report.id,)).fetchone()
+            if row is not None:
+                return rules.check_report_retry(rules.report_from_row(*row), report)
+            rules.require_references(report, _known_ids(conn, report.scenario, report.references))
+            stamped = Report.from_json({**report.to_json(), "created_at": time.time()})
+            cur = conn.execute(
+                "INSERT INTO reports (id, scenario, body, created_at) VALUES (?, ?, ?, ?)",
+                (report.id, report.scenario, rules.report_body(stamped), stamped.created_at),
+            )
+            conn.executemany(
+                "INSERT INTO report_refs (report_seq, position, record_id) VALUES (?, ?, ?)",
+                [(cur.lastrowid, i, ref) for i, ref in enumerate(report.references)],
+            )
+            return Report.from_json({**stamped.to_json(), "seq": cur.lastrowid})
+
+        return self._submit(write)
+
+    def get_report(self, report_id: str) -> Report:
+        row = self._reader().execute("SELECT body, seq FROM reports WHERE id = ?", (report_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"unknown report {report_id}")
+        return rules.report_from_row(*row)
+
+    def reports_for(self, record_id: str) -> list[Report]:
+        rows = self._reader().execute(
+            "SELECT DISTINCT r.body, r.seq FROM reports r JOIN report_refs f ON f.report_seq = r.seq"
+            " WHERE f.record_id = ? ORDER BY r.seq",
+            (record_id,),
+        )
+        return [rules.report_from_row(body, seq) for body, seq in rows]
+
+    def reported_since(self, scenario: str, cursor: int = 0, limit: int = 1000) -> list[ReportedRecords]:
+        conn = self._reader()
+        conn.execute("BEGIN")  # one snapshot for reports and their records
+        try:
+            reports = [
+                rules.report_from_row(body, seq)
+                for body, seq in conn.execute(
+                    "SELECT body, seq FROM reports WHERE scenario = ? AND seq > ? ORDER BY seq LIMIT ?",
+                    (scenario, cursor, limit),
+                )
+            ]
+            out = []
+            for report in reports:
+                records = [r for r in (_load_record(conn, ref) for ref in report.references) if r is not None]
+                out.append(ReportedRecords(report, tuple(records)))
+            return out
+        finally:
+            conn.execute("COMMIT")
+
+    def count_reports(self, scenario: str | None = None) -> int:
+        return _count(self._reader(), "reports", scenario)
+
+
+def _load_record(conn: sqlite3.Connection, record_id: str) -> Record | None:
+    row = conn.execute("SELECT body, seq FROM records WHERE id = ?", (record_id,)).fetchone()
+    return rules.record_from_row(*row) if row else None
+
+
+def _finish(conn: sqlite3.Connection, stored: Record, done: Record) -> Record:
+    conn.execute(
+        "UPDATE records SET status = ?, body = ?, finished_at = ? WHERE id = ? AND status = 'in_progress'",
+        (done.status.value, rules.record_body(done), time.time(), stored.id),
+    )
+    return _with_seq(done, stored.seq)
+
+
+def _with_seq(record: Record, seq: int | None) -> Record:
+    return replace(record, seq=seq)
+
+
+def _known_ids(conn: sqlite3.Connection, scenario: str, ids: Sequence[str]) -> set[str]:
+    marks = ",".join("?" * len(ids))
+    live = conn.execute(f"SELECT id FROM records WHERE scenario = ? AND id IN ({marks})", (scenario, *ids))
+    gone = conn.execute(f"SELECT id FROM tombstones WHERE scenario = ? AND id IN ({marks})", (scenario, *ids))
+    return {row[0] for row in live} | {row[0] for row in gone}
+
+
+def _count(conn: sqlite3.Connection, table: str, scenario: str | None) -> int:
+    if scenario is None:
+        return conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+    return conn.execute(f"SELECT COUNT(*) FROM {table} WHERE scenario = ?", (scenario,)).fetchone()[0]

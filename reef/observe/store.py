@@ -1,0 +1,85 @@
+"""The experience store interface: records and reports, durable before any call returns.
+
+Two implementations: `SQLiteStore` (the default, one file in the state directory) and
+`PostgresStore` (for several front ends sharing one store). Both follow the same rules:
+
+- A record is created once. Putting it again with identical content (request, release,
+  session, tags and, when given, outcome) is idempotent and returns the stored record; other
+  content under the same id raises `RecordConflict`.
+- A record moves once from `in_progress` to `complete` or `incomplete` (`finish_record`), and
+  is never overwritten after that; finishing it again identically is idempotent.
+- A report must reference records of its own scenario; the error names every missing one.
+- Records are deleted only by `compact`, which keeps a tombstone (id and content hash) so a
+  late retry still deduplicates; the commit layer logs every compaction.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
+
+
+class ExperienceStore(ABC):
+    @abstractmethod
+    def put_record(self, record: Record) -> Record:
+        """Store a new record (any status); idempotent on identical content."""
+
+    @abstractmethod
+    def finish_record(
+        self,
+        record_id: str,
+        status: RecordStatus,
+        *,
+        response: dict | None = None,
+        token_ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        spans: Sequence[TokenSpan] = (),
+        error: str | None = None,
+        timings: dict[str, float] | None = None,
+    ) -> Record:
+        """Move an `in_progress` record to `complete` or `incomplete`."""
+
+    @abstractmethod
+    def get_record(self, record_id: str) -> Record:
+        """The stored record; `NotFound` if it does not exist (or was compacted)."""
+
+    @abstractmethod
+    def put_report(self, report: Report) -> Report:
+        """Store a report; idempotent on identical content; `NotFound` names missing references."""
+
+    @abstractmethod
+    def get_report(self, report_id: str) -> Report: ...
+
+    @abstractmethod
+    def reports_for(self, record_id: str) -> list[Report]:
+        """Reports that reference one record, oldest first."""
+
+    @abstractmethod
+    def reported_since(self, scenario: str, cursor: int = 0, limit: int = 1000) -> list[ReportedRecords]:
+        """Reports of a scenario with sequence above `cursor`, in sequence order, with their
+        live records. The learner keeps the last `cursor` it consumed in the commit log."""
+
+    @abstractmethod
+    def session_records(self, scenario: str, session: str) -> list[Record]:
+        """Records of one session, in the order they were created."""
+
+    @abstractmethod
+    def compact(self, scenario: str, record_ids: Sequence[str]) -> int:
+        """Delete records (keeping tombstones); idempotent; returns how many were deleted now."""
+
+    @abstractmethod
+    def count_records(self, scenario: str | None = None) -> int: ...
+
+    @abstractmethod
+    def count_reports(self, scenario: str | None = None) -> int: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> ExperienceStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""recipes: arrives with later issues (see DESIGN.md section 1)."""

@@ -1,0 +1,1 @@
+"""runtimes: arrives with later issues (see DESIGN.md section 1)."""

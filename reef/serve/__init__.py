@@ -1,0 +1,1 @@
+"""serve: arrives with later issues (see DESIGN.md section 1)."""

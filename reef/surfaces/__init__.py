@@ -1,0 +1,1 @@
+"""surfaces: arrives with later issues (see DESIGN.md section 1)."""
