@@ -214,6 +214,8 @@ def test_bad_input_is_refused(store: ArtifactStore) -> None:
         store.commit("s1", HARNESS, manifest_for(HARNESS), "HEAD")
     with pytest.raises(InvalidInput):
         ArtifactManifest(content_id_of({}), None, "lora", {}, {})
+    with pytest.raises(InvalidInput):  # metadata that is not JSON
+        store.commit("s1", {}, ArtifactManifest(content_id_of({}), None, "empty", {}, {"x": float("nan")}), None)
     assert store.scenario_head("s1") is None
     nested = {"dir/reef-artifact.json": b"fine below the root", ".github/ci.yml": b"fine"}
     assert store.files(commit(store, nested, None)) == nested
@@ -222,7 +224,8 @@ def test_bad_input_is_refused(store: ArtifactStore) -> None:
 
 
 def test_manifest_json_round_trip() -> None:
-    m = ArtifactManifest("sha256:" + "0" * 64, "a" * 40, ArtifactKind.WEIGHTS, {"kind": "fork", "release_id": "b"}, {})
+    source = {"kind": "fork", "release_id": "b" * 40}
+    m = ArtifactManifest("sha256:" + "0" * 64, "a" * 40, ArtifactKind.WEIGHTS, source, {})
     assert m.kind == "weights"
     assert ArtifactManifest.from_json(m.to_json()) == m
     with pytest.raises(InvalidInput):
@@ -278,7 +281,7 @@ def test_creating_in_an_existing_empty_directory(tmp_path: Path) -> None:
     (tmp_path / "state" / "artifacts.git").mkdir(parents=True)
     store = ArtifactStore(tmp_path / "state" / "artifacts.git")
     assert store.files(commit(store, HARNESS, None)) == HARNESS
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "file").write_text("not a repository")
     with pytest.raises(StorageUnavailable):
-        (tmp_path / "junk").mkdir()
-        (tmp_path / "junk" / "file").write_text("not a repository")
         ArtifactStore(tmp_path / "junk")
