@@ -18,8 +18,11 @@ from reef.core.errors import InvalidInput
 
 
 def canonical_json(value: Any) -> str:
-    """Sorted keys, no whitespace, no NaN or infinity (they are not JSON)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Sorted keys, no whitespace; NaN, infinity and non-JSON values are `InvalidInput`."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"not storable as JSON: {exc}") from None
 
 
 def sha256_hex(data: bytes | str) -> str:

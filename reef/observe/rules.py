@@ -35,18 +35,16 @@ def report_body(report: Report) -> str:
     return canonical_json(data)
 
 
-def resolve_record_retry(stored: Record, new: Record) -> Record | None:
-    """Decide a put of an id that exists: the stored record to return, or `None` meaning the
-    stored in-progress record should be finished with `new`'s outcome. Raises on conflict."""
+def resolve_record_retry(stored: Record, new: Record) -> tuple[Record, bool]:
+    """Decide a put of an id that exists: `(record, False)` to return the stored record as is,
+    or `(finished, True)` to finish the stored in-progress record with `new`'s outcome (timings
+    merged, as `finish_record` does). Raises `RecordConflict` on other content."""
     if canonical_json(stored.content()) != canonical_json(new.content()):
         raise RecordConflict(f"record {new.id} already exists with other content")
     if new.status is RecordStatus.IN_PROGRESS:
-        return stored
-    if stored.status is RecordStatus.IN_PROGRESS:
-        return None
-    if canonical_json(stored.outcome()) != canonical_json(new.outcome()):
-        raise RecordConflict(f"record {new.id} was already finished with another outcome")
-    return stored
+        return stored, False
+    done = finished(stored, new.status, new.response, new.token_ids, new.logprobs, new.spans, new.error, new.timings)
+    return (stored, False) if done is None else (done, True)
 
 
 def finished(

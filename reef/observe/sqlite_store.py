@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
-from reef.core.errors import NotFound, RecordConflict, ReefError, StorageUnavailable
+from reef.core.errors import NotFound, RecordConflict, StorageUnavailable
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
 from reef.observe import rules
 from reef.observe.store import ExperienceStore
@@ -62,6 +62,10 @@ CREATE TABLE IF NOT EXISTS report_refs (
     PRIMARY KEY (report_seq, position)
 );
 CREATE INDEX IF NOT EXISTS report_refs_by_record ON report_refs (record_id);
+-- a compacted id is never inserted again; the caller sees rowcount 0 and checks the tombstone
+CREATE TRIGGER IF NOT EXISTS records_not_resurrected BEFORE INSERT ON records
+WHEN EXISTS (SELECT 1 FROM tombstones WHERE id = NEW.id)
+BEGIN SELECT RAISE(IGNORE); END;
 """
 
 _STOP = object()
@@ -124,11 +128,14 @@ class SQLiteStore(ExperienceStore):
 
     # -- the writer ----------------------------------------------------------------------
 
-    def _submit(self, write: Write) -> Any:
+    def _submit(self, write: Write, *, single_statement: bool = False) -> Any:
+        """Run `write` in the writer's next group; return once it is durable. A write that
+        changes at most one row in one statement needs no savepoint of its own (SQLite undoes
+        a failed statement by itself), which saves the writer two round trips."""
         if self._closed:
             raise StorageUnavailable(f"{self.path}: store is closed")
         future: Future[Any] = Future()
-        self._queue.put((write, future))
+        self._queue.put((write, future, single_statement))
         return future.result()
 
     def _write_loop(self) -> None:
@@ -148,29 +155,39 @@ class SQLiteStore(ExperienceStore):
                 group.append(nxt)
             self._run_group(group)
 
-    def _run_group(self, group: list[tuple[Write, Future[Any]]]) -> None:
+    def _run_group(self, group: list[tuple[Write, Future[Any], bool]]) -> None:
         conn = self._writer_conn
         outcomes: list[tuple[bool, Any]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for write, _ in group:
+            for write, _, single_statement in group:
+                if single_statement:
+                    try:
+                        outcomes.append((True, write(conn)))
+                    except sqlite3.Error:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - the caller gets its own error
+                        outcomes.append((False, exc))
+                    continue
                 conn.execute("SAVEPOINT one")
                 try:
                     outcomes.append((True, write(conn)))
                     conn.execute("RELEASE one")
-                except (ReefError, ValueError) as exc:
+                except sqlite3.Error:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the caller gets its own error
                     conn.execute("ROLLBACK TO one")
                     conn.execute("RELEASE one")
                     outcomes.append((False, exc))
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except Exception as exc:  # noqa: BLE001 - the writer thread must outlive any failure
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             error = StorageUnavailable(f"{self.path}: write failed: {exc}")
-            for _, future in group:
+            for _, future, _ in group:
                 future.set_exception(error)
             return
-        for (ok, value), (_, future) in zip(outcomes, group):
+        for (ok, value), (_, future, _) in zip(outcomes, group):
             if ok:
                 future.set_result(value)
             else:
@@ -179,28 +196,27 @@ class SQLiteStore(ExperienceStore):
     # -- records -------------------------------------------------------------------------
 
     def put_record(self, record: Record) -> Record:
+        body = rules.record_body(record)  # serialised here, while the writer may be in fsync
+        finished_at = None if record.status is RecordStatus.IN_PROGRESS else time.time()
+
         def write(conn: sqlite3.Connection) -> Record:
+            cur = conn.execute(
+                "INSERT INTO records (id, scenario, session, status, body, created_at, finished_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                (record.id, record.scenario, record.session, record.status.value, body, time.time(), finished_at),
+            )
+            if cur.rowcount == 1:
+                return replace(record, seq=cur.lastrowid)
             stored = _load_record(conn, record.id)
-            if stored is not None:
-                resolved = rules.resolve_record_retry(stored, record)
-                if resolved is not None:
-                    return resolved
-                return _finish(conn, stored, record)
-            tomb = conn.execute("SELECT content_hash FROM tombstones WHERE id = ?", (record.id,)).fetchone()
-            if tomb is not None:
+            if stored is None:  # compacted: the trigger refused to resurrect it
+                tomb = conn.execute("SELECT content_hash FROM tombstones WHERE id = ?", (record.id,)).fetchone()
                 if tomb[0] != rules.record_content_hash(record):
                     raise RecordConflict(f"record {record.id} already existed with other content (compacted)")
                 return record
-            now = time.time()
-            finished_at = now if record.status is not RecordStatus.IN_PROGRESS else None
-            cur = conn.execute(
-                "INSERT INTO records (id, scenario, session, status, body, created_at, finished_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (record.id, record.scenario, record.session, record.status.value, rules.record_body(record), now, finished_at),
-            )
-            return _with_seq(record, cur.lastrowid)
+            resolved, must_finish = rules.resolve_record_retry(stored, record)
+            return _finish(conn, stored, resolved) if must_finish else resolved
 
-        return self._submit(write)
+        return self._submit(write, single_statement=True)
 
     def finish_record(
         self,
@@ -221,7 +237,7 @@ class SQLiteStore(ExperienceStore):
             done = rules.finished(stored, status, response, token_ids, logprobs, spans, error, timings)
             return stored if done is None else _finish(conn, stored, done)
 
-        return self._submit(write)
+        return self._submit(write, single_statement=True)
 
     def get_record(self, record_id: str) -> Record:
         stored = _load_record(self._reader(), record_id)
@@ -259,21 +275,23 @@ class SQLiteStore(ExperienceStore):
     # -- reports -------------------------------------------------------------------------
 
     def put_report(self, report: Report) -> Report:
+        stamped = replace(report, created_at=time.time())
+        body = rules.report_body(stamped)  # serialised here, while the writer may be in fsync
+
         def write(conn: sqlite3.Connection) -> Report:
             row = conn.execute("SELECT body, seq FROM reports WHERE id = ?", (report.id,)).fetchone()
             if row is not None:
                 return rules.check_report_retry(rules.report_from_row(*row), report)
             rules.require_references(report, _known_ids(conn, report.scenario, report.references))
-            stamped = Report.from_json({**report.to_json(), "created_at": time.time()})
             cur = conn.execute(
                 "INSERT INTO reports (id, scenario, body, created_at) VALUES (?, ?, ?, ?)",
-                (report.id, report.scenario, rules.report_body(stamped), stamped.created_at),
+                (report.id, report.scenario, body, stamped.created_at),
             )
             conn.executemany(
                 "INSERT INTO report_refs (report_seq, position, record_id) VALUES (?, ?, ?)",
                 [(cur.lastrowid, i, ref) for i, ref in enumerate(report.references)],
             )
-            return Report.from_json({**stamped.to_json(), "seq": cur.lastrowid})
+            return replace(stamped, seq=cur.lastrowid)
 
         return self._submit(write)
 
@@ -324,11 +342,9 @@ def _finish(conn: sqlite3.Connection, stored: Record, done: Record) -> Record:
         "UPDATE records SET status = ?, body = ?, finished_at = ? WHERE id = ? AND status = 'in_progress'",
         (done.status.value, rules.record_body(done), time.time(), stored.id),
     )
-    return _with_seq(done, stored.seq)
+    return replace(done, seq=stored.seq)
 
 
-def _with_seq(record: Record, seq: int | None) -> Record:
-    return replace(record, seq=seq)
 
 
 def _known_ids(conn: sqlite3.Connection, scenario: str, ids: Sequence[str]) -> set[str]:

@@ -1,0 +1,445 @@
+"""The PostgreSQL experience store: several front ends sharing one database.
+
+Same tables and rules as `SQLiteStore` (every decision is made in `rules`); each write is one
+transaction on a pooled connection, committed with `synchronous_commit=on` before the call
+returns. Races between front ends are settled by row locks: a write locks the row it decides
+on (`SELECT ... FOR UPDATE`), and an insert that loses a race (`ON CONFLICT DO NOTHING` gives
+no row) re-reads the winner and decides again, so a race never surfaces as an integrity error.
+Report sequence numbers are taken under a per-scenario advisory lock held to commit, so they
+become visible in sequence order and a learner's cursor never skips a report committed late.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
+
+from reef.core.errors import InvalidInput, NotFound, RecordConflict, StorageUnavailable
+from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
+from reef.observe import rules
+from reef.observe.store import ExperienceStore
+
+T = TypeVar("T")
+Cursor = psycopg.Cursor[Any]
+Connection = psycopg.Connection[Any]
+
+SCHEMA_VERSION = 1
+# Runs with search_path set to the store's schema, so the names below live there.
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    scenario TEXT NOT NULL,
+    session TEXT,
+    status TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    finished_at DOUBLE PRECISION
+);
+CREATE INDEX IF NOT EXISTS records_by_scenario ON records (scenario, seq);
+CREATE INDEX IF NOT EXISTS records_by_session ON records (scenario, session, seq);
+CREATE TABLE IF NOT EXISTS tombstones (
+    id TEXT PRIMARY KEY,
+    scenario TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    compacted_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS reports (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    scenario TEXT NOT NULL,
+    body TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reports_by_scenario ON reports (scenario, seq);
+CREATE TABLE IF NOT EXISTS report_refs (
+    report_seq BIGINT NOT NULL,
+    position INTEGER NOT NULL,
+    record_id TEXT NOT NULL,
+    PRIMARY KEY (report_seq, position)
+);
+CREATE INDEX IF NOT EXISTS report_refs_by_record ON report_refs (record_id);
+"""
+
+_ATTEMPTS = 3  # a dead pooled connection, a deadlock or a lost insert race is retried
+_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+
+class _DeadConnection(Exception):
+    """A pooled connection was found dead before any write reached the server: retry the work."""
+
+
+class ConnectionPool:
+    """At most `size` connections, created on demand, reused last-in first-out."""
+
+    def __init__(self, connect: Callable[[], Connection], size: int, *, timeout: float = 30.0) -> None:
+        if size < 1:
+            raise InvalidInput("pool_size must be at least 1")
+        self._connect = connect
+        self._timeout = timeout
+        self._idle: queue.LifoQueue[Connection] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(size)
+        self.closed = False
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        if self.closed:
+            raise StorageUnavailable("postgres store is closed")
+        if not self._slots.acquire(timeout=self._timeout):
+            raise StorageUnavailable(f"no free postgres connection after {self._timeout:.0f} s")
+        conn: Connection | None = None
+        try:
+            conn = self._take()
+            yield conn
+        finally:
+            if conn is not None:
+                self._give_back(conn)
+            self._slots.release()
+
+    def _take(self) -> Connection:
+        while True:
+            try:
+                conn = self._idle.get_nowait()
+            except queue.Empty:
+                return self._connect()
+            if not conn.closed:
+                return conn
+
+    def _give_back(self, conn: Connection) -> None:
+        healthy = not conn.closed and not conn.broken and conn.info.transaction_status == TransactionStatus.IDLE
+        if healthy and not self.closed:
+            self._idle.put(conn)
+        else:
+            conn.close()
+
+    def discard_idle(self) -> None:
+        """Close every idle connection (after one was found dead, the rest likely are)."""
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+    def close(self) -> None:
+        self.closed = True
+        self.discard_idle()
+
+
+class PostgresStore(ExperienceStore):
+    def __init__(self, dsn: str, *, schema: str = "reef", pool_size: int = 8) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self._where = _describe(dsn, schema)
+        self._pool = ConnectionPool(self._connect, pool_size)
+        self._run(self._migrate)
+
+    # -- connections ---------------------------------------------------------------------
+
+    def _connect(self) -> Connection:
+        conn: Connection = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
+        try:
+            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+            conn.execute("SET synchronous_commit TO on")  # durable commit whatever the server default
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _migrate(self, cur: Cursor) -> None:
+        # One migrator per schema at a time: concurrent CREATE ... IF NOT EXISTS can still collide.
+        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"reef:{self.schema}:migrate",))
+        version = _schema_version(cur, self.schema)
+        if version > SCHEMA_VERSION:
+            raise StorageUnavailable(f"{self._where}: schema version {version} is newer than this Reef ({SCHEMA_VERSION})")
+        if version == SCHEMA_VERSION:
+            return  # no DDL, so a role without CREATE rights can open a prepared schema
+        cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+        cur.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        cur.execute(SCHEMA)
+        cur.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', %s)"
+            " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+            (str(SCHEMA_VERSION),),
+        )
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def _run(self, work: Callable[[Cursor], T], begin: str | None = "BEGIN") -> T:
+        """Run `work` in one transaction (`begin=None`: one autocommitted statement) and commit."""
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                with self._pool.connection() as conn:
+                    return _in_transaction(conn, begin, work)
+            except _DeadConnection as exc:
+                self._pool.discard_idle()
+                if attempt == _ATTEMPTS:
+                    raise StorageUnavailable(f"{self._where}: {exc.__cause__}") from exc.__cause__
+            except psycopg.errors.TransactionRollback as exc:  # deadlock or serialization failure
+                if attempt == _ATTEMPTS:
+                    raise StorageUnavailable(f"{self._where}: write kept failing: {exc}") from exc
+            except psycopg.Error as exc:
+                raise StorageUnavailable(f"{self._where}: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    # -- records -------------------------------------------------------------------------
+
+    def put_record(self, record: Record) -> Record:
+        body = rules.record_body(record)
+
+        def work(cur: Cursor) -> Record:
+            for _ in range(_ATTEMPTS):
+                stored = _load_record(cur, record.id, lock=True)
+                if stored is not None:
+                    resolved, must_finish = rules.resolve_record_retry(stored, record)
+                    return _finish(cur, stored, resolved) if must_finish else resolved
+                tomb = cur.execute("SELECT content_hash FROM tombstones WHERE id = %s", (record.id,)).fetchone()
+                if tomb is not None:
+                    if tomb[0] != rules.record_content_hash(record):
+                        raise RecordConflict(f"record {record.id} already existed with other content (compacted)")
+                    return record
+                seq = _insert_record(cur, record, body)
+                if seq is not None:
+                    return replace(record, seq=seq)
+                # another front end inserted this id since we looked: decide against its row
+            raise StorageUnavailable(f"{self._where}: record {record.id} kept changing under the write")
+
+        return self._run(work)
+
+    def finish_record(
+        self,
+        record_id: str,
+        status: RecordStatus,
+        *,
+        response: dict | None = None,
+        token_ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        spans: Sequence[TokenSpan] = (),
+        error: str | None = None,
+        timings: dict[str, float] | None = None,
+    ) -> Record:
+        def work(cur: Cursor) -> Record:
+            stored = _load_record(cur, record_id, lock=True)
+            if stored is None:
+                raise NotFound(f"unknown record {record_id}")
+            done = rules.finished(stored, status, response, token_ids, logprobs, spans, error, timings)
+            return stored if done is None else _finish(cur, stored, done)
+
+        return self._run(work)
+
+    def get_record(self, record_id: str) -> Record:
+        stored = self._run(lambda cur: _load_record(cur, record_id), begin=None)
+        if stored is None:
+            raise NotFound(f"unknown record {record_id}")
+        return stored
+
+    def session_records(self, scenario: str, session: str) -> list[Record]:
+        def work(cur: Cursor) -> list[Record]:
+            rows = cur.execute(
+                "SELECT body, seq FROM records WHERE scenario = %s AND session = %s ORDER BY seq", (scenario, session)
+            )
+            return [rules.record_from_row(body, seq) for body, seq in rows]
+
+        return self._run(work, begin=None)
+
+    def compact(self, scenario: str, record_ids: Sequence[str]) -> int:
+        def work(cur: Cursor) -> int:
+            deleted = 0
+            now = time.time()
+            for record_id in sorted(set(record_ids)):  # one lock order for every front end: no deadlock
+                stored = _load_record(cur, record_id, lock=True)
+                if stored is None or stored.scenario != scenario:
+                    continue
+                cur.execute(
+                    "INSERT INTO tombstones (id, scenario, content_hash, compacted_at) VALUES (%s, %s, %s, %s)"
+                    " ON CONFLICT (id) DO NOTHING",
+                    (record_id, scenario, rules.record_content_hash(stored), now),
+                )
+                cur.execute("DELETE FROM records WHERE id = %s", (record_id,))
+                deleted += 1
+            return deleted
+
+        return self._run(work)
+
+    def count_records(self, scenario: str | None = None) -> int:
+        return self._run(lambda cur: _count(cur, "records", scenario), begin=None)
+
+    # -- reports -------------------------------------------------------------------------
+
+    def put_report(self, report: Report) -> Report:
+        lock_key = f"reef:{self.schema}:reports:{report.scenario}"
+        stamped = replace(report, created_at=time.time())
+        body = rules.report_body(stamped)  # serialised before the lock is taken
+
+        def work(cur: Cursor) -> Report:
+            cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock_key,))
+            for _ in range(_ATTEMPTS):
+                row = cur.execute("SELECT body, seq FROM reports WHERE id = %s", (report.id,)).fetchone()
+                if row is not None:
+                    return rules.check_report_retry(rules.report_from_row(*row), report)
+                rules.require_references(report, _known_ids(cur, report.scenario, report.references))
+                stored = _insert_report(cur, stamped, body)
+                if stored is not None:
+                    return stored
+                # the same id was just stored in another scenario: decide against that row
+            raise StorageUnavailable(f"{self._where}: report {report.id} kept changing under the write")
+
+        return self._run(work)
+
+    def get_report(self, report_id: str) -> Report:
+        def work(cur: Cursor) -> Report | None:
+            row = cur.execute("SELECT body, seq FROM reports WHERE id = %s", (report_id,)).fetchone()
+            return rules.report_from_row(*row) if row else None
+
+        stored = self._run(work, begin=None)
+        if stored is None:
+            raise NotFound(f"unknown report {report_id}")
+        return stored
+
+    def reports_for(self, record_id: str) -> list[Report]:
+        def work(cur: Cursor) -> list[Report]:
+            rows = cur.execute(
+                "SELECT body, seq FROM reports WHERE seq IN (SELECT report_seq FROM report_refs WHERE record_id = %s)"
+                " ORDER BY seq",
+                (record_id,),
+            )
+            return [rules.report_from_row(body, seq) for body, seq in rows]
+
+        return self._run(work, begin=None)
+
+    def reported_since(self, scenario: str, cursor: int = 0, limit: int = 1000) -> list[ReportedRecords]:
+        def work(cur: Cursor) -> list[ReportedRecords]:
+            rows = cur.execute(
+                "SELECT body, seq FROM reports WHERE scenario = %s AND seq > %s ORDER BY seq LIMIT %s",
+                (scenario, cursor, None if limit < 0 else limit),  # SQLite reads a negative limit as none
+            ).fetchall()
+            reports = [rules.report_from_row(body, seq) for body, seq in rows]
+            refs = sorted({ref for report in reports for ref in report.references})
+            live = {r.id: r for r in (rules.record_from_row(b, s) for b, s in _select_records(cur, refs))}
+            return [ReportedRecords(rep, tuple(live[ref] for ref in rep.references if ref in live)) for rep in reports]
+
+        return self._run(work, begin=_SNAPSHOT)  # one snapshot for reports and their records
+
+    def count_reports(self, scenario: str | None = None) -> int:
+        return self._run(lambda cur: _count(cur, "reports", scenario), begin=None)
+
+
+def _in_transaction(conn: Connection, begin: str | None, work: Callable[[Cursor], T]) -> T:
+    with conn.cursor() as cur:
+        try:
+            if begin is None:
+                return work(cur)  # a read: safe to retry whatever happened
+            cur.execute(begin)
+        except psycopg.OperationalError as exc:
+            if conn.broken:
+                raise _DeadConnection() from exc
+            raise
+        try:
+            result = work(cur)
+        except BaseException:
+            _rollback_quietly(conn)
+            raise
+        cur.execute("COMMIT")
+        return result
+
+
+def _rollback_quietly(conn: Connection) -> None:
+    try:
+        conn.rollback()
+    except psycopg.Error:
+        conn.close()  # the pool drops a closed connection
+
+
+def _schema_version(cur: Cursor, schema: str) -> int:
+    """The version in `meta`; 0 when the schema or its meta table does not exist yet."""
+    if cur.execute("SELECT to_regclass(%s)", (sql.Identifier(schema, "meta").as_string(cur),)).fetchone() == (None,):
+        return 0
+    row = cur.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _load_record(cur: Cursor, record_id: str, *, lock: bool = False) -> Record | None:
+    query = "SELECT body, seq FROM records WHERE id = %s" + (" FOR UPDATE" if lock else "")
+    row = cur.execute(query, (record_id,)).fetchone()
+    return rules.record_from_row(*row) if row else None
+
+
+def _insert_record(cur: Cursor, record: Record, body: str) -> int | None:
+    """The new row's seq, or None if a concurrent writer inserted the id first."""
+    now = time.time()
+    finished_at = now if record.status is not RecordStatus.IN_PROGRESS else None
+    row = cur.execute(
+        "INSERT INTO records (id, scenario, session, status, body, created_at, finished_at)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING seq",
+        (record.id, record.scenario, record.session, record.status.value, body, now, finished_at),
+    ).fetchone()
+    return int(row[0]) if row else None
+
+
+def _finish(cur: Cursor, stored: Record, done: Record) -> Record:
+    cur.execute(
+        "UPDATE records SET status = %s, body = %s, finished_at = %s WHERE id = %s AND status = 'in_progress'",
+        (done.status.value, rules.record_body(done), time.time(), stored.id),
+    )
+    return replace(done, seq=stored.seq)
+
+
+def _insert_report(cur: Cursor, stamped: Report, body: str) -> Report | None:
+    """The stored report, or None if a concurrent writer inserted the id first."""
+    row = cur.execute(
+        "INSERT INTO reports (id, scenario, body, created_at) VALUES (%s, %s, %s, %s)"
+        " ON CONFLICT (id) DO NOTHING RETURNING seq",
+        (stamped.id, stamped.scenario, body, stamped.created_at),
+    ).fetchone()
+    if row is None:
+        return None
+    cur.execute(
+        "INSERT INTO report_refs (report_seq, position, record_id)"
+        " SELECT %s, ord - 1, ref FROM unnest(%s::text[]) WITH ORDINALITY AS t(ref, ord)",
+        (row[0], list(stamped.references)),
+    )
+    return replace(stamped, seq=int(row[0]))
+
+
+def _known_ids(cur: Cursor, scenario: str, ids: Sequence[str]) -> set[str]:
+    rows = cur.execute(
+        "SELECT id FROM records WHERE scenario = %s AND id = ANY(%s)"
+        " UNION SELECT id FROM tombstones WHERE scenario = %s AND id = ANY(%s)",
+        (scenario, list(ids), scenario, list(ids)),
+    )
+    return {row[0] for row in rows}
+
+
+def _select_records(cur: Cursor, ids: list[str]) -> list[tuple[str, int]]:
+    if not ids:
+        return []
+    return cur.execute("SELECT body, seq FROM records WHERE id = ANY(%s)", (ids,)).fetchall()
+
+
+def _count(cur: Cursor, table: str, scenario: str | None) -> int:
+    query = sql.SQL("SELECT COUNT(*) FROM {}").format(sql.Identifier(table))
+    if scenario is None:
+        row = cur.execute(query).fetchone()
+    else:
+        row = cur.execute(query + sql.SQL(" WHERE scenario = %s"), (scenario,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _describe(dsn: str, schema: str) -> str:
+    """Where the store lives, for error messages (never the password)."""
+    try:
+        info = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return f"postgres store (schema {schema})"
+    host, port, db = info.get("host", "localhost"), info.get("port", "5432"), info.get("dbname", "")
+    return f"postgresql://{host}:{port}/{db} (schema {schema})"
