@@ -17,32 +17,27 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_until_killed(state_dir: Path, run: str, rng: random.Random) -> list[str]:
+    """Start a writer, let it work for a random moment, SIGKILL it; its complete ack lines."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen([sys.executable, "-m", "tests.helpers.crash_writer", str(state_dir), run],
-                             stdout=subprocess.PIPE, cwd=ROOT, env=env, text=True)
+                             stdout=subprocess.PIPE, cwd=ROOT, env=env, bufsize=0)
     assert child.stdout is not None
-    assert child.stdout.readline().strip() == "READY"
+    assert child.stdout.readline().strip() == b"READY"
+    fd = child.stdout.fileno()
+    os.set_blocking(fd, False)
+    output = bytearray()
     deadline = time.monotonic() + rng.uniform(0.05, 0.6)
-    acked: list[str] = []
-    os.set_blocking(child.stdout.fileno(), False)
     while time.monotonic() < deadline:
-        acked.extend(_drain(child))
-        time.sleep(0.005)
+        try:
+            output += os.read(fd, 65536)
+        except BlockingIOError:
+            time.sleep(0.005)
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=10)
-    os.set_blocking(child.stdout.fileno(), True)
-    acked.extend(line.strip() for line in child.stdout if line.strip())
-    return acked
-
-
-def _drain(child: subprocess.Popen[str]) -> list[str]:
-    assert child.stdout is not None
-    lines = []
-    while True:
-        line = child.stdout.readline()
-        if not line:
-            return lines
-        lines.append(line.strip())
+    os.set_blocking(fd, True)
+    output += child.stdout.read()
+    # only complete lines are acknowledgements; a line cut by the kill acknowledged nothing
+    return [line.decode() for line in bytes(output).split(b"\n")[:-1] if line]
 
 
 def test_sigkill_at_random_moments_loses_nothing_acknowledged(tmp_path: Path) -> None:
