@@ -77,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     results = []
     print(f"{'writers':>7} {'mode':>14} {'records/s':>10} {'reports/s':>10} {'x baseline':>11}")
-    for writers in (1, 8):
+    for writers in (1, 8, 32):
         baseline = measure(1, writers, args.seconds)
         grouped = measure(256, writers, args.seconds)
         ratio = grouped["records_per_s"] / baseline["records_per_s"]

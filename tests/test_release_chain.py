@@ -220,3 +220,33 @@ def test_a_crash_between_artifact_and_log_line_is_repaired(tmp_path: Path) -> No
         assert st.artifacts.scenario_head("s") == head.release_id
         r2 = st.chain("s").publish(adapter(1), head.release_id, verdict=SELECT)
         assert st.artifacts.scenario_head("s") == r2.release_id
+
+
+def _publish_from_process(root: str, parent: str, n: int, start, out) -> None:  # type: ignore[no-untyped-def]
+    with ReefState.open(root) as st:
+        start.wait()
+        try:
+            st.chain("s").publish(adapter(20 + n), parent, verdict=SELECT)
+            out.put("won")
+        except StaleHead:
+            out.put("stale")
+
+
+def test_processes_racing_to_publish_on_one_parent_have_one_winner(tmp_path: Path) -> None:
+    import multiprocessing
+
+    with ReefState.open(tmp_path) as st:
+        parent = st.create("s", "sao").head().release_id
+    ctx = multiprocessing.get_context("fork")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_publish_from_process, args=(str(tmp_path), parent, i, start, out)) for i in range(4)]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join(timeout=60)
+    assert sorted(out.get(timeout=5) for _ in procs) == ["stale", "stale", "stale", "won"]
+    with ReefState.open(tmp_path) as st:
+        chain = st.chain("s")
+        assert chain.last_step() == 2 and chain.head().parent_release_id == parent
+        assert st.artifacts.scenario_head("s") == chain.head().release_id

@@ -1,0 +1,52 @@
+"""The `reef` command: documented, and honest about damaged state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from reef.cli import main
+from reef.commit.state import ReefState
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+
+
+def test_every_command_is_documented_and_answers_help() -> None:
+    runner = CliRunner()
+    documented = DOCS.read_text()
+    for name in main.commands:
+        assert f"`reef {name}" in documented, f"reef {name} is missing from docs/cli.md"
+        result = runner.invoke(main, [name, "--help"])
+        assert result.exit_code == 0 and "Usage:" in result.output
+
+
+def test_inspect_shows_heads_and_log_prints_steps(tmp_path: Path) -> None:
+    with ReefState.open(tmp_path) as state:
+        state.create("alpha", "sao")
+    runner = CliRunner()
+    shown = runner.invoke(main, ["inspect", "--state-dir", str(tmp_path), "--json"])
+    assert shown.exit_code == 0, shown.output
+    (row,) = json.loads(shown.output)
+    assert row["scenario"] == "alpha" and row["step"] == 1 and row["recipe"] == "sao"
+    logged = runner.invoke(main, ["log", "alpha", "--state-dir", str(tmp_path)])
+    assert json.loads(logged.output.splitlines()[0])["operation"] == "creation"
+
+
+def test_inspect_names_the_damaged_file_and_line(tmp_path: Path) -> None:
+    with ReefState.open(tmp_path) as state:
+        chain = state.create("alpha", "sao")
+        chain.begin_batch("b1", [], [], high_water=0, expected_step=1)
+        log_path = chain.log.path
+    lines = log_path.read_bytes().split(b"\n")
+    lines[0] = b"{broken" + lines[0]
+    log_path.write_bytes(b"\n".join(lines))
+    result = CliRunner().invoke(main, ["inspect", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"{log_path}:1" in result.output
+
+
+def test_inspect_refuses_a_missing_state_dir(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["inspect", "--state-dir", str(tmp_path / "nope")])
+    assert result.exit_code == 1 and "no state directory" in result.output
