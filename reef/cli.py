@@ -1,5 +1,7 @@
-"""The `reef` command. Serving commands arrive with the front door; today it inspects a
-state directory offline (recovery runs as it opens, so `reef inspect` is also a check)."""
+"""The `reef` command: `serve` runs the server; `report`, `scenarios`, `releases`, `rollback`
+and `status` talk to a running server (`--url`, `--token`, or REEF_URL / REEF_TOKEN);
+`inspect` and `log` read a state directory offline (recovery runs as it opens, so `reef
+inspect` is also a check)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import click
 
 from reef import __version__
 from reef.commit.state import ReefState
+from reef.client import DEFAULT_URL, ReefClient, ReefClientError
 from reef.core.errors import ReefError
 
 STATE_DIR = click.option(
@@ -83,3 +86,145 @@ def _scenario_row(state: ReefState, name: str) -> dict:
         "reports": state.store.count_reports(name),
         "open_batch": batch["batch_id"] if batch else None,
     }
+
+
+# -- the server ----------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="YAML settings (see docs/configuration.md); environment and flags override it.")
+@click.option("--host", help="Address to listen on  [default: 127.0.0.1]")
+@click.option("--port", type=int, help="Port to listen on  [default: 8900]")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), help="State directory  [default: .reef]")
+@click.option("--token", "tokens", multiple=True, help="Accepted bearer token (repeat for rotation). Prefer REEF_TOKEN.")
+@click.option("--insecure", is_flag=True, default=None, help="Allow a non-loopback address without a token.")
+@click.option("--runtime", type=click.Choice(["embedded", "upstream"]), help="Default: upstream when a URL is set.")
+@click.option("--upstream-url", help="OpenAI- or Anthropic-compatible provider base URL (REEF_UPSTREAM_URL).")
+@click.option("--upstream-model", help="Model sent upstream (REEF_UPSTREAM_MODEL).")
+@click.option("--upstream-dialect", type=click.Choice(["openai", "anthropic"]), help="The provider's API.")
+@click.option("--model-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Embedded runtime: a transformers model folder instead of SmolLM2.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(config_path: Path | None, host: str | None, port: int | None, state_dir: Path | None, tokens: tuple[str, ...],
+          insecure: bool | None, runtime: str | None, upstream_url: str | None, upstream_model: str | None,
+          upstream_dialect: str | None, model_dir: Path | None, log_level: str | None) -> None:
+    """Serve OpenAI- and Anthropic-compatible requests, record them, take reports.
+
+    With no upstream configured it serves the embedded SmolLM2-135M-Instruct on the CPU,
+    fetching and converting its weights once (about a minute the first time).
+
+    \b
+    Examples:
+      reef serve
+      REEF_TOKEN=secret reef serve --host 0.0.0.0
+      REEF_UPSTREAM_API_KEY=sk-... reef serve --upstream-url https://api.openai.com/v1 --upstream-model gpt-4o-mini
+    """
+    import uvicorn
+
+    from reef.config import load_config
+    from reef.runtimes.factory import build_runtime
+    from reef.serve.app import create_app
+
+    try:
+        config = load_config(config_path, host=host, port=port, state_dir=state_dir, tokens=list(tokens) or None,
+                             insecure=insecure, runtime=runtime, upstream__url=upstream_url,
+                             upstream__model=upstream_model, upstream__dialect=upstream_dialect,
+                             embedded__model_dir=model_dir, log_level=log_level)
+        config.check_exposure()
+        built = build_runtime(config, progress=lambda line: click.echo(f"reef: {line}", err=True))
+        app = create_app(config, built)
+    except (ReefError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    auth = f"{len(config.tokens)} token(s)" if config.tokens else "no token (loopback only)"
+    click.echo(f"reef: serving {built.name} runtime on http://{config.host}:{config.port} "
+               f"(state {config.state_dir}, auth: {auth})", err=True)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False)
+
+
+# -- talking to a running server -------------------------------------------------------------
+
+URL = click.option("--url", envvar="REEF_URL", default=DEFAULT_URL, show_default=True, help="Reef's address (REEF_URL).")
+TOKEN = click.option("--token", envvar="REEF_TOKEN", default=None, help="Bearer token (REEF_TOKEN).")
+
+
+def _client_call(url: str, token: str | None, call):  # type: ignore[no-untyped-def]
+    try:
+        with ReefClient(url, token) as client:
+            return call(client)
+    except ReefClientError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _print(data: object) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+@main.command()
+@URL
+@TOKEN
+@click.argument("receipts", nargs=-1)
+@click.option("--score", type=float, required=True, help="A finite number; higher is better.")
+@click.option("--feedback", help="What was right or wrong, in words.")
+@click.option("--session", help="Report on every record of this session instead of receipts.")
+@click.option("--scenario", help="Scenario of the session (default: default).")
+def report(url: str, token: str | None, receipts: tuple[str, ...], score: float, feedback: str | None,
+           session: str | None, scenario: str | None) -> None:
+    """Score one or more receipts (x-reef-agent-record-id), or a whole session.
+
+    \b
+    Examples:
+      reef report 4f0c...e1 --score 1
+      reef report 4f0c...e1 --score 0 --feedback "missed the empty-token case"
+      reef report --session 1c9b --score 0.5
+    """
+    if not receipts and not session:
+        raise click.UsageError("name at least one receipt, or --session")
+    _print(_client_call(url, token, lambda c: c.report(*receipts, score=score, feedback=feedback, session=session,
+                                                       scenario=scenario)))
+
+
+@main.command()
+@URL
+@TOKEN
+def scenarios(url: str, token: str | None) -> None:
+    """List scenarios: recipe, head release, step, record and report counts."""
+    rows = _client_call(url, token, lambda c: c.scenarios())
+    if not rows:
+        click.echo("no scenarios yet (the first request creates one)")
+    for row in rows:
+        click.echo(f"{row['name']}: recipe {row['recipe']}, step {row['step']}, head {row['head']['release_id'][:12]} "
+                   f"({row['head']['operation']}), {row['records']} records, {row['reports']} reports")
+
+
+@main.command()
+@URL
+@TOKEN
+@click.argument("scenario")
+def releases(url: str, token: str | None, scenario: str) -> None:
+    """List a scenario's releases, newest first (* marks the head)."""
+    data = _client_call(url, token, lambda c: c.releases(scenario))
+    for r in data["releases"]:
+        mark = "*" if r["current"] else " "
+        verdict = (r.get("verdict") or {}).get("decision", "-")
+        click.echo(f"{mark} step {r['step']:>4}  {r['release_id']}  {r['operation']:<9} verdict {verdict}"
+                   + ("  (pending review)" if r["pending"] else ""))
+
+
+@main.command()
+@URL
+@TOKEN
+@click.argument("scenario")
+@click.argument("release_id")
+def rollback(url: str, token: str | None, scenario: str, release_id: str) -> None:
+    """Serve an earlier release's content again, published as a new release (history is kept)."""
+    data = _client_call(url, token, lambda c: c.rollback(scenario, release_id))
+    click.echo(f"step {data['release']['step']}: {data['release']['release_id']} now serves the content of {release_id}")
+
+
+@main.command()
+@URL
+@TOKEN
+def status(url: str, token: str | None) -> None:
+    """Show serving, learning and storage state."""
+    _print(_client_call(url, token, lambda c: c.status()))

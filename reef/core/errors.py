@@ -8,7 +8,11 @@
     │   ├── RecordConflict  same record or report id, other content
     │   └── StaleHead       head, parent or step moved under the caller
     ├── Corruption          durable state is damaged; names the file and line
-    └── StorageUnavailable  the store cannot take writes now (disk full, closed)  (HTTP 503)
+    ├── StorageUnavailable  the store cannot take writes now (disk full, closed)  (HTTP 503)
+    ├── PayloadTooLarge     a request body over the configured limit              (HTTP 413)
+    ├── Unauthorized        no token or a wrong one                               (HTTP 401)
+    └── RuntimeFailure      the model runtime or upstream provider failed        (HTTP 502, or
+                            the provider's own 4xx status, relayed)
 
 Callers catch the branch they mean; the HTTP layer maps branches to status codes.
 """
@@ -61,3 +65,23 @@ class Corruption(ReefError):
 
 class StorageUnavailable(ReefError):
     kind = "storage_unavailable_error"
+
+
+class PayloadTooLarge(ReefError):
+    kind = "request_too_large"
+
+
+class Unauthorized(ReefError):
+    kind = "authentication_error"
+
+
+class RuntimeFailure(ReefError):
+    """The runtime could not answer. `status` is what the client gets: a provider's own 4xx is
+    relayed (the client sent something the provider refuses), anything else is 502."""
+
+    kind = "upstream_error"
+
+    def __init__(self, message: str, status: int = 502, error_type: str = "upstream_error") -> None:
+        super().__init__(message)
+        self.status = status if 400 <= status < 500 else 502
+        self.error_type = error_type

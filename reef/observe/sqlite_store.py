@@ -10,6 +10,7 @@ connection per thread and never block the writer (WAL).
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import sqlite3
 import threading
@@ -132,11 +133,18 @@ class SQLiteStore(ExperienceStore):
         """Run `write` in the writer's next group; return once it is durable. A write that
         changes at most one row in one statement needs no savepoint of its own (SQLite undoes
         a failed statement by itself), which saves the writer two round trips."""
+        return self._enqueue(write, single_statement).result()
+
+    async def _submit_async(self, write: Write, *, single_statement: bool = False) -> Any:
+        """`_submit` for the event loop: the caller awaits instead of blocking a thread."""
+        return await asyncio.wrap_future(self._enqueue(write, single_statement))
+
+    def _enqueue(self, write: Write, single_statement: bool) -> Future[Any]:
         if self._closed:
             raise StorageUnavailable(f"{self.path}: store is closed")
         future: Future[Any] = Future()
         self._queue.put((write, future, single_statement))
-        return future.result()
+        return future
 
     def _write_loop(self) -> None:
         while True:
@@ -196,6 +204,12 @@ class SQLiteStore(ExperienceStore):
     # -- records -------------------------------------------------------------------------
 
     def put_record(self, record: Record) -> Record:
+        return self._submit(self._put_record_write(record), single_statement=True)
+
+    async def aput_record(self, record: Record) -> Record:
+        return await self._submit_async(self._put_record_write(record), single_statement=True)
+
+    def _put_record_write(self, record: Record) -> Write:
         body = rules.record_body(record)  # serialised here, while the writer may be in fsync
         finished_at = None if record.status is RecordStatus.IN_PROGRESS else time.time()
 
@@ -216,9 +230,15 @@ class SQLiteStore(ExperienceStore):
             resolved, must_finish = rules.resolve_record_retry(stored, record)
             return _finish(conn, stored, resolved) if must_finish else resolved
 
-        return self._submit(write, single_statement=True)
+        return write
 
-    def finish_record(
+    def finish_record(self, record_id: str, status: RecordStatus, **outcome: Any) -> Record:
+        return self._submit(self._finish_write(record_id, status, **outcome), single_statement=True)
+
+    async def afinish_record(self, record_id: str, status: RecordStatus, **outcome: Any) -> Record:
+        return await self._submit_async(self._finish_write(record_id, status, **outcome), single_statement=True)
+
+    def _finish_write(
         self,
         record_id: str,
         status: RecordStatus,
@@ -229,7 +249,7 @@ class SQLiteStore(ExperienceStore):
         spans: Sequence[TokenSpan] = (),
         error: str | None = None,
         timings: dict[str, float] | None = None,
-    ) -> Record:
+    ) -> Write:
         def write(conn: sqlite3.Connection) -> Record:
             stored = _load_record(conn, record_id)
             if stored is None:
@@ -237,7 +257,7 @@ class SQLiteStore(ExperienceStore):
             done = rules.finished(stored, status, response, token_ids, logprobs, spans, error, timings)
             return stored if done is None else _finish(conn, stored, done)
 
-        return self._submit(write, single_statement=True)
+        return write
 
     def get_record(self, record_id: str) -> Record:
         stored = _load_record(self._reader(), record_id)
@@ -275,6 +295,12 @@ class SQLiteStore(ExperienceStore):
     # -- reports -------------------------------------------------------------------------
 
     def put_report(self, report: Report) -> Report:
+        return self._submit(self._report_write(report))
+
+    async def aput_report(self, report: Report) -> Report:
+        return await self._submit_async(self._report_write(report))
+
+    def _report_write(self, report: Report) -> Write:
         stamped = replace(report, created_at=time.time())
         body = rules.report_body(stamped)  # serialised here, while the writer may be in fsync
 
@@ -293,7 +319,7 @@ class SQLiteStore(ExperienceStore):
             )
             return replace(stamped, seq=cur.lastrowid)
 
-        return self._submit(write)
+        return write
 
     def get_report(self, report_id: str) -> Report:
         row = self._reader().execute("SELECT body, seq FROM reports WHERE id = ?", (report_id,)).fetchone()

@@ -15,8 +15,9 @@ Two implementations: `SQLiteStore` (the default, one file in the state directory
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Any, Sequence
 
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
 
@@ -77,6 +78,17 @@ class ExperienceStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    # The server awaits these; a backend with its own async path overrides them.
+
+    async def aput_record(self, record: Record) -> Record:
+        return await asyncio.to_thread(self.put_record, record)
+
+    async def afinish_record(self, record_id: str, status: RecordStatus, **outcome: Any) -> Record:
+        return await asyncio.to_thread(lambda: self.finish_record(record_id, status, **outcome))
+
+    async def aput_report(self, report: Report) -> Report:
+        return await asyncio.to_thread(self.put_report, report)
 
     def __enter__(self) -> ExperienceStore:
         return self

@@ -1,0 +1,159 @@
+"""Settings for `reef serve`: one model, read once, layered YAML < environment < flags.
+
+Unknown keys are an error that names them, so a typo never silently falls back to a default.
+Environment variables: `REEF_TOKEN` (one token, or several separated by commas, for rotation),
+`REEF_UPSTREAM_URL`, `REEF_UPSTREAM_API_KEY`, `REEF_UPSTREAM_MODEL`, `REEF_STATE_DIR`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from reef.core.errors import InvalidInput
+
+DEFAULT_PORT = 8900
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class UpstreamConfig(Strict):
+    url: str | None = Field(None, description="Provider base URL, e.g. https://api.openai.com/v1")
+    api_key: str | None = Field(None, description="Provider key; never logged")
+    model: str | None = Field(None, description="Model sent upstream (unless pass_model_through)")
+    dialect: Literal["openai", "anthropic"] = "openai"
+    pass_model_through: bool = False
+    timeout: float = Field(120.0, gt=0, description="Seconds before an upstream call fails with 502")
+
+
+class EmbeddedConfig(Strict):
+    model_dir: Path | None = Field(None, description="A transformers model folder; default: SmolLM2 from the cache")
+    cache_dir: Path | None = Field(None, description="Where converted weights live; default ~/.cache/reef")
+    max_batch: int = Field(8, ge=1)
+    default_max_tokens: int = Field(256, ge=1)
+    threads: int | None = Field(None, ge=1)
+
+
+class RecipeConfig(Strict):
+    default: str = Field("sao", description="Recipe a new scenario is bound to")
+    scenarios: dict[str, str] = Field(default_factory=dict, description="Per-scenario recipe bindings")
+
+    def for_scenario(self, name: str) -> str:
+        return self.scenarios.get(name, self.default)
+
+
+class ServeConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    state_dir: Path = Path(".reef")
+    tokens: list[str] = Field(default_factory=list, description="Accepted bearer tokens (several for rotation)")
+    insecure: bool = Field(False, description="Allow a non-loopback address without a token")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    runtime: Literal["embedded", "upstream"] | None = Field(None, description="Default: upstream if a URL is set")
+    store: str = Field("sqlite", description="'sqlite' (in the state dir) or a postgresql:// DSN")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    embedded: EmbeddedConfig = Field(default_factory=EmbeddedConfig)
+    recipes: RecipeConfig = Field(default_factory=RecipeConfig)
+
+    @field_validator("tokens")
+    @classmethod
+    def _no_empty_tokens(cls, tokens: list[str]) -> list[str]:
+        if any(not t.strip() for t in tokens):
+            raise ValueError("tokens must not be empty strings")
+        return tokens
+
+    @property
+    def runtime_kind(self) -> str:
+        return self.runtime or ("upstream" if self.upstream.url else "embedded")
+
+    def check_exposure(self) -> None:
+        """Refuse to listen beyond loopback without a token, unless told `insecure`."""
+        if self.tokens or self.insecure or _is_loopback(self.host):
+            return
+        raise InvalidInput(
+            f"refusing to listen on {self.host} without a token: set REEF_TOKEN (or tokens: in the config), "
+            "or pass --insecure if this network is trusted"
+        )
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None, **flags: Any) -> ServeConfig:
+    """YAML file < environment < flags (flags that are None are not given)."""
+    data: dict[str, Any] = _read_yaml(path) if path else {}
+    _merge(data, _from_env(os.environ if env is None else env))
+    _merge(data, _unflatten({k: v for k, v in flags.items() if v is not None}))
+    try:
+        return ServeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidInput(_explain(exc, path)) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidInput(f"cannot read config {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidInput(f"config {path} must be a mapping of settings")
+    return data
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if env.get("REEF_TOKEN"):
+        out["tokens"] = [t.strip() for t in env["REEF_TOKEN"].split(",") if t.strip()]
+    if env.get("REEF_STATE_DIR"):
+        out["state_dir"] = env["REEF_STATE_DIR"]
+    for key in ("url", "api_key", "model"):
+        value = env.get(f"REEF_UPSTREAM_{key.upper()}")
+        if value:
+            out.setdefault("upstream", {})[key] = value
+    return out
+
+
+def _unflatten(flags: dict[str, Any]) -> dict[str, Any]:
+    """`upstream__url=...` becomes {"upstream": {"url": ...}}."""
+    out: dict[str, Any] = {}
+    for key, value in flags.items():
+        parts = key.split("__")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> None:
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def _explain(exc: ValidationError, path: Path | None) -> str:
+    where = f"config {path}" if path else "settings"
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            problems.append(f"unknown key '{loc}'")
+        else:
+            problems.append(f"{loc}: {err['msg']}")
+    return f"{where}: " + "; ".join(problems)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

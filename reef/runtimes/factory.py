@@ -1,0 +1,27 @@
+"""Build the runtime the config asks for. Heavy imports (torch) happen only for `embedded`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from reef.config import ServeConfig
+from reef.runtimes.base import Runtime
+
+
+def build_runtime(config: ServeConfig, progress: Callable[[str], None] | None = None) -> Runtime:
+    if config.runtime_kind == "upstream":
+        from reef.runtimes.upstream import UpstreamRuntime
+
+        up = config.upstream
+        if not up.url:
+            raise ValueError("runtime 'upstream' needs upstream.url (or REEF_UPSTREAM_URL)")
+        return UpstreamRuntime(up.url, api_key=up.api_key, model=up.model, dialect=up.dialect,
+                               pass_model_through=up.pass_model_through, timeout=up.timeout)
+    from reef.runtimes.embedded import EmbeddedRuntime
+    from reef.runtimes.model_files import default_cache_dir, ensure_embedded_model
+
+    emb = config.embedded
+    model_dir: Path = emb.model_dir or ensure_embedded_model(emb.cache_dir or default_cache_dir(), progress)
+    return EmbeddedRuntime(model_dir, threads=emb.threads, max_batch=emb.max_batch,
+                           default_max_tokens=emb.default_max_tokens)

@@ -1,0 +1,99 @@
+"""The ASGI app: state, runtime, routes, guards, lifespan.
+
+`create_app(config, runtime)` builds everything from one `ServeConfig`; tests pass a runtime
+they built (the tiny model, an upstream pointed at a scripted provider).
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from reef import __version__
+from reef.commit.state import ReefState
+from reef.config import ServeConfig
+from reef.core.errors import ReefError
+from reef.observe.store import ExperienceStore
+from reef.runtimes.base import Runtime
+from reef.serve import routes_reef, routes_v1
+from reef.serve.auth import TokenAuth
+from reef.serve.body_limit import BodyLimit
+from reef.serve.http_errors import error_response, reef_error_handler
+from reef.serve.inference import InferenceService
+from reef.serve.metrics import Metrics
+from reef.serve.scenarios import ScenarioDirectory
+
+
+@dataclass
+class ReefApp:
+    """What every route reaches through `request.app.state.reef`."""
+
+    config: ServeConfig
+    state: ReefState
+    store: ExperienceStore
+    runtime: Runtime
+    scenarios: ScenarioDirectory
+    inference: InferenceService
+    metrics: Metrics
+
+
+def open_store(config: ServeConfig) -> ExperienceStore | None:
+    if config.store == "sqlite":
+        return None  # ReefState opens the SQLite store in the state directory
+    if config.store.startswith(("postgresql://", "postgres://")):
+        from reef.observe.postgres_store import PostgresStore
+
+        return PostgresStore(config.store)
+    raise ReefError(f"store must be 'sqlite' or a postgresql:// DSN, got {config.store!r}")
+
+
+def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
+    state = ReefState.open(config.state_dir, store=open_store(config))
+    metrics = Metrics()
+    scenarios = ScenarioDirectory(state, runtime, config.recipes)
+    reef = ReefApp(config, state, state.store, runtime, scenarios,
+                   InferenceService(state.store, scenarios, runtime, metrics), metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.start()
+        await scenarios.start()
+        try:
+            yield
+        finally:
+            await runtime.close()
+            state.close()
+
+    app = FastAPI(title="Reef", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.reef = reef
+    app.add_exception_handler(ReefError, reef_error_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)
+    app.include_router(routes_v1.build_router())
+    app.include_router(routes_reef.build_router())
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(TokenAuth, tokens=config.tokens)
+    return app
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    return error_response(request.url.path, exc.status_code, str(exc.detail))
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(request.url.path, 500, f"internal error: {type(exc).__name__}")

@@ -1,0 +1,108 @@
+"""One face per wire dialect, so the request path never branches on which one it serves.
+
+Each `Dialect` turns a body into a `ChatRequest`, a `ChatResult` into a response body, deltas
+into SSE bytes, and errors into the dialect's own error shape; the wire details live in
+`openai_wire.py` and `anthropic_wire.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Protocol
+
+from reef.core.chat import ChatRequest, ChatResult, Delta
+from reef.serve import anthropic_wire, openai_wire
+
+
+class StreamEncoder(Protocol):
+    def start(self) -> bytes: ...
+    def delta(self, delta: Delta) -> bytes: ...
+    def end(self, reef: dict[str, Any]) -> bytes: ...
+    def error(self, kind: str, message: str) -> bytes: ...
+
+
+class Dialect(Protocol):
+    name: str
+
+    def parse(self, body: Any) -> ChatRequest: ...
+    def response(self, result: ChatResult, record_id: str, model: str) -> dict[str, Any]: ...
+    def stream(self, body: Any, record_id: str, model: str, input_tokens: int) -> StreamEncoder: ...
+    def error_body(self, kind: str, message: str) -> dict[str, Any]: ...
+
+
+class OpenAIDialect:
+    name = "openai"
+
+    def parse(self, body: Any) -> ChatRequest:
+        return openai_wire.parse_chat_request(body)
+
+    def response(self, result: ChatResult, record_id: str, model: str) -> dict[str, Any]:
+        return openai_wire.chat_completion(result, completion_id=f"chatcmpl-{record_id}", created=int(time.time()), model=model)
+
+    def stream(self, body: Any, record_id: str, model: str, input_tokens: int) -> StreamEncoder:
+        options = body.get("stream_options") if isinstance(body, dict) else None
+        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+        return _OpenAIStream(f"chatcmpl-{record_id}", int(time.time()), model, include_usage)
+
+    def error_body(self, kind: str, message: str) -> dict[str, Any]:
+        return openai_wire.error_body(message, kind)
+
+
+class _OpenAIStream:
+    def __init__(self, completion_id: str, created: int, model: str, include_usage: bool) -> None:
+        self.encoder = openai_wire.ChunkEncoder(completion_id, created, model, include_usage)
+        self.ids = (completion_id, created, model)
+
+    def start(self) -> bytes:
+        return openai_wire.sse(self.encoder.first())
+
+    def delta(self, delta: Delta) -> bytes:
+        return b"".join(openai_wire.sse(chunk) for chunk in self.encoder.encode(delta))
+
+    def end(self, reef: dict[str, Any]) -> bytes:
+        completion_id, created, model = self.ids
+        chunk = openai_wire.reef_chunk(reef["agent_record_id"], reef["release_id"], reef["verified"])
+        chunk.update({"id": completion_id, "created": created, "model": model})
+        return openai_wire.sse(chunk) + openai_wire.DONE
+
+    def error(self, kind: str, message: str) -> bytes:
+        return openai_wire.sse(openai_wire.error_body(message, kind)) + openai_wire.DONE
+
+
+class AnthropicDialect:
+    name = "anthropic"
+
+    def parse(self, body: Any) -> ChatRequest:
+        return anthropic_wire.parse_messages_request(body)
+
+    def response(self, result: ChatResult, record_id: str, model: str) -> dict[str, Any]:
+        return anthropic_wire.message_response(result, message_id=f"msg_{record_id}", model=model)
+
+    def stream(self, body: Any, record_id: str, model: str, input_tokens: int) -> StreamEncoder:
+        return _AnthropicStream(anthropic_wire.EventEncoder(f"msg_{record_id}", model, input_tokens))
+
+    def error_body(self, kind: str, message: str) -> dict[str, Any]:
+        return anthropic_wire.error_body(kind, message)
+
+
+class _AnthropicStream:
+    def __init__(self, encoder: anthropic_wire.EventEncoder) -> None:
+        self.encoder = encoder
+
+    def start(self) -> bytes:
+        return b"".join(self.encoder.start())
+
+    def delta(self, delta: Delta) -> bytes:
+        return b"".join(self.encoder.encode(delta))
+
+    def end(self, reef: dict[str, Any]) -> bytes:
+        return self.encoder.stop(reef)
+
+    def error(self, kind: str, message: str) -> bytes:
+        data = json.dumps(anthropic_wire.error_body(kind, message))
+        return f"event: error\ndata: {data}\n\n".encode()
+
+
+OPENAI = OpenAIDialect()
+ANTHROPIC = AnthropicDialect()

@@ -1,0 +1,269 @@
+"""The request path: admit, freeze the release, run the runtime, record, hand back a receipt.
+
+Plain responses are recorded once, complete (or incomplete with the reason), before the
+response goes out: the receipt names a durable record (invariant 1). A stream's record is
+written `in_progress` before its first byte, so the receipt in its headers is valid at once,
+and finished when the stream ends, fails, or the client goes away. The release is frozen when
+the request is admitted and pinned until it ends (invariant 8); every generated token carries
+the load that produced it, and the record says whether those spans match the frozen release
+(invariant 2).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Mapping
+
+import anyio
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from reef.core.canonical import check_id, new_id
+from reef.core.chat import ChatRequest, ChatResult, Finish, TextDelta, ToolCall, ToolCallDelta, Usage
+from reef.core.errors import InvalidInput, NotFound, RecordConflict, RuntimeFailure
+from reef.core.types import Record, RecordStatus, ReleaseRef, TokenSpan
+from reef.observe.store import ExperienceStore
+from reef.runtimes.base import Runtime
+from reef.serve.dialects import Dialect
+from reef.serve.metrics import Metrics
+from reef.serve.scenarios import ScenarioDirectory
+
+TAG_PREFIX = "x-reef-tag-"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What the x-reef-* headers ask of one request."""
+
+    scenario: str = "default"
+    recipe: str | None = None
+    release_id: str | None = None
+    session: str | None = None
+    record_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str]) -> Admission:
+        record_id = headers.get("x-reef-agent-record-id")
+        session = headers.get("x-reef-session")
+        tags = {k[len(TAG_PREFIX):]: v for k, v in headers.items() if k.startswith(TAG_PREFIX)}
+        return cls(
+            scenario=headers.get("x-reef-scenario") or "default",
+            recipe=headers.get("x-reef-recipe") or None,
+            release_id=headers.get("x-reef-release-id") or None,
+            session=check_id(session, "x-reef-session") if session else None,
+            record_id=check_id(record_id, "x-reef-agent-record-id") if record_id else None,
+            tags=tags,
+        )
+
+
+class InferenceService:
+    def __init__(self, store: ExperienceStore, scenarios: ScenarioDirectory, runtime: Runtime, metrics: Metrics) -> None:
+        self.store = store
+        self.scenarios = scenarios
+        self.runtime = runtime
+        self.metrics = metrics
+
+    async def handle(self, dialect: Dialect, raw_body: bytes, headers: Mapping[str, str], route: str) -> Response:
+        body = parse_json(raw_body)
+        request = dialect.parse(body)
+        admission = Admission.from_headers(headers)
+        if admission.record_id is not None:
+            replay = await self._replay(dialect, request, admission)
+            if replay is not None:
+                return replay
+        record_id = admission.record_id or new_id()
+        admit = self.scenarios.admit(admission.scenario, admission.recipe, admission.release_id)
+        release = await admit.__aenter__()
+        record = _new_record(record_id, admission, request, release)
+        if request.stream:
+            try:
+                return await self._stream(dialect, body, request, record, release, admit, route)
+            except BaseException:  # once streaming starts, the stream itself releases the pin
+                await admit.__aexit__(None, None, None)
+                raise
+        try:
+            return await self._plain(dialect, request, record, release, route)
+        finally:
+            await admit.__aexit__(None, None, None)
+
+    # -- plain responses ---------------------------------------------------------------------
+
+    async def _plain(self, dialect: Dialect, request: ChatRequest, record: Record, release: ReleaseRef, route: str) -> Response:
+        started = time.monotonic()
+        result = ChatResult()
+        self.metrics.in_flight.inc()
+        try:
+            async for delta in self.runtime.generate(request, release):
+                result.add(delta)
+        except RuntimeFailure as exc:
+            await self._save(_finished(record, result, release, self.runtime, started, error=str(exc)))
+            self._count(route, record.scenario, exc.status, started)
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+        done = _finished(record, result, release, self.runtime, started)
+        await self._save(done)
+        self._count(route, record.scenario, 200, started, result)
+        return JSONResponse(dialect.response(result, record.id, request.model), headers=_receipt(record, release))
+
+    # -- streams -----------------------------------------------------------------------------
+
+    async def _stream(self, dialect: Dialect, body: Any, request: ChatRequest, record: Record,
+                      release: ReleaseRef, admit: Any, route: str) -> Response:
+        await self.store.aput_record(record)  # in_progress, durable before the first byte
+        input_tokens = await self._input_tokens(request)
+        encoder = dialect.stream(body, record.id, request.model, input_tokens)
+        started = time.monotonic()
+
+        async def chunks() -> AsyncIterator[bytes]:
+            result = ChatResult()
+            self.metrics.in_flight.inc()
+            try:
+                yield encoder.start()
+                async for delta in self.runtime.generate(request, release):
+                    result.add(delta)
+                    yield encoder.delta(delta)
+                done = _finished(record, result, release, self.runtime, started)
+                await self._finish(done)
+                self._count(route, record.scenario, 200, started, result)
+                yield encoder.end({"agent_record_id": record.id, "release_id": release.release_id,
+                                   "verified": _verified(done, release)})
+            except RuntimeFailure as exc:
+                await self._finish(_finished(record, result, release, self.runtime, started, error=str(exc)))
+                self._count(route, record.scenario, exc.status, started)
+                yield encoder.error(exc.error_type, str(exc))
+            except BaseException:  # the client went away (cancellation) or the server is stopping
+                with anyio.CancelScope(shield=True):
+                    await self._finish(_finished(record, result, release, self.runtime, started,
+                                                 error="client disconnected before the end of the stream"))
+                raise
+            finally:
+                self.metrics.in_flight.dec()
+                with anyio.CancelScope(shield=True):
+                    await admit.__aexit__(None, None, None)
+
+        return StreamingResponse(chunks(), media_type="text/event-stream",
+                                 headers={**_receipt(record, release), "cache-control": "no-cache"})
+
+    async def _input_tokens(self, request: ChatRequest) -> int:
+        try:
+            return await self.runtime.count_tokens(request)
+        except RuntimeFailure:
+            return 0
+
+    # -- retries with a client-chosen receipt ----------------------------------------------
+
+    async def _replay(self, dialect: Dialect, request: ChatRequest, admission: Admission) -> Response | None:
+        """A retry of a finished record answers what was recorded; other content is a 409."""
+        assert admission.record_id is not None
+        try:
+            stored = self.store.get_record(admission.record_id)
+        except NotFound:
+            return None
+        asked = {"scenario": admission.scenario, "request": request.to_json(), "session": admission.session,
+                 "tags": admission.tags}
+        had = {"scenario": stored.scenario, "request": stored.request, "session": stored.session, "tags": stored.tags}
+        if asked != had:
+            raise RecordConflict(f"record {stored.id} already exists with another request")
+        if stored.status is not RecordStatus.COMPLETE or stored.release is None:
+            raise RecordConflict(f"record {stored.id} is {stored.status.value}; retry with a new x-reef-agent-record-id")
+        result = _result_from(stored)
+        headers = _receipt(stored, stored.release)
+        if not request.stream:
+            return JSONResponse(dialect.response(result, stored.id, request.model), headers=headers)
+        encoder = dialect.stream({}, stored.id, request.model, result.usage.prompt_tokens)
+        events = [TextDelta(result.text), *(ToolCallDelta(c, i) for i, c in enumerate(result.tool_calls)),
+                  Finish(result.finish_reason, result.usage, result.model)]
+        payload = encoder.start() + b"".join(encoder.delta(d) for d in events if not (isinstance(d, TextDelta) and not d.text))
+        payload += encoder.end({"agent_record_id": stored.id, "release_id": stored.release.release_id,
+                                "verified": _verified(stored, stored.release)})
+        return Response(payload, media_type="text/event-stream", headers=headers)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    async def _save(self, record: Record) -> None:
+        await self.store.aput_record(record)
+        self._count_record(record)
+
+    async def _finish(self, record: Record) -> None:
+        await self.store.afinish_record(record.id, record.status, response=record.response, token_ids=record.token_ids,
+                                        logprobs=record.logprobs, spans=record.spans, error=record.error,
+                                        timings=record.timings)
+        self._count_record(record)
+
+    def _count_record(self, record: Record) -> None:
+        self.metrics.records.labels(record.scenario, record.status.value).inc()
+        if record.release and record.status is RecordStatus.COMPLETE and self.runtime.verifies_tokens \
+                and not _verified(record, record.release):
+            self.metrics.unverified.labels(record.scenario).inc()
+
+    def _count(self, route: str, scenario: str, status: int, started: float, result: ChatResult | None = None) -> None:
+        self.metrics.requests.labels(route, scenario, str(status)).inc()
+        self.metrics.latency.labels(route, scenario).observe(time.monotonic() - started)
+        if result is not None:
+            self.metrics.tokens.labels(scenario, "prompt").inc(result.usage.prompt_tokens)
+            self.metrics.tokens.labels(scenario, "completion").inc(result.usage.completion_tokens)
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+
+
+def _new_record(record_id: str, admission: Admission, request: ChatRequest, release: ReleaseRef) -> Record:
+    return Record(id=record_id, scenario=admission.scenario, release=release, request=request.to_json(),
+                  session=admission.session, tags=admission.tags, timings={"admitted_at": time.time()})
+
+
+def _finished(record: Record, result: ChatResult, release: ReleaseRef, runtime: Runtime, started: float,
+              error: str | None = None) -> Record:
+    status = RecordStatus.INCOMPLETE if error else RecordStatus.COMPLETE
+    return record.finished(
+        status,
+        response=result.response_json(),
+        token_ids=list(result.token_ids) if runtime.verifies_tokens else None,
+        logprobs=list(result.logprobs) if runtime.verifies_tokens else None,
+        spans=_spans(result.token_loads),
+        error=error,
+        timings={**record.timings, "duration_s": round(time.monotonic() - started, 6)},
+    )
+
+
+def _spans(loads: list[str | None]) -> list[TokenSpan]:
+    """Contiguous runs of tokens produced by one runtime load."""
+    spans: list[TokenSpan] = []
+    start = 0
+    for i in range(1, len(loads) + 1):
+        if i == len(loads) or loads[i] != loads[start]:
+            spans.append(TokenSpan(start, i, loads[start] or "unknown"))
+            start = i
+    return spans
+
+
+def _verified(record: Record, release: ReleaseRef) -> bool:
+    """Every generated token came from the load the request was frozen to."""
+    tokens = record.token_ids or []
+    if not tokens or not record.spans:
+        return False
+    covered = sum(s.end - s.start for s in record.spans)
+    return covered == len(tokens) and all(s.runtime_load_id == release.runtime_load_id for s in record.spans)
+
+
+def _receipt(record: Record, release: ReleaseRef) -> dict[str, str]:
+    return {"x-reef-agent-record-id": record.id, "x-reef-release-id": release.release_id}
+
+
+def _result_from(record: Record) -> ChatResult:
+    response = record.response or {}
+    usage = response.get("usage") or {}
+    return ChatResult(
+        text=response.get("text", ""),
+        tool_calls=[ToolCall(c["id"], c["name"], c["arguments"]) for c in response.get("tool_calls", [])],
+        finish_reason=response.get("finish_reason", "stop"),
+        usage=Usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)),
+        model=response.get("model"),
+    )

@@ -1,0 +1,156 @@
+"""The `/reef/*` routes: reports, records, scenarios, releases, rollback, status.
+
+Thin: each route validates its body, calls the state layer, and shapes JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reef import __version__
+from reef.core.canonical import check_id, check_scenario_name, new_id
+from reef.core.errors import InvalidInput, NotFound
+from reef.core.types import Report
+from reef.serve.inference import parse_json
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReportBody(_Body):
+    references: list[str] | None = Field(None, description="Receipts this feedback is about (one trajectory)")
+    session: str | None = Field(None, description="Instead of references: every record of this x-reef-session")
+    score: float = Field(description="A finite number; higher is better")
+    feedback: str | dict[str, Any] | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    report_id: str | None = Field(None, description="Client-chosen id, for retry safety")
+
+
+class ScenarioBody(_Body):
+    name: str
+    recipe: str | None = None
+    release_id: str | None = None
+
+
+class RollbackBody(_Body):
+    release_id: str
+    expected_head: str | None = None
+
+
+def validated(model: type[_Body], raw: bytes) -> Any:
+    try:
+        return model.model_validate(parse_json(raw))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+        raise InvalidInput(problems) from None
+
+
+def build_router() -> APIRouter:
+    router = APIRouter(prefix="/reef")
+
+    @router.post("/report")
+    async def report(request: Request) -> JSONResponse:
+        body: ReportBody = validated(ReportBody, await request.body())
+        app = request.app.state.reef
+        scenario, references = _report_target(app, body, request.headers.get("x-reef-scenario"))
+        report_id = check_id(body.report_id, "report_id") if body.report_id else new_id()
+        stored = await app.store.aput_report(Report(id=report_id, scenario=scenario, references=tuple(references),
+                                                    score=body.score, feedback=body.feedback, metadata=body.metadata))
+        app.metrics.reports.labels(scenario).inc()
+        return JSONResponse({"report_id": stored.id, "scenario": scenario, "references": list(stored.references),
+                             "score": stored.score})
+
+    @router.get("/records/{record_id}")
+    async def record(record_id: str, request: Request) -> dict[str, Any]:
+        store = request.app.state.reef.store
+        stored = store.get_record(check_id(record_id, "record id"))
+        return {"record": stored.to_json(), "reports": [r.to_json() for r in store.reports_for(stored.id)]}
+
+    @router.get("/scenarios")
+    async def scenarios(request: Request) -> dict[str, Any]:
+        app = request.app.state.reef
+        return {"scenarios": [scenario_summary(app, name) for name in app.state.scenarios()]}
+
+    @router.post("/scenarios", status_code=201)
+    async def create_scenario(request: Request) -> dict[str, Any]:
+        body: ScenarioBody = validated(ScenarioBody, await request.body())
+        app = request.app.state.reef
+        chain = await app.scenarios.create(body.name, body.recipe, body.release_id)
+        return scenario_summary(app, chain.scenario)
+
+    @router.get("/scenarios/{name}")
+    async def scenario(name: str, request: Request) -> dict[str, Any]:
+        return scenario_summary(request.app.state.reef, check_scenario_name(name))
+
+    @router.get("/scenarios/{name}/releases")
+    async def releases(name: str, request: Request) -> dict[str, Any]:
+        chain = request.app.state.reef.state.chain(check_scenario_name(name))
+        head = chain.head().release_id
+        return {"scenario": name, "head": head,
+                "releases": [{**r.to_json(), "current": r.release_id == head} for r in chain.releases()]}
+
+    @router.post("/scenarios/{name}/rollback")
+    async def rollback(name: str, request: Request) -> dict[str, Any]:
+        body: RollbackBody = validated(RollbackBody, await request.body())
+        app = request.app.state.reef
+        chain = app.state.chain(check_scenario_name(name))
+        expected = body.expected_head or chain.head().release_id
+        release = await asyncio.to_thread(chain.rollback, check_id(body.release_id, "release_id"), expected)
+        serving = await app.scenarios.serve_release(chain, release)
+        return {"release": release.to_json(), "serving": serving.to_json()}
+
+    @router.get("/status")
+    async def status(request: Request) -> dict[str, Any]:
+        app = request.app.state.reef
+        return {
+            "version": __version__,
+            "serving": {"runtime": app.runtime.name, "models": app.runtime.served_models(),
+                        "in_flight": int(app.metrics.in_flight._value.get())},  # noqa: SLF001
+            "learning": {"learners": []},
+            "storage": {"state_dir": str(app.state.root), "records": app.store.count_records(),
+                        "reports": app.store.count_reports(), "scenarios": len(app.state.scenarios())},
+        }
+
+    return router
+
+
+def scenario_summary(app: Any, name: str) -> dict[str, Any]:
+    chain = app.state.chain(name)
+    head = chain.head()
+    return {
+        "name": name,
+        "recipe": chain.binding["recipe"],
+        "starting_release_id": chain.binding["starting_release_id"],
+        "head": head.to_json(),
+        "serving": chain.serving().to_json(),
+        "step": chain.last_step(),
+        "learner": {"high_water": chain.high_water(), "open_batch": chain.open_batch()},
+        "records": app.store.count_records(name),
+        "reports": app.store.count_reports(name),
+    }
+
+
+def _report_target(app: Any, body: ReportBody, header_scenario: str | None) -> tuple[str, list[str]]:
+    if (body.references is None) == (body.session is None):
+        raise InvalidInput("a report names either references (receipts) or a session, not both and not neither")
+    if body.session is not None:
+        scenario = check_scenario_name(header_scenario or "default")
+        records = app.store.session_records(scenario, check_id(body.session, "session"))
+        if not records:
+            raise NotFound(f"session {body.session!r} has no records in scenario {scenario!r}")
+        return scenario, [r.id for r in records]
+    if not body.references:
+        raise InvalidInput("references must name at least one receipt")
+    refs = [check_id(r, "reference") for r in body.references]
+    if header_scenario:
+        return check_scenario_name(header_scenario), refs
+    try:
+        return app.store.get_record(refs[0]).scenario, refs
+    except NotFound:
+        raise NotFound(f"unknown receipt {refs[0]}") from None
