@@ -17,7 +17,7 @@ from uuid import uuid4
 
 import pytest
 
-from pg import postgres_dsn  # noqa: F401  (session fixture used by the postgres params)
+from tests.pg import postgres_dsn  # noqa: F401  (session fixture used by the postgres params)
 from reef.core.errors import InvalidInput, NotFound, RecordConflict, StorageUnavailable
 from reef.core.types import Record, RecordStatus, ReleaseRef, Report, TokenSpan
 from reef.observe.sqlite_store import SQLiteStore

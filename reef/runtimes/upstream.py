@@ -14,10 +14,11 @@ from every message this module produces.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import uuid
-from typing import Any, AsyncIterator, Literal, Mapping
+from typing import Any, AsyncIterator, Iterator, Literal, Mapping
 from urllib.parse import urlsplit
 
 import httpx
@@ -53,9 +54,8 @@ def _tool_choice(choice: Any) -> tuple[str, str | None] | None:
     return None
 
 
-def _put(body: JSON, key: str, value: Any) -> None:
-    if value is not None:
-        body[key] = value
+def _put(body: JSON, **values: Any) -> None:
+    body.update((key, value) for key, value in values.items() if value is not None)
 
 
 def to_openai_body(request: ChatRequest, model: str) -> JSON:
@@ -82,10 +82,7 @@ def to_openai_body(request: ChatRequest, model: str) -> JSON:
         if choice is not None:
             kind, name = choice
             body["tool_choice"] = {"type": "function", "function": {"name": name}} if kind == "tool" else kind
-    _put(body, "max_tokens", request.max_tokens)
-    _put(body, "temperature", request.temperature)
-    _put(body, "top_p", request.top_p)
-    _put(body, "seed", request.seed)
+    _put(body, max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p, seed=request.seed)
     if request.stop:
         body["stop"] = list(request.stop)
     if request.stream:
@@ -144,8 +141,7 @@ def to_anthropic_body(request: ChatRequest, model: str) -> JSON:
             kind, name = choice
             body["tool_choice"] = {"type": "tool", "name": name} if kind == "tool" else {
                 "type": {"required": "any"}.get(kind, kind)}
-    _put(body, "temperature", request.temperature)
-    _put(body, "top_p", request.top_p)
+    _put(body, temperature=request.temperature, top_p=request.top_p)
     if request.stop:
         body["stop_sequences"] = list(request.stop)
     return body
@@ -470,13 +466,20 @@ class UpstreamRuntime(Runtime):
                               kind or "invalid_request_error")
         return self._fail(f"upstream {self._where} failed ({status}): {message}")
 
-    def _transport_failure(self, exc: Exception) -> RuntimeFailure:
-        detail = str(exc) or type(exc).__name__
-        if isinstance(exc, httpx.TimeoutException):
-            return self._fail(f"upstream {self._where} timed out ({type(exc).__name__})")
-        if isinstance(exc, httpx.ConnectError):
-            return self._fail(f"could not connect to upstream {self._where}: {detail}")
-        return self._fail(f"connection to upstream {self._where} broke ({type(exc).__name__}): {detail}")
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        """Parser problems and transport errors become scrubbed 502s."""
+        try:
+            yield
+        except UpstreamProblem as exc:
+            raise self._fail(f"upstream {self._where} {exc}") from None
+        except httpx.TimeoutException as exc:
+            raise self._fail(f"upstream {self._where} timed out ({type(exc).__name__})") from None
+        except httpx.ConnectError as exc:
+            raise self._fail(f"could not connect to upstream {self._where}: {exc or type(exc).__name__}") from None
+        except httpx.HTTPError as exc:  # reset, protocol violations, cut bodies
+            detail = f": {exc}" if str(exc) else ""
+            raise self._fail(f"connection to upstream {self._where} broke ({type(exc).__name__}){detail}") from None
 
     async def generate(self, request: ChatRequest, release: ReleaseRef) -> AsyncIterator[Delta]:
         load_id = release.runtime_load_id
@@ -487,7 +490,7 @@ class UpstreamRuntime(Runtime):
         parser = OpenAIStream(load_id) if self.dialect == "openai" else AnthropicStream(load_id)
         await self.start()
         assert self._client is not None
-        try:
+        with self._translated():
             if not request.stream:
                 response = await self._client.post(self._url, json=body)
                 if response.status_code >= 400:
@@ -505,10 +508,6 @@ class UpstreamRuntime(Runtime):
             if not parser.done:
                 for delta in parser.end():
                     yield delta
-        except UpstreamProblem as exc:
-            raise self._fail(f"upstream {self._where} {exc}") from None
-        except httpx.HTTPError as exc:
-            raise self._transport_failure(exc) from None
 
     async def count_tokens(self, request: ChatRequest) -> int:
         """Anthropic upstream: its own count_tokens. OpenAI upstream: an ESTIMATE, since the
@@ -523,7 +522,7 @@ class UpstreamRuntime(Runtime):
             body.pop(key, None)
         await self.start()
         assert self._client is not None
-        try:
+        with self._translated():
             response = await self._client.post(f"{self._url}/count_tokens", json=body)
             if response.status_code >= 400:
                 raise self._status_failure(response.status_code, response.content)
@@ -531,7 +530,3 @@ class UpstreamRuntime(Runtime):
             if not isinstance(count, dict) or not isinstance(count.get("input_tokens"), int):
                 raise UpstreamProblem("answered count_tokens without input_tokens")
             return int(count["input_tokens"])
-        except UpstreamProblem as exc:
-            raise self._fail(f"upstream {self._where} {exc}") from None
-        except httpx.HTTPError as exc:
-            raise self._transport_failure(exc) from None

@@ -46,6 +46,12 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
+class _ToolChoice(_Wire):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None  # accepted and ignored
+
+
 class _Body(_Wire):
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -57,12 +63,6 @@ class _Body(_Wire):
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool | None = None
-
-
-class _ToolChoice(_Wire):
-    type: Literal["auto", "any", "tool", "none"]
-    name: str | None = None
-    disable_parallel_tool_use: bool | None = None  # accepted and ignored
 
 
 class _MessageIn(_Wire):
@@ -91,9 +91,6 @@ class _ToolIn(_Wire):
     name: str = Field(min_length=1)
     description: str | None = None
     input_schema: dict[str, Any]
-
-
-_Body.model_rebuild()
 
 
 def _where(prefix: str, loc: tuple[int | str, ...]) -> str:
@@ -324,11 +321,9 @@ class EventEncoder:
         self._text_open = False
 
     def start(self) -> list[bytes]:
-        message = {
-            "id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
-        }
+        usage = {"input_tokens": self.input_tokens, "output_tokens": 0}
+        message = {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
+                   "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
         return [event("message_start", {"type": "message_start", "message": message}), event("ping", {"type": "ping"})]
 
     def _close(self) -> list[bytes]:
@@ -339,7 +334,8 @@ class EventEncoder:
 
     def _open(self, block: dict[str, Any]) -> bytes:
         self._index += 1
-        return event("content_block_start", {"type": "content_block_start", "index": self._index, "content_block": block})
+        data = {"type": "content_block_start", "index": self._index, "content_block": block}
+        return event("content_block_start", data)
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return event("content_block_delta", {"type": "content_block_delta", "index": self._index, "delta": delta})

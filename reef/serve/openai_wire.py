@@ -298,6 +298,7 @@ class ChunkEncoder:
 
     Order: `first()`, `encode(delta)` for each delta (the `Finish` gives the finish_reason chunk
     and, with include_usage, a usage chunk with `choices: []`), `reef_chunk(...)`, then DONE.
+    The reef chunk repeats the usage: the SDK's stream accumulator keeps the last chunk's.
     A `Finish("error")` becomes an in-stream `{"error": ...}` object, which the SDK raises.
     """
 
@@ -306,6 +307,7 @@ class ChunkEncoder:
         self.created = created
         self.model = model
         self.include_usage = include_usage
+        self._usage: dict[str, int] | None = None
 
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         chunk: dict[str, Any] = {
@@ -337,15 +339,15 @@ class ChunkEncoder:
         out = [self._choice({}, delta.reason)]
         if self.include_usage:
             usage = self._chunk([])
-            usage["usage"] = _usage(delta.usage.prompt_tokens, delta.usage.completion_tokens)
+            usage["usage"] = self._usage = _usage(delta.usage.prompt_tokens, delta.usage.completion_tokens)
             out.append(usage)
         return out
 
     def reef_chunk(self, agent_record_id: str, release_id: str, verified: bool) -> dict[str, Any]:
         chunk = reef_chunk(agent_record_id, release_id, verified,
                            completion_id=self.completion_id, created=self.created, model=self.model)
-        if self.include_usage:
-            chunk["usage"] = None
+        if self.include_usage:  # the SDK's accumulator keeps the usage of the last chunk
+            chunk["usage"] = self._usage
         return chunk
 
 
