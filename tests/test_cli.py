@@ -50,3 +50,9 @@ def test_inspect_names_the_damaged_file_and_line(tmp_path: Path) -> None:
 def test_inspect_refuses_a_missing_state_dir(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["inspect", "--state-dir", str(tmp_path / "nope")])
     assert result.exit_code == 1 and "no state directory" in result.output
+
+
+def test_serve_refuses_a_public_address_without_a_token(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("REEF_TOKEN", raising=False)
+    result = CliRunner().invoke(main, ["serve", "--host", "0.0.0.0", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 1 and "refusing to listen on 0.0.0.0 without a token" in result.output
