@@ -41,8 +41,7 @@ class OpenAIDialect:
         return openai_wire.chat_completion(result, completion_id=f"chatcmpl-{record_id}", created=int(time.time()), model=model)
 
     def stream(self, body: Any, record_id: str, model: str, input_tokens: int) -> StreamEncoder:
-        options = body.get("stream_options") if isinstance(body, dict) else None
-        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+        include_usage = isinstance(body, dict) and openai_wire.stream_include_usage(body)
         return _OpenAIStream(f"chatcmpl-{record_id}", int(time.time()), model, include_usage)
 
     def error_body(self, kind: str, message: str) -> dict[str, Any]:
@@ -52,7 +51,6 @@ class OpenAIDialect:
 class _OpenAIStream:
     def __init__(self, completion_id: str, created: int, model: str, include_usage: bool) -> None:
         self.encoder = openai_wire.ChunkEncoder(completion_id, created, model, include_usage)
-        self.ids = (completion_id, created, model)
 
     def start(self) -> bytes:
         return openai_wire.sse(self.encoder.first())
@@ -61,9 +59,7 @@ class _OpenAIStream:
         return b"".join(openai_wire.sse(chunk) for chunk in self.encoder.encode(delta))
 
     def end(self, reef: dict[str, Any]) -> bytes:
-        completion_id, created, model = self.ids
-        chunk = openai_wire.reef_chunk(reef["agent_record_id"], reef["release_id"], reef["verified"])
-        chunk.update({"id": completion_id, "created": created, "model": model})
+        chunk = self.encoder.reef_chunk(reef["agent_record_id"], reef["release_id"], reef["verified"])
         return openai_wire.sse(chunk) + openai_wire.DONE
 
     def error(self, kind: str, message: str) -> bytes:
