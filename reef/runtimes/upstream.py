@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from reef.core.chat import ChatRequest, Delta, Finish, FinishReason, TextDelta, ToolCall, ToolCallDelta, Usage
-from reef.core.errors import InvalidInput, RuntimeFailure
+from reef.core.errors import InvalidInput, ReefError, RuntimeFailure
 from reef.core.types import ReleaseRef
 from reef.runtimes.base import Runtime
 
@@ -471,8 +471,12 @@ class UpstreamRuntime(Runtime):
         """Parser problems and transport errors become scrubbed 502s."""
         try:
             yield
+        except ReefError:
+            raise
         except UpstreamProblem as exc:
             raise self._fail(f"upstream {self._where} {exc}") from None
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:  # JSON of the wrong shape
+            raise self._fail(f"upstream {self._where} sent an answer of an unexpected shape ({type(exc).__name__})") from None
         except httpx.TimeoutException as exc:
             raise self._fail(f"upstream {self._where} timed out ({type(exc).__name__})") from None
         except httpx.ConnectError as exc:

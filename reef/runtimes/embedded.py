@@ -1,0 +1,551 @@
+"""The embedded runtime: SmolLM2 (or the tiny test model) on the CPU through transformers + peft.
+
+One worker thread owns the model (torch releases the GIL inside its kernels, so the event loop
+stays responsive). It takes queued requests in batches of one load id (left padding, position
+ids `cumsum(mask) - 1`, a KV cache), samples each row with the request's own temperature, top_p
+and seed, and streams every token back with its id and the log-prob of the distribution it was
+actually drawn from, so records can be verified and trained on (DESIGN.md invariant 2). Adapter
+loads and unloads also run on the worker, between decoding steps, so no lock guards the model
+and a batch in flight never sees an adapter vanish under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import re
+import secrets
+import tempfile
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping
+
+import torch
+
+from reef.core.chat import ChatRequest, Delta, Finish, FinishReason, Message, TextDelta, Tool, ToolCall, ToolCallDelta, Usage
+from reef.core.errors import RuntimeFailure
+from reef.core.types import ReleaseRef
+from reef.runtimes.base import Runtime
+
+STOP_TOKENS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")  # EOS 2, im_start 1, endoftext 0
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+_TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_UNSET = object()  # "adapter state unknown": forces the next batch step to set it again
+
+# -- prompt: the chat template over messages, tools as a system-prompt instruction --------------
+
+
+def chat_messages(request: ChatRequest) -> list[dict[str, str]]:
+    """The request as plain ChatML turns. SmolLM2's template knows nothing of tools, so tools
+    go into the system prompt and tool calls and results into the turns' text, in the
+    `<tool_call>` convention the model is asked to answer in."""
+    messages = [_message_dict(m) for m in request.messages]
+    if request.tools and request.tool_choice != "none":
+        instruction = _tool_instruction(request.tools, request.tool_choice)
+        if messages and messages[0]["role"] == "system":
+            messages[0]["content"] = f"{messages[0]['content']}\n\n{instruction}"
+        else:
+            messages.insert(0, {"role": "system", "content": instruction})
+    return messages
+
+
+def _message_dict(message: Message) -> dict[str, str]:
+    parts = [message.content] if message.content else []
+    for call in message.tool_calls:
+        body = {"name": call.name, "arguments": _json_or_text(call.arguments)}
+        parts.append(f"{TOOL_OPEN}{json.dumps(body)}{TOOL_CLOSE}")
+    return {"role": message.role, "content": "\n".join(parts)}
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _tool_instruction(tools: tuple[Tool, ...], tool_choice: Any) -> str:
+    listing = json.dumps([{"name": t.name, "description": t.description or "", "parameters": t.parameters} for t in tools])
+    text = (f"You can call these tools:\n{listing}\nTo call a tool, answer with "
+            f'{TOOL_OPEN}{{"name": "<tool name>", "arguments": {{<arguments as JSON>}}}}{TOOL_CLOSE}')
+    forced = tool_choice.get("name") or (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
+    if forced:
+        text += f"\nYou must call the tool {forced}."
+    elif tool_choice == "required":
+        text += "\nYou must call a tool."
+    return text
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """Every `<tool_call>{...}</tool_call>` block, or none at all if any block is malformed
+    (then the text is answered as text rather than half-parsed)."""
+    calls = []
+    for body in _TOOL_BLOCK.findall(text):
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return []
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return []
+        args = obj.get("arguments", obj.get("parameters", {}))
+        calls.append(ToolCall(f"call_{secrets.token_hex(12)}", obj["name"], args if isinstance(args, str) else json.dumps(args)))
+    return calls
+
+
+# -- output text: incremental decoding, stop strings, tool-call holdback ---------------------------
+
+
+class TextStream:
+    """Turns the growing list of token ids into text that is safe to release: no half
+    multi-byte character, nothing that may still become a stop string (stops are cut, as
+    OpenAI does), nothing from a `<tool_call>` on (it is parsed at the end instead)."""
+
+    def __init__(self, decode: Callable[[list[int]], str], stops: tuple[str, ...], watch_tools: bool) -> None:
+        self.decode = decode
+        self.stops = tuple(s for s in stops if s)
+        self.markers = self.stops + ((TOOL_OPEN,) if watch_tools else ())
+        self.watch_tools = watch_tools
+        self.text = ""
+        self.sent = 0
+        self.stopped = False
+        self.tool_at: int | None = None
+
+    def push(self, ids: list[int]) -> str:
+        text = self.decode(ids)
+        if text.endswith("\ufffd"):
+            return ""  # the last token ends inside a multi-byte character; wait for the rest
+        self._update(text)
+        if self.tool_at is not None:
+            return self._release(self.tool_at)
+        held = 0 if self.stopped else _partial_suffix(self.text, self.markers)
+        return self._release(len(self.text) - held)
+
+    def finish(self, ids: list[int]) -> tuple[str, list[ToolCall]]:
+        """The rest of the text, or the parsed tool calls that replace it."""
+        if not self.stopped:
+            self._update(self.decode(ids))
+        if self.tool_at is not None:
+            calls = parse_tool_calls(self.text[self.tool_at:])
+            if calls:
+                return "", calls
+        return self._release(len(self.text)), []
+
+    def _update(self, text: str) -> None:
+        cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        if cuts:
+            text, self.stopped = text[: min(cuts)], True
+        self.text = text
+        if self.watch_tools and self.tool_at is None and TOOL_OPEN in text:
+            self.tool_at = text.index(TOOL_OPEN)
+
+    def _release(self, limit: int) -> str:
+        out = self.text[self.sent : limit] if limit > self.sent else ""
+        self.sent = max(self.sent, limit)
+        return out
+
+
+def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest end of `text` that begins one of `markers`."""
+    best = 0
+    for marker in markers:
+        for k in range(min(len(marker) - 1, len(text)), best, -1):
+            if text.endswith(marker[:k]):
+                best = k
+                break
+    return best
+
+
+# -- sampling ------------------------------------------------------------------------------------
+
+
+def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> tuple[int, float]:
+    """One token and its log-prob under the distribution it was drawn from (temperature and
+    nucleus applied). Greedy has a point mass there, which says nothing; it records the model's
+    own (temperature 1) log-prob instead."""
+    if temperature <= 0:
+        token = int(torch.argmax(logits))
+        return token, float(torch.log_softmax(logits, -1)[token])
+    scaled = logits / temperature
+    if top_p < 1.0:
+        scaled = _nucleus(scaled, top_p)
+    logprobs = torch.log_softmax(scaled, -1)
+    token = int(torch.multinomial(logprobs.exp(), 1, generator=generator))
+    return token, float(logprobs[token])
+
+
+def _nucleus(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_logits, order = torch.sort(scaled, descending=True)
+    probs = torch.softmax(sorted_logits, -1)
+    drop = (torch.cumsum(probs, -1) - probs) >= top_p  # mass above each token already covers p
+    drop[0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(scaled).scatter_(0, order, sorted_logits)
+
+
+# -- one request on the worker -------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    prompt_ids: list[int]
+    load_id: str
+    max_tokens: int
+    temperature: float
+    top_p: float
+    generator: torch.Generator
+    text: TextStream
+    emit: Callable[[object], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def send(self, item: object) -> None:
+        try:
+            self.emit(item)
+        except RuntimeError:  # the consumer's event loop is gone: nobody will read the rest
+            self.cancelled.set()
+
+
+class EmbeddedRuntime(Runtime):
+    name = "embedded"
+    verifies_tokens = True
+
+    def __init__(self, model_dir: Path, *, model_name: str = "smollm2-135m-instruct", threads: int | None = None,
+                 max_batch: int = 8, default_max_tokens: int = 256, max_context: int = 2048) -> None:
+        self.model_dir = Path(model_dir)
+        self.model_name = model_name
+        self.threads = threads
+        self.max_batch = max_batch
+        self.default_max_tokens = default_max_tokens
+        self.max_context = max_context
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.batches_run = 0  # counters for tests and /metrics
+        self.requests_run = 0
+        self.tokens_generated = 0
+        self._incarnation = secrets.token_hex(4)
+        self._counter = itertools.count(1)
+        self._loads: dict[str, str | None] = {}  # runtime_load_id -> adapter name (None: base)
+        self._cond = threading.Condition()
+        self._queue: list[_Job] = []
+        self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
+        self._paused = 0
+        self._closing = False
+        self._running = False
+        self._batch: list[_Job] = []
+        self._worker: threading.Thread | None = None
+        self._stop_ids: frozenset[int] = frozenset()
+        self._adapters: set[str] = set()
+        self._active: object = _UNSET
+        self._batch_adapter: str | None = None
+        self._doomed: set[str] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._worker is not None:
+            return
+        await asyncio.to_thread(self._load_weights)
+        self._worker = threading.Thread(target=self._work, name="reef-embedded", daemon=True)
+        self._worker.start()
+
+    def _load_weights(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        if self.threads:
+            torch.set_num_threads(self.threads)  # process-wide: torch has one intra-op pool
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
+        ids = (self.tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS)
+        self._stop_ids = frozenset(i for i in ids if isinstance(i, int) and i >= 0)
+
+    async def close(self) -> None:
+        worker = self._worker
+        if worker is None:
+            return
+        with self._cond:
+            self._closing = True
+            for job in self._batch:  # in flight: tell the consumer, and drop the row next step
+                job.send(RuntimeFailure("the embedded runtime closed"))
+                job.cancelled.set()
+            self._cond.notify_all()
+        await asyncio.to_thread(worker.join)
+        self._worker = None
+        for job in self._queue:
+            job.send(RuntimeFailure("the embedded runtime closed"))
+        self._queue.clear()
+
+    def served_models(self) -> list[str]:
+        return [self.model_name]
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the worker off starting new batches, so requests gather into one (tests)."""
+        with self._cond:
+            self._paused += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._paused -= 1
+                self._cond.notify_all()
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def idle(self) -> bool:
+        return not self._queue and not self._running
+
+    # -- releases ----------------------------------------------------------------------------
+
+    async def load(self, content_id: str, files: Mapping[str, bytes]) -> str:
+        """Empty content (or content without an adapter) serves the base model; a peft LoRA
+        adapter becomes one more resident adapter, named after its load."""
+        n = next(self._counter)
+        load_id = f"{self._incarnation}:{n}"
+        adapter_files = _adapter_files(files)
+        if adapter_files is None:
+            self._loads[load_id] = None
+            return load_id
+        name = f"reef_{n}"
+        try:
+            await self.run_in_worker(partial(self._add_adapter, name, adapter_files))
+        except RuntimeFailure:
+            raise
+        except Exception as exc:
+            raise RuntimeFailure(f"cannot load content {content_id} as a LoRA adapter: {exc}") from exc
+        self._loads[load_id] = name
+        return load_id
+
+    async def unload(self, runtime_load_id: str) -> None:
+        adapter = self._loads.pop(runtime_load_id, None)
+        if adapter is not None:
+            await self.run_in_worker(partial(self._drop_adapter, adapter))
+
+    async def run_in_worker(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the worker thread between decoding steps (the model's only owner)."""
+        if self._worker is None:
+            raise RuntimeFailure("the embedded runtime is not started")
+        future: Future[Any] = Future()
+        with self._cond:
+            self._calls.append((fn, future))
+            self._cond.notify_all()
+        return await asyncio.wrap_future(future)
+
+    def _add_adapter(self, name: str, files: dict[str, bytes]) -> None:
+        with tempfile.TemporaryDirectory(prefix="reef-adapter-") as folder:
+            for file_name, data in files.items():
+                (Path(folder) / file_name).write_bytes(data)
+            self.model.load_adapter(folder, adapter_name=name, local_files_only=True)
+        self._adapters.add(name)
+
+    def _drop_adapter(self, name: str) -> None:
+        if name == self._batch_adapter:
+            self._doomed.add(name)  # a batch still decodes with it; drop it when that ends
+            return
+        self.model.delete_adapter(name)
+        self._adapters.discard(name)
+
+    # -- generation: the async side ------------------------------------------------------------
+
+    def prompt_ids(self, request: ChatRequest) -> list[int]:
+        text = self.tokenizer.apply_chat_template(chat_messages(request), add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        return len(self.prompt_ids(request))
+
+    async def generate(self, request: ChatRequest, release: ReleaseRef) -> AsyncIterator[Delta]:
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        job = self._make_job(request, release, partial(asyncio.get_running_loop().call_soon_threadsafe, queue.put_nowait))
+        with self._cond:
+            self._queue.append(job)
+            self._cond.notify_all()
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item  # type: ignore[misc]
+                if isinstance(item, Finish):
+                    return
+        finally:
+            job.cancelled.set()  # the consumer left (or finished): stop decoding this row
+
+    def _make_job(self, request: ChatRequest, release: ReleaseRef, emit: Callable[[object], None]) -> _Job:
+        if self._worker is None:
+            raise RuntimeFailure("the embedded runtime is not started")
+        load_id = release.runtime_load_id
+        if load_id is None or load_id not in self._loads:
+            raise RuntimeFailure(f"runtime load {load_id!r} of release {release.release_id} is not loaded here")
+        prompt = self.prompt_ids(request)
+        room = self.max_context - len(prompt)
+        if room < 1:
+            raise RuntimeFailure(f"the prompt has {len(prompt)} tokens; the model's context is {self.max_context}",
+                                 status=400, error_type="invalid_request_error")
+        watch_tools = bool(request.tools) and request.tool_choice != "none"
+        decode = partial(self.tokenizer.decode, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        seed = request.seed if request.seed is not None else secrets.randbits(63)
+        return _Job(
+            prompt_ids=prompt, load_id=load_id,
+            max_tokens=max(1, min(request.max_tokens or self.default_max_tokens, room)),
+            temperature=1.0 if request.temperature is None else float(request.temperature),
+            top_p=1.0 if request.top_p is None else float(request.top_p),
+            generator=torch.Generator().manual_seed(seed),
+            text=TextStream(decode, request.stop, watch_tools), emit=emit,
+        )
+
+    # -- generation: the worker ----------------------------------------------------------------
+
+    def _work(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            try:
+                self._run_batch(batch)
+            except Exception as exc:  # a broken batch fails its requests, not the worker
+                for job in batch:
+                    job.send(RuntimeFailure(f"the embedded model failed: {exc}"))
+            finally:
+                self._running, self._batch = False, []
+                self._batch_adapter = None
+                for name in self._doomed:
+                    self._drop_adapter(name)
+                self._doomed.clear()
+
+    def _next_batch(self) -> list[_Job] | None:
+        while True:
+            self._run_calls()
+            with self._cond:
+                if self._closing:
+                    return None
+                if self._calls:
+                    continue
+                batch = None if self._paused else self._take_batch()
+                if batch:
+                    return batch
+                if not self._queue or self._paused:
+                    self._cond.wait()
+
+    def _take_batch(self) -> list[_Job] | None:
+        """The oldest request and the next ones of the same load id, up to `max_batch`."""
+        self._queue = [job for job in self._queue if not job.cancelled.is_set()]
+        if not self._queue:
+            return None
+        load_id = self._queue[0].load_id
+        batch = [job for job in self._queue if job.load_id == load_id][: self.max_batch]
+        self._queue = [job for job in self._queue if job not in batch]
+        if load_id not in self._loads:
+            for job in batch:
+                job.send(RuntimeFailure(f"runtime load {load_id} was unloaded"))
+            return None
+        self._batch_adapter = self._loads[load_id]
+        self._running = True  # under the lock, so `idle()` never sees a gap between queue and batch
+        self._batch = batch
+        return batch
+
+    def _run_calls(self) -> None:
+        with self._cond:
+            calls, self._calls = self._calls, []
+        for fn, future in calls:
+            try:
+                with torch.inference_mode(False):  # adapters must stay trainable tensors
+                    future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+        if calls:
+            self._active = _UNSET  # whatever they did to the adapters, set ours again
+
+    def _apply_adapter(self, adapter: str | None) -> None:
+        if self._active == adapter:
+            return
+        if adapter is None:
+            if self._adapters:
+                self.model.disable_adapters()
+        else:
+            self.model.enable_adapters()
+            self.model.set_adapter(adapter)
+        self._active = adapter
+
+    def _run_batch(self, jobs: list[_Job]) -> None:
+        self.batches_run += 1
+        self.requests_run += len(jobs)
+        width = max(len(job.prompt_ids) for job in jobs)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.tensor([[pad] * (width - len(j.prompt_ids)) + j.prompt_ids for j in jobs])
+        mask = torch.tensor([[0] * (width - len(j.prompt_ids)) + [1] * len(j.prompt_ids) for j in jobs])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: each row counts from 0
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        with torch.inference_mode():
+            self._apply_adapter(self._batch_adapter)
+            logits = self._forward(ids, mask, positions, cache)
+            while True:
+                keep = [i for i, job in enumerate(jobs) if self._advance(job, logits[i])]
+                if not keep:
+                    return
+                if len(keep) < len(jobs):  # finished or abandoned rows leave the batch
+                    index = torch.tensor(keep)
+                    cache.batch_select_indices(index)
+                    mask, positions, jobs = mask[index], positions[index], [jobs[i] for i in keep]
+                self._run_calls()
+                self._apply_adapter(self._batch_adapter)
+                mask = torch.cat([mask, mask.new_ones(len(jobs), 1)], dim=1)
+                positions = positions[:, -1:] + 1
+                step = torch.tensor([[job.ids[-1]] for job in jobs])
+                logits = self._forward(step, mask, positions, cache)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :].float()
+
+    def _advance(self, job: _Job, logits: torch.Tensor) -> bool:
+        """Sample one token for `job`, stream it, and say whether the row goes on."""
+        if job.cancelled.is_set():
+            return False
+        token, logprob = sample(logits, job.temperature, job.top_p, job.generator)
+        job.ids.append(token)
+        job.logprobs.append(logprob)
+        self.tokens_generated += 1
+        reason: FinishReason | None = None
+        if token in self._stop_ids:
+            text, reason = "", "stop"
+        else:
+            text = job.text.push(job.ids)
+            if job.text.stopped:
+                reason = "stop"
+            elif len(job.ids) >= job.max_tokens:
+                reason = "length"
+        job.send(TextDelta(text, (token,), (logprob,), job.load_id))
+        if reason is None:
+            return True
+        self._finish(job, reason)
+        return False
+
+    def _finish(self, job: _Job, reason: FinishReason) -> None:
+        text_ids = [t for t in job.ids if t not in self._stop_ids]
+        rest, calls = job.text.finish(text_ids)
+        if rest:
+            job.send(TextDelta(rest, (), (), job.load_id))
+        for index, call in enumerate(calls):
+            job.send(ToolCallDelta(call, index))
+        usage = Usage(prompt_tokens=len(job.prompt_ids), completion_tokens=len(job.ids))
+        job.send(Finish("tool_calls" if calls else reason, usage, model=self.model_name))
+
+
+def _adapter_files(files: Mapping[str, bytes]) -> dict[str, bytes] | None:
+    """The peft adapter inside a release's content (at its root or in a sub-folder), or None
+    when the content carries no weights (a harness-only release serves the base model)."""
+    config = next((name for name in sorted(files) if name.rsplit("/", 1)[-1] == "adapter_config.json"), None)
+    if config is None:
+        return None
+    prefix = config[: -len("adapter_config.json")]
+    return {name[len(prefix):]: data for name, data in files.items()
+            if name.startswith(prefix) and "/" not in name[len(prefix):]}
