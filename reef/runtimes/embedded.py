@@ -19,6 +19,7 @@ import re
 import secrets
 import tempfile
 import threading
+import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,6 +37,8 @@ STOP_TOKENS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")  # EOS 2, im_start
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 _TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _UNSET = object()  # "adapter state unknown": forces the next batch step to set it again
+# Many resident adapters is the point here, not the mistake peft warns about.
+warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute", category=UserWarning)
 
 # -- prompt: the chat template over messages, tools as a system-prompt instruction --------------
 
