@@ -248,3 +248,19 @@ def test_a_receipt_survives_kill_9_right_after_the_response(upstream: ScriptedUp
         server.stop()
     with ReefState.open(server.state_dir) as state:
         assert state.store.get_record(receipt).status is RecordStatus.COMPLETE
+
+
+def test_a_client_that_goes_away_leaves_an_incomplete_record(reef: ReefServer, client: ReefClient,
+                                                             upstream: ScriptedUpstream) -> None:
+    import time
+
+    upstream.script(text="a b c d e f g h i j k l m n o p", mode="slow", delay=0.2)
+    body = {"model": "m", "messages": USER, "stream": True}
+    with httpx.stream("POST", f"{reef.base_url}/chat/completions", json=body,
+                      headers={"authorization": f"Bearer {TOKEN}"}) as response:
+        receipt = response.headers["x-reef-agent-record-id"]
+        next(response.iter_bytes())  # the first chunk, then hang up
+    deadline = time.monotonic() + 15
+    while (record := client.record(receipt)["record"])["status"] == "in_progress" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert record["status"] == "incomplete" and "disconnected" in record["error"]
