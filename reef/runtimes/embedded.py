@@ -193,7 +193,7 @@ def _nucleus(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
 # -- one request on the worker -------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)  # jobs are compared by identity when taken off the queue
 class _Job:
     prompt_ids: list[int]
     load_id: str
@@ -261,7 +261,7 @@ class EmbeddedRuntime(Runtime):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
+        hf_logging.disable_progress_bar()  # a server's log is no place for tqdm bars
         if self.threads:
             torch.set_num_threads(self.threads)  # process-wide: torch has one intra-op pool
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
@@ -284,6 +284,9 @@ class EmbeddedRuntime(Runtime):
         for job in self._queue:
             job.send(RuntimeFailure("the embedded runtime closed"))
         self._queue.clear()
+        for _, future in self._calls:
+            future.set_exception(RuntimeFailure("the embedded runtime closed"))
+        self._calls.clear()
 
     def served_models(self) -> list[str]:
         return [self.model_name]
@@ -346,7 +349,12 @@ class EmbeddedRuntime(Runtime):
         with tempfile.TemporaryDirectory(prefix="reef-adapter-") as folder:
             for file_name, data in files.items():
                 (Path(folder) / file_name).write_bytes(data)
-            self.model.load_adapter(folder, adapter_name=name)
+            try:
+                self.model.load_adapter(folder, adapter_name=name)
+            except Exception:
+                if name in (getattr(self.model, "peft_config", None) or {}):
+                    self.model.delete_adapter(name)  # no half-injected adapter stays behind
+                raise
         self._adapters.add(name)
 
     def _drop_adapter(self, name: str) -> None:
