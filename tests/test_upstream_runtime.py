@@ -13,7 +13,8 @@ import pytest
 from reef.core.chat import ChatRequest, ChatResult, Delta, Message, TextDelta, Tool, ToolCall, ToolCallDelta
 from reef.core.errors import RuntimeFailure
 from reef.core.types import ReleaseRef
-from reef.runtimes.upstream import UpstreamRuntime, sse_events
+from reef.runtimes.upstream import UpstreamRuntime
+from reef.runtimes.upstream_wire import sse_events
 from tests.scripted_upstream import ScriptedUpstream
 
 KEY = "sk-test-SECRET-4f9a1c"

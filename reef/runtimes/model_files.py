@@ -60,11 +60,14 @@ def _say(progress: Progress | None, message: str) -> None:
 
 @contextlib.contextmanager
 def _cache_lock(cache_dir: Path) -> Iterator[None]:
-    """One converter per cache at a time; the loser finds the winner's result afterwards."""
+    """One converter per cache at a time; the loser finds the winner's result afterwards.
+    Holding the lock, leftovers of a converter killed mid-way (hundreds of MB) are swept."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     with open(cache_dir / ".lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
+            for leftover in [*cache_dir.glob(".*.tmp-*"), *cache_dir.glob(".gguf-*")]:
+                shutil.rmtree(leftover, ignore_errors=True)
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
