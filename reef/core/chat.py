@@ -112,6 +112,7 @@ class Finish:
     reason: FinishReason
     usage: Usage = field(default_factory=Usage)
     model: str | None = None  # the model that answered, as the runtime names it
+    prompt_token_ids: tuple[int, ...] = ()  # the exact prompt the tokens continued (for training)
 
 
 Delta = Union[TextDelta, ToolCallDelta, Finish]
@@ -129,6 +130,7 @@ class ChatResult:
     logprobs: list[float] = field(default_factory=list)
     token_loads: list[str | None] = field(default_factory=list)  # runtime_load_id per token
     model: str | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)
 
     def add(self, delta: Delta) -> None:
         if isinstance(delta, TextDelta):
@@ -142,13 +144,17 @@ class ChatResult:
             self.finish_reason = delta.reason
             self.usage = delta.usage
             self.model = delta.model
+            self.prompt_token_ids = list(delta.prompt_token_ids)
 
     def response_json(self) -> dict[str, Any]:
-        """The response as recorded."""
-        return {
+        """The response as recorded (with the prompt's token ids when the runtime gave them)."""
+        data = {
             "text": self.text,
             "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in self.tool_calls],
             "finish_reason": self.finish_reason,
             "usage": {"prompt_tokens": self.usage.prompt_tokens, "completion_tokens": self.usage.completion_tokens},
             "model": self.model,
         }
+        if self.prompt_token_ids:
+            data["prompt_token_ids"] = self.prompt_token_ids
+        return data

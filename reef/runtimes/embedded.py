@@ -400,7 +400,8 @@ class EmbeddedRuntime(Runtime):
         for index, call in enumerate(calls):
             job.send(ToolCallDelta(call, index))
         usage = Usage(prompt_tokens=len(job.prompt_ids), completion_tokens=len(job.ids))
-        job.send(Finish("tool_calls" if calls else reason, usage, model=self.model_name))
+        job.send(Finish("tool_calls" if calls else reason, usage, model=self.model_name,
+                        prompt_token_ids=tuple(job.prompt_ids)))
 
 
 def _adapter_files(files: Mapping[str, bytes]) -> dict[str, bytes] | None:
