@@ -49,6 +49,42 @@ class RecipeConfig(Strict):
         return self.scenarios.get(name, self.default)
 
 
+class SAOConfig(Strict):
+    """Knobs of the `sao` recipe (docs/learning.md explains each)."""
+
+    batch_size: int = Field(8, ge=1, description="Scored samples per optimiser step")
+    steps_per_candidate: int = Field(4, ge=1, description="Optimiser steps before the gate judges the adapter")
+    lr: float = Field(5e-4, gt=0)
+    lora_r: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    eps_clip: float = Field(0.2, gt=0, lt=1)
+    eps_clip_high: float = Field(0.28, gt=0)
+    kl_coef: float = Field(0.0, ge=0)
+    baseline_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of the running score baseline")
+    max_staleness: int = Field(2, ge=0, description="Oldest producing release a sample may come from, in releases")
+
+
+class GateConfig(Strict):
+    """How a weights candidate is judged against the serving release."""
+
+    tasks: Path | None = Field(None, description="JSONL of evaluation tasks: {prompt | messages, ...scorer fields}")
+    scorer: str | None = Field(None, description="module:function(task, text) -> float, for the tasks")
+    max_tokens: int = Field(48, ge=1)
+    temperature: float = Field(0.0, ge=0, description="0: greedy, the same answer every time")
+    margin: float = Field(0.0, ge=0, description="Mean score gain the candidate must show")
+    confidence: float = Field(0.8, gt=0, lt=1, description="One-sided confidence of the paired sign test")
+    holdout_fraction: float = Field(0.2, ge=0, lt=1, description="Offline check: reported records kept out of training")
+    offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
+
+
+class LearnerConfig(Strict):
+    enabled: bool = Field(True, description="Train scenarios whose recipe learns weights")
+    poll_interval: float = Field(0.5, gt=0)
+    train_threads: int | None = Field(None, ge=1, description="torch threads of the training process")
+    sao: SAOConfig = Field(default_factory=SAOConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
+
+
 class ServeConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
@@ -62,6 +98,7 @@ class ServeConfig(Strict):
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     embedded: EmbeddedConfig = Field(default_factory=EmbeddedConfig)
     recipes: RecipeConfig = Field(default_factory=RecipeConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
 
     @field_validator("tokens")
     @classmethod

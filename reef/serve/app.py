@@ -25,6 +25,7 @@ from reef.serve.auth import TokenAuth
 from reef.serve.body_limit import BodyLimit
 from reef.serve.http_errors import error_response, reef_error_handler
 from reef.serve.inference import InferenceService
+from reef.serve.learning import Learning
 from reef.serve.metrics import Metrics
 from reef.serve.scenarios import ScenarioDirectory
 
@@ -40,6 +41,7 @@ class ReefApp:
     scenarios: ScenarioDirectory
     inference: InferenceService
     metrics: Metrics
+    learning: Learning
 
 
 def open_store(config: ServeConfig) -> ExperienceStore | None:
@@ -56,16 +58,19 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     state = ReefState.open(config.state_dir, store=open_store(config))
     metrics = Metrics()
     scenarios = ScenarioDirectory(state, runtime, config.recipes)
+    learning = Learning(config.learner, state, runtime, scenarios)
     reef = ReefApp(config, state, state.store, runtime, scenarios,
-                   InferenceService(state.store, scenarios, runtime, metrics), metrics)
+                   InferenceService(state.store, scenarios, runtime, metrics), metrics, learning)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await runtime.start()
         await scenarios.start()
+        await learning.start()
         try:
             yield
         finally:
+            await learning.close()
             await runtime.close()
             state.close()
 

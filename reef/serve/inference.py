@@ -22,7 +22,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from reef.core.canonical import check_id, new_id
 from reef.core.chat import ChatRequest, ChatResult, Finish, TextDelta, ToolCall, ToolCallDelta, Usage
 from reef.core.errors import InvalidInput, NotFound, RecordConflict, RuntimeFailure
-from reef.core.types import Record, RecordStatus, ReleaseRef, TokenSpan
+from reef.core.provenance import spans_of, verified
+from reef.core.types import Record, RecordStatus, ReleaseRef
 from reef.observe.store import ExperienceStore
 from reef.runtimes.base import Runtime
 from reef.serve.dialects import Dialect
@@ -129,7 +130,7 @@ class InferenceService:
                 await self._finish(done)
                 self._count(route, record.scenario, 200, started, result)
                 yield encoder.end({"agent_record_id": record.id, "release_id": release.release_id,
-                                   "verified": _verified(done, release)})
+                                   "verified": verified(done)})
             except RuntimeFailure as exc:
                 await self._finish(_finished(record, result, release, self.runtime, started, error=str(exc)))
                 self._count(route, record.scenario, exc.status, started)
@@ -178,7 +179,7 @@ class InferenceService:
                   Finish(result.finish_reason, result.usage, result.model)]
         payload = encoder.start() + b"".join(encoder.delta(d) for d in events if not (isinstance(d, TextDelta) and not d.text))
         payload += encoder.end({"agent_record_id": stored.id, "release_id": stored.release.release_id,
-                                "verified": _verified(stored, stored.release)})
+                                "verified": verified(stored)})
         return Response(payload, media_type="text/event-stream", headers=headers)
 
     # -- bookkeeping -------------------------------------------------------------------------
@@ -196,7 +197,7 @@ class InferenceService:
     def _count_record(self, record: Record) -> None:
         self.metrics.records.labels(record.scenario, record.status.value).inc()
         if record.release and record.status is RecordStatus.COMPLETE and self.runtime.verifies_tokens \
-                and not _verified(record, record.release):
+                and not verified(record):
             self.metrics.unverified.labels(record.scenario).inc()
 
     def _count(self, route: str, scenario: str, status: int, started: float, result: ChatResult | None = None) -> None:
@@ -227,30 +228,10 @@ def _finished(record: Record, result: ChatResult, release: ReleaseRef, runtime: 
         response=result.response_json(),
         token_ids=list(result.token_ids) if runtime.verifies_tokens else None,
         logprobs=list(result.logprobs) if runtime.verifies_tokens else None,
-        spans=_spans(result.token_loads),
+        spans=spans_of(result.token_loads),
         error=error,
         timings={**record.timings, "duration_s": round(time.monotonic() - started, 6)},
     )
-
-
-def _spans(loads: list[str | None]) -> list[TokenSpan]:
-    """Contiguous runs of tokens produced by one runtime load."""
-    spans: list[TokenSpan] = []
-    start = 0
-    for i in range(1, len(loads) + 1):
-        if i == len(loads) or loads[i] != loads[start]:
-            spans.append(TokenSpan(start, i, loads[start] or "unknown"))
-            start = i
-    return spans
-
-
-def _verified(record: Record, release: ReleaseRef) -> bool:
-    """Every generated token came from the load the request was frozen to."""
-    tokens = record.token_ids or []
-    if not tokens or not record.spans:
-        return False
-    covered = sum(s.end - s.start for s in record.spans)
-    return covered == len(tokens) and all(s.runtime_load_id == release.runtime_load_id for s in record.spans)
 
 
 def _receipt(record: Record, release: ReleaseRef) -> dict[str, str]:

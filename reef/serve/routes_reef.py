@@ -95,6 +95,17 @@ def build_router() -> APIRouter:
         return {"scenario": name, "head": head,
                 "releases": [{**r.to_json(), "current": r.release_id == head} for r in chain.releases()]}
 
+    @router.get("/scenarios/{name}/decisions")
+    async def decisions(name: str, request: Request) -> dict[str, Any]:
+        """Every gate verdict of the scenario: published candidates and rejected ones."""
+        chain = request.app.state.reef.state.chain(check_scenario_name(name))
+        rows = [{"step": e.step, "operation": e.operation.value, "release_id": e.release.release_id,
+                 "content_id": e.metrics.get("candidate_content_id", e.release.content_id),
+                 "verdict": e.verdict.to_json() if e.verdict else None, "metrics": e.metrics,
+                 "recorded_at": e.recorded_at}
+                for e in chain.history() if e.operation.value in ("training", "rejection")]
+        return {"scenario": name, "decisions": rows}
+
     @router.post("/scenarios/{name}/rollback")
     async def rollback(name: str, request: Request) -> dict[str, Any]:
         body: RollbackBody = validated(RollbackBody, await request.body())
@@ -112,7 +123,8 @@ def build_router() -> APIRouter:
             "version": __version__,
             "serving": {"runtime": app.runtime.name, "models": app.runtime.served_models(),
                         "in_flight": int(app.metrics.in_flight._value.get())},  # noqa: SLF001
-            "learning": {"learners": []},
+            "learning": app.learning.status(),
+            "provenance": {"unverified_records": _counter_total(app.metrics.unverified)},
             "storage": {"state_dir": str(app.state.root), "records": app.store.count_records(),
                         "reports": app.store.count_reports(), "scenarios": len(app.state.scenarios())},
         }
@@ -154,3 +166,8 @@ def _report_target(app: Any, body: ReportBody, header_scenario: str | None) -> t
         return app.store.get_record(refs[0]).scenario, refs
     except NotFound:
         raise NotFound(f"unknown receipt {refs[0]}") from None
+
+
+def _counter_total(counter: Any) -> int:
+    return int(sum(sample.value for metric in counter.collect() for sample in metric.samples
+                   if sample.name.endswith("_total")))

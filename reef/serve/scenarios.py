@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 from reef.commit.release_chain import ReleaseChain
 from reef.commit.state import ReefState
@@ -30,6 +30,7 @@ class ScenarioDirectory:
         self.recipes = recipes
         self._locks: dict[str, asyncio.Lock] = {}
         self._pins: Counter[str] = Counter()
+        self.on_created: list[Callable[[str], Awaitable[None]]] = []  # e.g. start its learner
 
     async def start(self) -> None:
         """Load every existing scenario's head, so the first request after a restart is fast."""
@@ -76,11 +77,16 @@ class ScenarioDirectory:
         async with self._lock(name):
             try:
                 chain = self.state.chain(name)
+                created = False
             except NotFound:
                 chain = await asyncio.to_thread(self.state.create, name, bound_recipe, release_id)
+                created = True
             _check_request_binding(name, chain.binding, recipe, release_id)
             await self._load_serving(chain)
-            return chain
+        if created:
+            for hook in self.on_created:
+                await hook(name)
+        return chain
 
     # -- swaps -------------------------------------------------------------------------------
 

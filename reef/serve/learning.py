@@ -1,0 +1,84 @@
+"""Learning beside serving: one weights learner per scenario bound to a weights recipe.
+
+Learners run as tasks on the server's event loop and share one training process, which serves
+their jobs round-robin, so several scenarios train at once without one starving another. A
+scenario whose recipe needs weights but whose runtime cannot load them (an upstream provider)
+is listed with the reason instead of a learner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from reef.commit.gate import WeightsGate
+from reef.commit.publisher import CandidatePublisher
+from reef.commit.state import ReefState
+from reef.config import LearnerConfig
+from reef.grow.learner import WeightsLearner
+from reef.grow.worker import TrainingWorker
+from reef.recipes.sao import NAME as SAO, SAORecipe
+from reef.runtimes.base import Runtime
+from reef.serve.scenarios import ScenarioDirectory
+
+log = logging.getLogger("reef.learning")
+
+
+class Learning:
+    def __init__(self, config: LearnerConfig, state: ReefState, runtime: Runtime, scenarios: ScenarioDirectory) -> None:
+        self.config = config
+        self.state = state
+        self.runtime = runtime
+        self.scenarios = scenarios
+        self.learners: dict[str, WeightsLearner] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.idle: dict[str, str] = {}  # scenario -> why it has no learner
+        self.worker: TrainingWorker | None = None
+        self._gate: WeightsGate | None = None
+
+    def _can_train(self) -> str | None:
+        if not self.config.enabled:
+            return "learning is disabled (learner.enabled: false)"
+        if getattr(self.runtime, "model_dir", None) is None:
+            return f"the {self.runtime.name} runtime cannot load trained weights"
+        return None
+
+    async def start(self) -> None:
+        for name in self.state.scenarios():
+            await self.ensure(name)
+        self.scenarios.on_created.append(self.ensure)
+
+    async def ensure(self, scenario: str) -> None:
+        """Start the learner of a scenario if its recipe learns weights and none runs yet."""
+        chain = self.state.chain(scenario)
+        if scenario in self.learners or chain.binding["recipe"] != SAO:
+            return
+        reason = self._can_train()
+        if reason:
+            self.idle[scenario] = reason
+            return
+        if self.worker is None:
+            self.worker = TrainingWorker(Path(getattr(self.runtime, "model_dir")), threads=self.config.train_threads)
+            await self.worker.start()
+            self._gate = WeightsGate(self.config.gate, self.runtime, self.worker)
+        assert self._gate is not None
+        publisher = CandidatePublisher(chain, self._gate, self.scenarios.serve_release)
+        recipe = SAORecipe(self.config.sao, holdout_fraction=self.config.gate.holdout_fraction)
+        learner = WeightsLearner(chain, self.state.store, recipe, self.worker, publisher.decide, publisher.head_files,
+                                 poll_interval=self.config.poll_interval)
+        self.learners[scenario] = learner
+        self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"learner:{scenario}")
+
+    async def close(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if self.worker is not None:
+            await self.worker.close()
+
+    def status(self) -> dict[str, Any]:
+        return {"learners": [learner.status() for learner in self.learners.values()],
+                "idle": [{"scenario": s, "reason": r} for s, r in self.idle.items()],
+                "training_queue": self.worker.pending() if self.worker else {}}
