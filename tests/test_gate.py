@@ -1,0 +1,95 @@
+"""The weights gate decides on evidence: a paired test on tasks, or an offline check that a
+candidate trained on inverted scores fails."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from reef.commit.gate import WeightsGate, load_scorer, load_tasks, paired_verdict, sign_test_p
+from reef.config import GateConfig
+from reef.core.chat import ChatRequest, ChatResult, Message
+from reef.core.errors import InvalidInput
+from reef.core.types import ReleaseRef
+from reef.grow.trainer import Sample, TrainConfig
+from reef.grow.worker import TrainingWorker
+from reef.runtimes.embedded import EmbeddedRuntime
+
+
+def test_sign_test_and_paired_verdict() -> None:
+    assert sign_test_p(0, 0) == 1.0
+    assert sign_test_p(3, 0) == pytest.approx(0.125)
+    assert sign_test_p(5, 5) > 0.5
+    better = paired_verdict([0, 0, 0, 1, 0, 0], [1, 1, 1, 1, 0, 1], margin=0.1, confidence=0.8)
+    assert better.decision == "select" and better.metrics["wins"] == 4 and better.metrics["losses"] == 0
+    assert better.metrics["candidate_success"] > better.metrics["current_success"]
+    same = paired_verdict([1, 0, 1], [1, 0, 1], margin=0.0, confidence=0.8)
+    assert same.decision == "reject"  # no evidence of a win is not a win
+    worse = paired_verdict([1, 1, 1, 1], [0, 0, 0, 1], margin=0.0, confidence=0.8)
+    assert worse.decision == "reject" and worse.metrics["gain"] < 0
+
+
+def test_tasks_and_scorer_are_checked_when_loaded(tmp_path: Path) -> None:
+    good = tmp_path / "tasks.jsonl"
+    good.write_text(json.dumps({"prompt": "hi", "answer": "x"}) + "\n\n" + json.dumps({"messages": [{"role": "user", "content": "yo"}]}) + "\n")
+    assert len(load_tasks(good)) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"nothing": 1}) + "\n")
+    with pytest.raises(InvalidInput, match="bad.jsonl:2"):
+        load_tasks(bad)
+    with pytest.raises(InvalidInput, match="module:function"):
+        load_scorer("no.such.module:score")
+    assert load_scorer("tests.test_gate:length_scorer")({"x": 1}, "abc") == 3.0
+
+
+def length_scorer(task: dict, text: str) -> float:
+    return float(len(text))
+
+
+def rollouts(model_dir: Path, n: int) -> list[tuple[list[int], list[int], list[float]]]:
+    async def run() -> list[tuple[list[int], list[int], list[float]]]:
+        runtime = EmbeddedRuntime(model_dir, threads=1, default_max_tokens=6)
+        await runtime.start()
+        load = await runtime.load("base", {})
+        out = []
+        for i in range(n):
+            result = ChatResult()
+            request = ChatRequest(model="m", messages=(Message("user", f"Tell me about {i}."),), dialect="openai",
+                                  temperature=1.0, seed=i, max_tokens=6)
+            async for delta in runtime.generate(request, ReleaseRef("r", "c", load)):
+                result.add(delta)
+            out.append((result.prompt_token_ids, result.token_ids, result.logprobs))
+        await runtime.close()
+        return out
+
+    return asyncio.run(run())
+
+
+def test_offline_check_rejects_a_candidate_trained_on_inverted_scores(tiny_model_dir: Path) -> None:
+    data = rollouts(tiny_model_dir, 8)
+    scores = [1.0 if i % 2 == 0 else 0.0 for i in range(8)]  # the truth
+    holdout = [(s, Sample(p, c, lp, 0.0)) for s, (p, c, lp) in zip(scores, data)]
+    config = TrainConfig(lr=0.05, eps_clip=0.99, eps_clip_high=100.0)
+
+    async def decisions() -> dict[str, str]:
+        worker = TrainingWorker(tiny_model_dir, threads=1)
+        await worker.start()
+        gate = WeightsGate(GateConfig(offline_bound=0.01), runtime=None, worker=worker)  # type: ignore[arg-type]
+        out = {}
+        try:
+            for name, sign in (("inverted", -1.0), ("true", 1.0)):
+                samples = [Sample(p, c, lp, sign * (s - 0.5)) for s, (p, c, lp) in zip(scores, data)]
+                files = None
+                for _ in range(3):
+                    files, _ = await worker.train(name, files, samples, config)
+                assert files is not None
+                verdict = await gate.judge(ReleaseRef("r", "c", None), {}, "sha256:x", files, holdout)
+                out[name] = verdict.decision
+        finally:
+            await worker.close()
+        return out
+
+    assert asyncio.run(decisions()) == {"inverted": "reject", "true": "select"}
