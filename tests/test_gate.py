@@ -72,7 +72,9 @@ def test_offline_check_rejects_a_candidate_trained_on_inverted_scores(tiny_model
     data = rollouts(tiny_model_dir, 8)
     scores = [1.0 if i % 2 == 0 else 0.0 for i in range(8)]  # the truth
     holdout = [(s, Sample(p, c, lp, 0.0)) for s, (p, c, lp) in zip(scores, data)]
-    config = TrainConfig(lr=0.05, eps_clip=0.99, eps_clip_high=100.0)
+    # one small step: first-order effects dominate (with big steps LoRA's B·A product makes
+    # second-order, sign-blind changes win on a random tiny model)
+    config = TrainConfig(lr=0.01, eps_clip=0.99, eps_clip_high=100.0)
 
     async def decisions() -> dict[str, str]:
         worker = TrainingWorker(tiny_model_dir, threads=1)
@@ -82,10 +84,7 @@ def test_offline_check_rejects_a_candidate_trained_on_inverted_scores(tiny_model
         try:
             for name, sign in (("inverted", -1.0), ("true", 1.0)):
                 samples = [Sample(p, c, lp, sign * (s - 0.5)) for s, (p, c, lp) in zip(scores, data)]
-                files = None
-                for _ in range(3):
-                    files, _ = await worker.train(name, files, samples, config)
-                assert files is not None
+                files, _ = await worker.train(name, None, samples, config)
                 verdict = await gate.judge(ReleaseRef("r", "c", None), {}, "sha256:x", files, holdout)
                 out[name] = verdict.decision
         finally:

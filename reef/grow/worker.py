@@ -1,0 +1,261 @@
+"""A `LoRATrainer` in its own process, behind an asyncio API, fair across scenarios.
+
+Training runs for seconds of pure torch; in the serving process it would contend for the GIL
+between kernels and stall the event loop and the embedded runtime's worker. So the trainer
+lives in a child process (spawn: a fork of a process holding torch threads and an event loop is
+unsafe), which loads the base model once and answers one job at a time over a pipe.
+
+The queue lives here in the parent: one FIFO per key (scenario), served round-robin, so a
+scenario with ten queued steps does not starve one with a single step. Only one job is in the
+child at a time, which keeps `pending()` exact and makes a crash lose at most that job. If the
+child dies, every pending call fails with `TrainingFailed` and `start()` makes a new child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import multiprocessing
+import os
+import signal
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reef.core.errors import ReefError
+
+if TYPE_CHECKING:  # the parent never needs torch; only the child imports the trainer for real
+    from reef.grow.trainer import Sample, TrainConfig
+
+LOGPROBS_KEY = "_logprobs"  # the queue of log-prob jobs that name no scenario
+
+
+class TrainingFailed(ReefError):
+    """The training process failed a job, died, or is not running."""
+
+    kind = "training_error"
+
+
+@dataclass(eq=False)
+class _Job:
+    key: str
+    method: str  # a LoRATrainer method: "step" or "logprobs"
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class TrainingWorker:
+    def __init__(self, model_dir: Path, threads: int | None = None, *, close_timeout: float = 30.0) -> None:
+        self.model_dir = Path(model_dir)
+        self.threads = threads
+        self.close_timeout = close_timeout
+        self._queues: dict[str, collections.deque[_Job]] = {}
+        self._turns: collections.deque[str] = collections.deque()  # keys with queued jobs, in serving order
+        self._inflight: _Job | None = None
+        self._process: Any = None
+        self._conn: Connection | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._closing = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the child and wait until it has loaded the model. A no-op while one runs."""
+        if self.running():
+            return
+        await self._reap()
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe()
+        process = context.Process(target=_child_main, args=(child, str(self.model_dir), self.threads),
+                                  name="reef-trainer", daemon=True)
+        process.start()
+        child.close()  # the child holds the only other end, so its death reads as EOF here
+        try:
+            kind, value = await asyncio.to_thread(parent.recv)
+        except (EOFError, OSError):
+            await asyncio.to_thread(process.join, 5)
+            parent.close()
+            raise TrainingFailed(f"the training process died while starting (exit code {process.exitcode})") from None
+        if kind != "ready":
+            await asyncio.to_thread(process.join, 5)
+            parent.close()
+            raise TrainingFailed(f"the training process could not start: {value}")
+        self._process, self._conn, self._closing = process, parent, False
+        self._wake = asyncio.Event()
+        self._dispatcher = asyncio.create_task(self._dispatch(), name="reef-trainer-dispatch")
+
+    async def close(self) -> None:
+        """Fail queued jobs, let the job in the child finish (up to `close_timeout`), stop the
+        child, and kill it if it does not stop."""
+        if self._process is None:
+            return
+        self._closing = True
+        self._fail_queued(TrainingFailed("the training worker closed"))
+        assert self._wake is not None
+        self._wake.set()
+        if self._dispatcher is not None:
+            done, _ = await asyncio.wait({self._dispatcher}, timeout=self.close_timeout)
+            if not done:
+                self._process.kill()  # the job in flight fails with TrainingFailed
+        await self._reap()
+
+    async def _reap(self) -> None:
+        """Wait for (or end) the old child and its dispatcher; clears the way for `start()`."""
+        process, self._process = self._process, None
+        if process is not None:
+            await asyncio.to_thread(process.join, self.close_timeout)
+            if process.is_alive():
+                process.kill()
+                await asyncio.to_thread(process.join)
+        if self._dispatcher is not None:
+            await asyncio.gather(self._dispatcher, return_exceptions=True)
+            self._dispatcher = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def running(self) -> bool:
+        return self._process is not None and self._process.is_alive() and not self._closing \
+            and self._dispatcher is not None and not self._dispatcher.done()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def pending(self) -> dict[str, int]:
+        """Jobs submitted and not yet answered, per key: queued ones plus the one in the child."""
+        counts = {key: len(queue) for key, queue in self._queues.items() if queue}
+        if self._inflight is not None and not self._inflight.future.done():
+            counts[self._inflight.key] = counts.get(self._inflight.key, 0) + 1
+        return counts
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    async def train(self, key: str, adapter_files: dict[str, bytes] | None, samples: list[Sample],
+                    config: TrainConfig) -> tuple[dict[str, bytes], dict[str, float]]:
+        """`LoRATrainer.step` in the child, after the jobs queued before it for `key`."""
+        return await self._submit(key, "step", (key, adapter_files, samples, config))  # type: ignore[no-any-return]
+
+    async def logprobs(self, adapter_files: dict[str, bytes] | None, sequences: list[tuple[list[int], list[int]]],
+                       temperature: float = 1.0, *, key: str = LOGPROBS_KEY) -> list[list[float]]:
+        """`LoRATrainer.logprobs` in the child; `key` chooses the queue it waits in."""
+        return await self._submit(key, "logprobs", (adapter_files, sequences, temperature))  # type: ignore[no-any-return]
+
+    async def _submit(self, key: str, method: str, args: tuple[Any, ...]) -> Any:
+        if not self.running():
+            raise TrainingFailed("the training worker is not running (start() it)")
+        job = _Job(key, method, args)
+        queue = self._queues.setdefault(key, collections.deque())
+        if not queue and key not in self._turns:
+            self._turns.append(key)
+        queue.append(job)
+        assert self._wake is not None
+        self._wake.set()
+        return await job.future
+
+    def _next_job(self) -> _Job | None:
+        """Round-robin over keys: take the head of the next key's FIFO and send the key to the
+        back of the line if it has more."""
+        while self._turns:
+            key = self._turns.popleft()
+            queue = self._queues.get(key)
+            if not queue:
+                continue
+            job = queue.popleft()
+            if queue:
+                self._turns.append(key)
+            else:
+                del self._queues[key]
+            if not job.future.done():  # a cancelled caller's job is dropped unsent
+                return job
+        return None
+
+    async def _dispatch(self) -> None:
+        assert self._wake is not None and self._conn is not None
+        conn, process = self._conn, self._process
+        while True:
+            job = None if self._closing else self._next_job()
+            if job is None:
+                if self._closing:
+                    await self._stop_child(conn)
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._inflight = job
+            try:
+                await asyncio.to_thread(conn.send, (job.method, job.args))
+                kind, value = await asyncio.to_thread(conn.recv)
+            except (EOFError, OSError) as exc:
+                await asyncio.to_thread(process.join, 5)
+                died = TrainingFailed(f"the training process died (exit code {process.exitcode}): {exc!r}")
+                _settle(job.future, died)
+                self._fail_queued(died)
+                self._closing = True  # running() is False now; start() makes a new child
+                return
+            finally:
+                self._inflight = None
+            _settle(job.future, value if kind == "ok" else TrainingFailed(f"training job {job.method} for "
+                                                                          f"{job.key!r} failed: {value}"))
+
+    async def _stop_child(self, conn: Connection) -> None:
+        try:
+            await asyncio.to_thread(conn.send, ("stop", ()))
+        except (OSError, ValueError):
+            pass  # already gone
+
+    def _fail_queued(self, error: TrainingFailed) -> None:
+        for queue in self._queues.values():
+            for job in queue:
+                _settle(job.future, error)
+        self._queues.clear()
+        self._turns.clear()
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
+    if future.done():
+        return  # the caller was cancelled; nobody reads this
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+def _child_main(conn: Connection, model_dir: str, threads: int | None) -> None:
+    """The child: load the trainer, then answer jobs until told to stop or the parent goes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    try:
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        from reef.grow.trainer import LoRATrainer
+
+        trainer = LoRATrainer(Path(model_dir), threads)
+        conn.send(("ready", None))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            method, args = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        if method == "stop":
+            return
+        try:
+            if method not in ("step", "logprobs"):
+                raise ValueError(f"unknown training job {method!r}")
+            reply = ("ok", getattr(trainer, method)(*args))
+        except Exception as exc:  # noqa: BLE001 - the parent raises it as TrainingFailed
+            last = traceback.extract_tb(exc.__traceback__)[-1]
+            reply = ("error", f"{type(exc).__name__}: {exc} (at {Path(last.filename).name}:{last.lineno})")
+        try:
+            conn.send(reply)
+        except (OSError, ValueError):
+            return

