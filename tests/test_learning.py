@@ -49,6 +49,21 @@ def ask_and_report(reef: ReefServer, scenario: str, n: int, score: Callable[[int
     return receipts
 
 
+def feed_until(reef: ReefServer, scenario: str, condition: Callable[[], Any], max_requests: int = 120) -> Any:
+    """Send scored traffic in small rounds until `condition()` holds (the learner's pace varies)."""
+    for _ in range(0, max_requests, 4):
+        ask_and_report(reef, scenario, 4)
+        value = condition()
+        if value:
+            return value
+    return wait_for(condition, timeout=60, what=f"learning in {scenario}: {learner_status(reef, scenario)}")
+
+
+def learner_status(reef: ReefServer, scenario: str) -> Any:
+    with ReefClient(reef.url) as client:
+        return [s for s in client.status()["learning"]["learners"] if s["scenario"] == scenario]
+
+
 def decisions(reef: ReefServer, scenario: str) -> list[dict[str, Any]]:
     with ReefClient(reef.url) as client:
         return client._call("GET", f"/reef/scenarios/{scenario}/decisions")["decisions"]  # noqa: SLF001
@@ -61,14 +76,13 @@ def reef(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def test_the_whole_loop_publishes_and_swaps(reef: ReefServer) -> None:
-    ask_and_report(reef, "loop", 16)
-    published = wait_for(lambda: [d for d in decisions(reef, "loop") if d["verdict"]["decision"] == "select"],
-                         what="a published candidate")
+    published = feed_until(reef, "loop", lambda: [d for d in decisions(reef, "loop")
+                                                   if d["verdict"]["decision"] == "select"])
     release_id = published[0]["release_id"]
     with ReefClient(reef.url) as client:
         assert client.releases("loop")["releases"][0]["release_id"] in {d["release_id"] for d in published}
-        status = client.status()["learning"]["learners"]
-        assert any(s["scenario"] == "loop" and s["published"] >= 1 for s in status)
+        wait_for(lambda: any(s["scenario"] == "loop" and s["published"] >= 1
+                             for s in client.status()["learning"]["learners"]), what="the learner's count")
         new = ask_and_report(reef, "loop", 1)[0]
         record = client.record(new)["record"]
     assert record["release"]["release_id"] != release_id or record["release"]["runtime_load_id"]
@@ -92,7 +106,7 @@ def test_requests_during_swaps_all_succeed_on_their_admitted_release(reef: ReefS
         return seen
 
     with ThreadPoolExecutor(3) as pool:
-        feeder = pool.submit(ask_and_report, reef, "swap", 24)
+        feeder = pool.submit(feed_until, reef, "swap", lambda: len(decisions(reef, "swap")) >= 2)
         results = [pool.submit(traffic, w) for w in range(2)]
         feeder.result()
         seen = [pair for r in results for pair in r.result()]
@@ -106,9 +120,7 @@ def test_requests_during_swaps_all_succeed_on_their_admitted_release(reef: ReefS
 
 def test_two_scenarios_train_at_once_with_separate_chains(reef: ReefServer) -> None:
     with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda s: ask_and_report(reef, s, 12), ["left", "right"]))
-    for scenario in ("left", "right"):
-        wait_for(lambda s=scenario: decisions(reef, s), what=f"a decision in {scenario}")
+        list(pool.map(lambda s: feed_until(reef, s, lambda: decisions(reef, s)), ["left", "right"]))
     with ReefClient(reef.url) as client:
         left = {r["release_id"] for r in client.releases("left")["releases"]}
         right = {r["release_id"] for r in client.releases("right")["releases"]}

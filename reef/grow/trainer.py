@@ -34,6 +34,9 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 # peft 0.21 asks transformers 5.23 a deprecated question when wrapping a model; harmless here
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+# one adapter per key plus temporary ones for log-probs: many adapters is the design, not a slip
+warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute", category=UserWarning)
+warnings.filterwarnings("ignore", message=r"Adapter \S+ was active which is now deleted", category=UserWarning)
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,10 @@ class TrainingWorker:
 
     async def _reap(self) -> None:
         """Wait for (or end) the old child and its dispatcher; clears the way for `start()`."""
+        self._closing = True  # a dispatcher still waiting for work (its child died idle) ends now
+        self._fail_queued(TrainingFailed("the training process is gone"))
+        if self._wake is not None:
+            self._wake.set()
         process, self._process = self._process, None
         if process is not None:
             await asyncio.to_thread(process.join, self.close_timeout)
@@ -245,9 +249,11 @@ def _child_main(conn: Connection, model_dir: str, threads: int | None) -> None:
         try:
             method, args = conn.recv()
         except (EOFError, OSError):
-            return  # the parent is gone
+            os._exit(0)  # the parent is gone
         if method == "stop":
-            return
+            # Between jobs nothing is left to flush, and interpreter teardown with torch loaded
+            # takes seconds; skip it.
+            os._exit(0)
         try:
             if method not in ("step", "logprobs"):
                 raise ValueError(f"unknown training job {method!r}")
