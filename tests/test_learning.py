@@ -86,8 +86,15 @@ def test_the_whole_loop_publishes_and_swaps(reef: ReefServer) -> None:
         new = ask_and_report(reef, "loop", 1)[0]
         record = client.record(new)["record"]
     assert record["release"]["release_id"] != release_id or record["release"]["runtime_load_id"]
-    serving_release = wait_for(lambda: ReefClient(reef.url).scenario("loop")["serving"]["release_id"], what="serving")
-    assert serving_release in {d["release_id"] for d in published} | {release_id}
+    with ReefClient(reef.url) as client:
+        serving = client.scenario("loop")["serving"]
+        assert serving["release_id"] in {d["release_id"] for d in published}
+        first = client.releases("loop")["releases"][-1]
+        back = client.rollback("loop", first["release_id"])  # weights back to the base, as a new release
+        assert back["serving"]["content_id"] == first["content_id"]
+        assert back["serving"]["runtime_load_id"] != serving["runtime_load_id"]
+        receipt = ask_and_report(reef, "loop", 1)[0]
+        assert client.record(receipt)["record"]["release"]["release_id"] == back["release"]["release_id"]
 
 
 def test_requests_during_swaps_all_succeed_on_their_admitted_release(reef: ReefServer) -> None:

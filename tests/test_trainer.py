@@ -24,11 +24,6 @@ from reef.grow.trainer import LoRATrainer, Sample, TrainConfig  # noqa: E402
 from reef.grow.worker import TrainingFailed, TrainingWorker  # noqa: E402
 from reef.runtimes.embedded import EmbeddedRuntime  # noqa: E402
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
-    pytest.mark.filterwarnings("ignore:Already found a `peft_config` attribute:UserWarning"),
-    pytest.mark.filterwarnings("ignore:Adapter .* was active which is now deleted:UserWarning"),
-]
 PROMPTS = ["Hello there", "What is the capital of France? Answer in one word.", "Count: 1 2 3",
            "Tell me a long story about the sea"]
 Rollout = tuple[list[int], list[int], list[float], float]  # prompt, completion, recorded log-probs, temperature

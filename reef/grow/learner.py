@@ -45,6 +45,7 @@ class Chain(Protocol):  # the parts of commit's ReleaseChain a learner uses
     scenario: str
 
     def last_step(self) -> int: ...
+    def head(self) -> Any: ...
     def high_water(self) -> int: ...
     def algorithm_state(self) -> dict | None: ...
     def open_batch(self) -> dict | None: ...
@@ -91,6 +92,7 @@ class WeightsLearner:
         self.cursor = chain.high_water()
         self.consumed = chain.consumed_record_ids()
         self.working: dict[str, bytes] | None = None  # the adapter being trained, once it differs from the head
+        self.working_head: str | None = None  # the head `working` continues from; a rollback resets it
 
     async def run(self) -> None:
         await self.recover()
@@ -147,6 +149,8 @@ class WeightsLearner:
                                     expected_step=self.chain.last_step())
         self.consumed.update(s.record_id for s in batch)
         samples, state = self.recipe.with_advantages(batch, self.chain.algorithm_state())
+        if self.chain.head().release_id != self.working_head:  # someone else moved the head (a rollback)
+            self.working = None
         files = self.working if self.working is not None else _adapter_only(await self.head_files())
         self.stats.state = "training"
         started, metrics = time.monotonic(), {}
@@ -162,6 +166,7 @@ class WeightsLearner:
                                                      high_water, holdout))
         self.stats.last_verdict = {"decision": verdict.decision,
                                    **{k: v for k, v in verdict.metrics.items() if k != "per_task"}}
+        self.working_head = self.chain.head().release_id
         if verdict.decision == "select":
             self.stats.published += 1
         else:

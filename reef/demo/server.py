@@ -1,0 +1,115 @@
+"""The demo's own `reef serve`: a child process on a free port, configured to learn.
+
+It runs in its own session (so a Ctrl-C in the terminal reaches the demo, which then stops the
+server itself: SIGTERM, then SIGKILL), with the environment cleared of settings that would
+override the demo's (a token, an upstream, another state directory).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+import reef
+
+OVERRIDING_ENV = ("REEF_TOKEN", "REEF_STATE_DIR", "REEF_UPSTREAM_URL", "REEF_UPSTREAM_API_KEY", "REEF_UPSTREAM_MODEL")
+
+
+class DemoServerError(RuntimeError):
+    """The demo's server did not start, or died."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | None) -> dict[str, Any]:
+    """serve.yaml for the demo: the embedded model, short answers, and a learner whose gate runs
+    the held-out tasks through the strict verifier."""
+    embedded: dict[str, Any] = {"default_max_tokens": 24}
+    if model_dir is not None:
+        embedded["model_dir"] = str(Path(model_dir).resolve())
+    return {
+        "host": "127.0.0.1",
+        "port": port,
+        "state_dir": str((workdir / "state").resolve()),
+        "runtime": "embedded",
+        "log_level": "warning",
+        "embedded": embedded,
+        "learner": {
+            "sao": {"batch_size": 8, "steps_per_candidate": 3, "lr": 5e-4},
+            "gate": {"tasks": str(heldout.resolve()), "scorer": "reef.demo.tasks:gate_score", "max_tokens": 24,
+                     "temperature": 0},
+        },
+    }
+
+
+class DemoServer:
+    def __init__(self, config_path: Path, port: int, log_path: Path) -> None:
+        self.config_path = config_path
+        self.port = port
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 900.0) -> None:
+        """Start and wait for /healthz (the first start converts SmolLM2's weights, ~1 minute)."""
+        env = {k: v for k, v in os.environ.items() if k not in OVERRIDING_ENV}
+        package_root = str(Path(reef.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "reef", "serve", "-c", str(self.config_path)], stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.config_path.parent,
+                start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise DemoServerError(f"reef serve did not become healthy in {timeout:.0f}s; see {self.log_path}")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def check_alive(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            raise DemoServerError(f"reef serve exited with {self.process.returncode}:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
