@@ -24,6 +24,11 @@ from reef.grow.trainer import LoRATrainer, Sample, TrainConfig  # noqa: E402
 from reef.grow.worker import TrainingFailed, TrainingWorker  # noqa: E402
 from reef.runtimes.embedded import EmbeddedRuntime  # noqa: E402
 
+pytestmark = [  # the filters reef installs on import; pytest resets them around each test
+    pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"),
+    pytest.mark.filterwarnings("ignore:Adapter .* was active which is now deleted:UserWarning"),
+    pytest.mark.filterwarnings("ignore:Already found a `peft_config` attribute:UserWarning"),
+]
 PROMPTS = ["Hello there", "What is the capital of France? Answer in one word.", "Count: 1 2 3",
            "Tell me a long story about the sea"]
 Rollout = tuple[list[int], list[int], list[float], float]  # prompt, completion, recorded log-probs, temperature
@@ -108,6 +113,9 @@ def test_a_fresh_adapter_is_exactly_the_base_model(trainer: LoRATrainer, rollout
     assert any("lora_B" in k for k in tensors) and all(not t.any() for k, t in tensors.items() if "lora_B" in k)
     seqs = [(p, c) for p, c, _, _ in rollouts]
     assert trainer.logprobs(files, seqs) == trainer.logprobs(None, seqs)
+    # whole release content, as the runtime takes it: the adapter in a sub-folder, or none at all
+    nested = {"reef-artifact.json": b"{}", **{f"weights/{name}": data for name, data in files.items()}}
+    assert trainer.logprobs(nested, seqs[:2]) == trainer.logprobs(None, seqs[:2]) == trainer.logprobs({}, seqs[:2])
 
 
 def test_advantages_move_likelihoods_their_way(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
@@ -207,6 +215,7 @@ def test_worker_gives_the_in_process_numbers(worker: TrainingWorker, loop: async
     mine, my_metrics = trainer.step("same", None, samples, config)
     for name, tensor in weights(mine).items():
         assert torch.allclose(weights(theirs)[name], tensor, atol=1e-6)
+    assert theirs["adapter_config.json"] == mine["adapter_config.json"]  # no hash-ordered set in it
     for name in ("loss", "mean_ratio", "kl", "grad_norm", "tokens", "clipped_fraction"):
         assert their_metrics[name] == pytest.approx(my_metrics[name], rel=1e-4, abs=1e-6), name
     seqs = [(s.prompt_ids, s.completion_ids) for s in samples]

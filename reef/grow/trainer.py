@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import json
 import math
 import tempfile
 import time
@@ -62,6 +63,18 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     micro_batch: int = 8
     seed: int = 0
+
+
+def adapter_part(files: dict[str, bytes] | None) -> dict[str, bytes] | None:
+    """The peft adapter inside a release's content, at its root or in a sub-folder, as the
+    embedded runtime finds it; None (the base model) when the content holds no adapter."""
+    if not files:
+        return None
+    config = next((n for n in sorted(files) if n.rsplit("/", 1)[-1] == ADAPTER_CONFIG), None)
+    if config is None:
+        return None
+    prefix = config[: -len(ADAPTER_CONFIG)]
+    return {n[len(prefix):]: data for n, data in files.items() if n.startswith(prefix) and "/" not in n[len(prefix):]}
 
 
 def adapter_hash(files: dict[str, bytes]) -> str:
@@ -112,7 +125,7 @@ class LoRATrainer:
         token is masked, no step is taken and the adapter comes back unchanged."""
         started = time.monotonic()
         _check(samples)
-        slot = self._slot(key, adapter_files, config)
+        slot = self._slot(key, adapter_part(adapter_files), config)
         rows = [s for s in samples if s.completion_ids]
         total = sum(len(s.completion_ids) for s in rows)
         with torch.random.fork_rng():  # LoRA dropout draws from a seeded generator, not the caller's
@@ -195,7 +208,7 @@ class LoRATrainer:
                 raise ValueError("every sequence needs a non-empty prompt")
         out: list[list[float]] = [[] for _ in sequences]
         todo = [i for i, (_, completion) in enumerate(sequences) if completion]
-        with torch.no_grad(), self._adapter_only(adapter_files):
+        with torch.no_grad(), self._adapter_only(adapter_part(adapter_files)):
             for start in range(0, len(todo), 8):
                 chunk = todo[start:start + 8]
                 lp, _ = self._completion_logprobs([sequences[i] for i in chunk], [temperature] * len(chunk))
@@ -277,10 +290,17 @@ class LoRATrainer:
         return name
 
     def _save(self, name: str) -> dict[str, bytes]:
-        """The adapter as peft's `save_pretrained` writes it (a named adapter lands in a sub-folder)."""
+        """The adapter as peft's `save_pretrained` writes it (a named adapter lands in a sub-folder),
+        except that `target_modules`, a set that peft writes in hash order, is sorted: otherwise
+        the same adapter has other bytes, and another content id, in every process."""
         with tempfile.TemporaryDirectory(prefix="reef-train-") as folder:
             self.peft.save_pretrained(folder, selected_adapters=[name])
-            return {f: (Path(folder) / name / f).read_bytes() for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)}
+            files = {f: (Path(folder) / name / f).read_bytes() for f in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)}
+        fields = json.loads(files[ADAPTER_CONFIG])
+        if isinstance(fields.get("target_modules"), list):
+            fields["target_modules"] = sorted(fields["target_modules"])
+            files[ADAPTER_CONFIG] = json.dumps(fields, indent=2, sort_keys=True).encode()  # peft's own layout
+        return files
 
     @contextlib.contextmanager
     def _base_only(self) -> Iterator[None]:

@@ -9,6 +9,10 @@ The queue lives here in the parent: one FIFO per key (scenario), served round-ro
 scenario with ten queued steps does not starve one with a single step. Only one job is in the
 child at a time, which keeps `pending()` exact and makes a crash lose at most that job. If the
 child dies, every pending call fails with `TrainingFailed` and `start()` makes a new child.
+
+Spawn re-imports the parent's main script in the child, so a script that starts a worker must
+guard its entry point (`if __name__ == "__main__":`); `python -m reef`, the `reef` command and
+pytest are safe as they are.
 """
 
 from __future__ import annotations
@@ -59,14 +63,20 @@ class TrainingWorker:
         self._dispatcher: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._closing = False
+        self._start_lock: asyncio.Lock | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start the child and wait until it has loaded the model. A no-op while one runs."""
-        if self.running():
-            return
-        await self._reap()
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:  # two callers must not both spawn a child
+            if not self.running():
+                await self._reap()
+                await self._spawn()
+
+    async def _spawn(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
         process = context.Process(target=_child_main, args=(child, str(self.model_dir), self.threads),
@@ -75,6 +85,10 @@ class TrainingWorker:
         child.close()  # the child holds the only other end, so its death reads as EOF here
         try:
             kind, value = await asyncio.to_thread(parent.recv)
+        except asyncio.CancelledError:
+            process.kill()  # our caller gave up; leave no half-started child behind
+            parent.close()
+            raise
         except (EOFError, OSError):
             await asyncio.to_thread(process.join, 5)
             parent.close()

@@ -95,6 +95,8 @@ class SAORecipe:
             return "no_tokens"
         if record.release is None or not verified(record):
             return "unverified"
+        if record.request.get("top_p") not in (None, 1, 1.0):
+            return "top_p"  # its log-probs are of a trimmed distribution the trainer does not reproduce
         staleness = staleness_of(record.release.release_id)
         if staleness is None:
             return "unknown_release"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -23,5 +24,13 @@ def build_runtime(config: ServeConfig, progress: Callable[[str], None] | None = 
 
     emb = config.embedded
     model_dir: Path = emb.model_dir or ensure_embedded_model(emb.cache_dir or default_cache_dir(), progress)
-    return EmbeddedRuntime(model_dir, threads=emb.threads, max_batch=emb.max_batch,
+    return EmbeddedRuntime(model_dir, threads=emb.threads or half_the_cores(config), max_batch=emb.max_batch,
                            default_max_tokens=emb.default_max_tokens)
+
+
+def half_the_cores(config: ServeConfig) -> int | None:
+    """With a learner beside it, serving takes half the cores and training the other half:
+    two torch processes that each take every core slow each other down many times over."""
+    if not config.learner.enabled:
+        return None
+    return max(1, (os.cpu_count() or 2) // 2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,8 @@ class Learning:
             self.idle[scenario] = reason
             return
         if self.worker is None:
-            self.worker = TrainingWorker(Path(getattr(self.runtime, "model_dir")), threads=self.config.train_threads)
+            threads = self.config.train_threads or max(1, (os.cpu_count() or 2) // 2)  # the other half of the cores
+            self.worker = TrainingWorker(Path(getattr(self.runtime, "model_dir")), threads=threads)
             await self.worker.start()
             self._gate = WeightsGate(self.config.gate, self.runtime, self.worker)
         assert self._gate is not None

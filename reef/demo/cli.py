@@ -1,0 +1,48 @@
+"""`reef demo`: registered in reef/cli.py with `main.add_command(demo)`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--minutes", type=click.FloatRange(min=0.05), default=15.0, show_default=True,
+              help="How long to send traffic (after the server is up).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Requests kept in flight at once.")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("reef-demo"),
+              show_default=True, help="Where learning_curve.png, learning_curve.json and serve.log go.")
+@click.option("--model-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="A transformers model folder instead of SmolLM2-135M-Instruct.")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the demo's serve.yaml and state go  [default: a new temporary folder]")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON at the end.")
+def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None, workdir: Path | None,
+         as_json: bool) -> None:
+    """Watch Reef learn: the whole loop on the embedded model, with a live learning curve.
+
+    Starts its own `reef serve` (SmolLM2-135M-Instruct on the CPU) and sends it one-word
+    questions ("What is the opposite of hot? Answer with one word."), scores each answer with a
+    strict verifier (exact answer 1, the answer inside a short sentence 0.25, else 0; a
+    truncated reply fails) and reports the score on its receipt. The learner trains LoRA
+    candidates on that feedback; the gate publishes one only when it beats the serving release
+    on held-out questions that traffic never asks. Ctrl-C stops early and still writes the curve.
+
+    \b
+    Example:
+      reef demo                          # 15 minutes, curve in ./reef-demo/
+      reef demo --minutes 5 --out-dir /tmp/curve
+    """
+    from reef.demo.run import run_demo
+    from reef.demo.server import DemoServerError
+
+    try:
+        result = run_demo(minutes=minutes, workdir=workdir, model_dir=model_dir, concurrency=concurrency,
+                          out_dir=out_dir)
+    except DemoServerError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))

@@ -1,0 +1,53 @@
+"""The demo's live view: one rich renderable, rebuilt about twice a second."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Group
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from reef.demo.run import DemoStats
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _verdict_line(decision: dict[str, Any] | None) -> str:
+    if not decision:
+        return "waiting for the first candidate"
+    verdict = decision.get("verdict") or {}
+    m = verdict.get("metrics") or {}
+    line = f"step {decision.get('step', '?')}: {verdict.get('decision', '?')}"
+    if m.get("candidate_success") is not None:
+        line += (f" - held-out success {_pct(m.get('current_success'))} -> {_pct(m.get('candidate_success'))}"
+                 f" (wins {m.get('wins', '?')}, losses {m.get('losses', '?')}, ties {m.get('ties', '?')}, "
+                 f"p={m.get('p_value', float('nan')):.3f})")
+    return line
+
+
+def live_view(stats: DemoStats) -> Group:
+    elapsed = stats.elapsed()
+    published, rejected = stats.counts()
+    window = stats.traffic[-48:]
+    overview = Table.grid(padding=(0, 2))
+    overview.add_column(style="bold")
+    overview.add_column()
+    overview.add_row("time", f"{elapsed:.1f} of {stats.minutes:g} min ({max(0.0, stats.minutes - elapsed):.1f} left)")
+    overview.add_row("requests", f"{stats.requests} sent, {stats.in_flight} in flight, {stats.reports} reported"
+                     + (f", {stats.errors} errors (last: {stats.last_error})" if stats.errors else ""))
+    overview.add_row("releases", f"{published} published, {rejected} rejected"
+                     + ("" if stats.decisions_route else " (no decisions route: rejections not shown)"))
+    overview.add_row("live success", f"{_pct(sum(p['success'] for p in window) / len(window)) if window else '-'}"
+                     f" over the last {len(window)} answers (temperature 1)")
+    overview.add_row("latest verdict", _verdict_line(max(stats.decisions, key=lambda d: d.get("step") or 0) if stats.decisions else None))
+    per_release = Table(title="live traffic by serving release", title_justify="left")
+    for column in ("release", "requests", "mean score", "exact success"):
+        per_release.add_column(column, justify="left" if column == "release" else "right")
+    for row in stats.releases():
+        mark = " (start)" if row["release_id"] == stats.starting_release else ""
+        per_release.add_row(row["release_id"][:12] + mark, str(row["requests"]), f"{row['mean_score']:.3f}",
+                            _pct(row["success_rate"]))
+    return Group(overview, per_release)

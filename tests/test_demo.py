@@ -1,0 +1,167 @@
+"""`reef demo`: its verifier, its task split, its learning curve, and one real run."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from reef.demo import tasks as demo_tasks
+from reef.demo.curve import plot_learning_curve, rolling_success, write_curve
+from reef.demo.tasks import gate_score, score, success
+
+HOT = {"question": "What is the opposite of hot?", "answers": ["cold"], "category": "opposite"}
+SUM = {"question": "What is 3 plus 4?", "answers": ["7", "seven"], "category": "arithmetic"}
+
+
+# -- the verifier --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reply", ["cold", "Cold", "COLD.", " cold\n", "\tCold!", " cold. "])
+def test_an_exact_answer_scores_one_whatever_its_case_spacing_or_final_stop(reply: str) -> None:
+    assert score(HOT, reply) == 1.0
+    assert success(HOT, reply)
+
+
+def test_every_accepted_answer_counts_and_digits_are_answers() -> None:
+    assert score(SUM, "7") == 1.0 and score(SUM, "Seven.") == 1.0
+    assert score(SUM, "8") == 0.0
+
+
+def test_the_answer_inside_a_short_sentence_gets_partial_credit() -> None:
+    assert score(HOT, "The opposite of hot is cold.") == 0.25
+    assert score(SUM, "3 + 4 = 7") == 0.25
+    assert not success(HOT, "The opposite of hot is cold.")
+
+
+def test_a_truncated_reply_scores_zero_even_when_it_is_the_answer() -> None:
+    assert score(HOT, "cold", "length") == 0.0
+    assert score(HOT, "The opposite of hot is cold", "length") == 0.0
+    assert not success(HOT, "cold", "length")
+
+
+def test_long_rambling_and_wrong_answers_score_zero() -> None:
+    rambling = "Well, that depends on the season, the weather and what you think hot means, but usually it is cold."
+    assert score(HOT, rambling) == 0.0
+    assert score(HOT, "warm") == 0.0
+    assert score(HOT, "") == 0.0
+    assert score(HOT, "coldness") == 0.0  # a whole word, not a substring
+
+
+def test_repeating_the_answer_is_not_an_exact_answer() -> None:
+    assert score(HOT, "cold cold cold") < 1.0
+    assert score(HOT, "cold " * 20) == 0.0
+    assert score(HOT, "cold.\ncold.") < 1.0
+
+
+def test_gate_score_judges_the_text_as_it_is() -> None:
+    assert gate_score(HOT, " Cold.") == 1.0
+    assert gate_score(HOT, "It is cold") == 0.25
+    assert gate_score(HOT, "hot") == 0.0
+    assert gate_score(json.loads(json.dumps(demo_tasks.heldout_record(HOT))), "cold") == 1.0
+
+
+# -- the task set and its split --------------------------------------------------------------------
+
+
+def test_the_task_set_is_large_varied_and_well_formed() -> None:
+    assert len(demo_tasks.TASKS) >= 180
+    families = {t["category"] for t in demo_tasks.TASKS}
+    assert {"opposite", "colour", "young", "sound", "capital", "plural", "arithmetic"} <= families
+    for task in demo_tasks.TASKS:
+        assert task["answers"] and all(a == a.strip().lower() and " " not in a for a in task["answers"])
+        assert score(task, task["answers"][0]) == 1.0
+        assert demo_tasks.messages(task)[-1]["content"].startswith(task["question"])
+
+
+def test_the_split_is_deterministic_disjoint_and_covers_every_family() -> None:
+    train = [t["question"] for t in demo_tasks.train_tasks()]
+    heldout = [t["question"] for t in demo_tasks.heldout_tasks()]
+    assert not set(train) & set(heldout)
+    assert len(train) + len(heldout) == len(demo_tasks.TASKS)
+    assert 0.2 <= len(heldout) / len(demo_tasks.TASKS) <= 0.3
+    assert {t["category"] for t in demo_tasks.heldout_tasks()} == {t["category"] for t in demo_tasks.TASKS}
+    assert heldout == [t["question"] for t in demo_tasks.heldout_tasks()]  # the same every call
+    # and the same in another interpreter, whatever its hash seed
+    import subprocess
+    import sys
+
+    code = "from reef.demo.tasks import heldout_tasks; print('|'.join(t['question'] for t in heldout_tasks()))"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "123", "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert other.stdout.strip().split("|") == heldout
+
+
+def test_heldout_jsonl_round_trips_in_the_form_the_gate_reads(tmp_path: Path) -> None:
+    path = demo_tasks.write_heldout_jsonl(tmp_path / "sub" / "heldout.jsonl")
+    lines = path.read_text().splitlines()
+    assert len(lines) == len(demo_tasks.heldout_tasks())
+    rows = demo_tasks.read_tasks_jsonl(path)
+    for row, task in zip(rows, demo_tasks.heldout_tasks()):
+        assert row["question"] == task["question"] and row["answers"] == task["answers"]
+        assert row["messages"] == demo_tasks.messages(task)
+        assert row["messages"][-1]["role"] == "user"
+        assert gate_score(row, task["answers"][-1]) == 1.0
+
+
+# -- the learning curve ---------------------------------------------------------------------------
+
+
+def _synthetic_curve() -> dict:
+    traffic = [{"minute": i / 20, "score": 1.0 if i % 4 == 0 else 0.25, "success": i % 4 == 0, "release_id": "r1"}
+               for i in range(120)]
+    return {
+        "heldout": [{"minute": 0.0, "success": 0.1, "score": 0.2, "release_id": "r1", "kind": "start"},
+                    {"minute": 2.5, "success": 0.3, "score": 0.4, "release_id": "r2", "kind": "published"},
+                    {"minute": 4.0, "success": 0.45, "score": 0.5, "release_id": "r3", "kind": "published"}],
+        "rejected": [{"minute": 3.1, "candidate_success": 0.2, "current_success": 0.3, "p_value": 0.7}],
+        "traffic": traffic,
+        "releases": [{"release_id": "r1", "requests": 120, "mean_score": 0.44, "success_rate": 0.25}],
+        "summary": {"minutes": 6.0},
+    }
+
+
+def test_the_plot_is_a_png(tmp_path: Path) -> None:
+    path = plot_learning_curve(_synthetic_curve(), tmp_path / "curve.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    empty = plot_learning_curve({"heldout": [], "traffic": []}, tmp_path / "empty.png")
+    assert empty.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_write_curve_writes_json_and_png(tmp_path: Path) -> None:
+    curve = _synthetic_curve()
+    png, json_path = write_curve(curve, tmp_path / "out")
+    assert png.name == "learning_curve.png" and png.read_bytes()[:4] == b"\x89PNG"
+    assert json.loads(json_path.read_text()) == curve
+
+
+def test_rolling_success_is_a_windowed_rate() -> None:
+    traffic = [{"minute": i, "success": i >= 4} for i in range(8)]
+    rates = [r for _, r in rolling_success(traffic, window=4)]
+    assert rates[0] == 0.0 and rates[3] == 0.0 and rates[-1] == 1.0 and rates[5] == 0.5
+
+
+# -- the whole demo ---------------------------------------------------------------------------------
+
+
+def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from reef.demo.run import run_demo
+
+    out = io.StringIO()
+    result = run_demo(minutes=0.4, workdir=tmp_path / "work", model_dir=tiny_model_dir, concurrency=4,
+                      out_dir=tmp_path / "out", console=Console(file=out, width=120))
+    assert result.requests > 0, out.getvalue()
+    assert result.reports > 0 and result.reports <= result.requests
+    assert result.errors < result.requests
+    assert 0.3 <= result.minutes <= 0.45
+    curve = json.loads((tmp_path / "out" / "learning_curve.json").read_text())
+    assert len(curve["traffic"]) == result.reports and curve["summary"]["requests"] == result.requests
+    assert sum(r["requests"] for r in curve["releases"]) == result.reports
+    assert (tmp_path / "out" / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "out" / "serve.log").exists()
+    assert "reef demo:" in out.getvalue()
