@@ -228,3 +228,8 @@ def rollback(url: str, token: str | None, scenario: str, release_id: str) -> Non
 def status(url: str, token: str | None) -> None:
     """Show serving, learning and storage state."""
     _print(_client_call(url, token, lambda c: c.status()))
+
+
+from reef.demo.cli import demo  # noqa: E402  (a command of its own module, registered here)
+
+main.add_command(demo)

@@ -27,6 +27,8 @@ from typing import Any, Iterable
 INSTRUCTION = "Answer with one word."
 PARTIAL_CREDIT = 0.25
 MAX_PARTIAL_WORDS = 12
+# Worked examples shown before each question; none of them is a task.
+EXAMPLES = (("What colour is the sky?", "Blue"), ("What is the opposite of wide?", "Narrow"), ("What is 2 plus 2?", "4"))
 HELDOUT_EVERY = 4  # one question in four of each family (by hash) is held out
 
 # "key:answer|answer" rows per family; the question is built from the key.
@@ -104,6 +106,7 @@ def _build() -> tuple[dict[str, Any], ...]:
                           "category": "arithmetic"})
     questions = [t["question"] for t in tasks]
     assert len(questions) == len(set(questions)), "duplicate demo question"
+    assert not {q for q, _ in EXAMPLES} & set(questions), "a worked example is also a task"
     return tuple(tasks)
 
 
@@ -144,7 +147,13 @@ def user_prompt(task: dict[str, Any]) -> str:
 
 
 def messages(task: dict[str, Any]) -> list[dict[str, str]]:
-    return [{"role": "user", "content": user_prompt(task)}]
+    """Three worked examples as earlier turns, then the question. Without them SmolLM2 answers
+    in a sentence every time ("The opposite of hot is cold."): 0% exact at temperature 0 and 1,
+    nothing for exact-match learning to grow from."""
+    turns: list[dict[str, str]] = []
+    for question, answer in EXAMPLES:
+        turns += [{"role": "user", "content": f"{question} {INSTRUCTION}"}, {"role": "assistant", "content": answer}]
+    return [*turns, {"role": "user", "content": user_prompt(task)}]
 
 
 def _normalise(text: str) -> str:
