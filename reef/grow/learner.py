@@ -126,7 +126,8 @@ class WeightsLearner:
         """Take in new reports; train a candidate when there are enough samples. True if it did work."""
         items = self.store.reported_since(self.scenario, self.cursor, limit=512)
         if items:
-            intake = self.recipe.intake(items, self._staleness, self.consumed)
+            positions = {r.release_id: i for i, r in enumerate(self.chain.releases())}  # 0 = the head
+            intake = self.recipe.intake(items, positions.get, self.consumed)
             self.cursor = items[-1].cursor
             self.pending.extend(intake.samples)
             self.holdout.extend(intake.held_out)
@@ -182,12 +183,6 @@ class WeightsLearner:
         intake_sample = self.recipe.sample_of(record)
         report = reports[-1]
         return ScoredSample(record_id, report.id, report.seq or 0, report.score, intake_sample)
-
-    def _staleness(self, release_id: str) -> int | None:
-        for position, release in enumerate(self.chain.releases()):
-            if release.release_id == release_id:
-                return position
-        return None
 
     def status(self) -> dict[str, Any]:
         s = self.stats
