@@ -67,7 +67,9 @@ class Learning:
             self._gate = WeightsGate(self.config.gate, self.runtime, self.worker)
         assert self._gate is not None
         publisher = CandidatePublisher(chain, self._gate, self.scenarios.serve_release)
-        recipe = SAORecipe(self.config.sao, holdout_fraction=self.config.gate.holdout_fraction)
+        gate = self.config.gate
+        # held-out records feed only the offline check; with evaluation tasks every record trains
+        recipe = SAORecipe(self.config.sao, holdout_fraction=0.0 if gate.tasks else gate.holdout_fraction)
         learner = WeightsLearner(chain, self.state.store, recipe, self.worker, publisher.decide, publisher.head_files,
                                  poll_interval=self.config.poll_interval)
         self.learners[scenario] = learner
