@@ -144,6 +144,40 @@ def test_rolling_success_is_a_windowed_rate() -> None:
     assert rates[0] == 0.0 and rates[3] == 0.0 and rates[-1] == 1.0 and rates[5] == 0.5
 
 
+def _decision(step: int, decision: str, minute: float, stats, current: float, candidate: float) -> dict:
+    operation = "training" if decision == "select" else "rejection"
+    return {"step": step, "operation": operation, "release_id": f"rel{step}",
+            "recorded_at": stats.started_wall + 60 * minute,
+            "verdict": {"decision": decision, "metrics": {"gate": "tasks", "current_success": current,
+                                                          "candidate_success": candidate, "current_score": current,
+                                                          "candidate_score": candidate, "wins": 3, "losses": 1,
+                                                          "ties": 50, "n": 54, "p_value": 0.31}}}
+
+
+def test_gate_verdicts_become_the_heldout_curve_and_the_live_view_shows_them() -> None:
+    from rich.console import Console
+
+    from reef.demo.live import live_view
+    from reef.demo.run import DemoStats
+
+    stats = DemoStats(minutes=5)
+    stats.record("rel1", 1.0, True)
+    stats.record("rel1", 0.25, False)
+    stats.decisions = [_decision(4, "reject", 2.0, stats, 0.25, 0.2), _decision(3, "select", 1.0, stats, 0.2, 0.25)]
+    stats.learning = {"learners": [{"scenario": "demo", "state": "training", "pending_samples": 5, "candidates": 2}]}
+    heldout, rejected = stats.heldout_points()
+    assert [(p["kind"], p["success"]) for p in heldout] == [("start", 0.2), ("published", 0.25)]
+    assert heldout[0]["release_id"] == "rel1" and heldout[1]["release_id"] == "rel3"
+    assert abs(heldout[1]["minute"] - 1.0) < 1e-3
+    assert rejected == [{"minute": 2.0, "candidate_success": 0.2, "current_success": 0.25, "p_value": 0.31}]
+    assert stats.counts() == (1, 1)
+    assert stats.releases() == [{"release_id": "rel1", "requests": 2, "mean_score": 0.625, "success_rate": 0.5}]
+    out = io.StringIO()
+    Console(file=out, width=160).print(live_view(stats))
+    text = out.getvalue()
+    assert "1 published, 1 rejected" in text and "step 4: reject" in text and "training, 5 scored samples" in text
+
+
 # -- the whole demo ---------------------------------------------------------------------------------
 
 

@@ -28,6 +28,22 @@ def _verdict_line(decision: dict[str, Any] | None) -> str:
     return line
 
 
+def _learner_line(learning: dict[str, Any], scenario: str) -> str:
+    for idle in learning.get("idle") or []:
+        if idle.get("scenario") == scenario:
+            return f"idle: {idle.get('reason')}"
+    mine = next((row for row in learning.get("learners") or [] if row.get("scenario") == scenario), None)
+    if mine is None:
+        return "not started yet"
+    line = (f"{mine.get('state', '?')}, {mine.get('pending_samples', 0)} scored samples waiting, "
+            f"{mine.get('candidates', 0)} candidates trained")
+    if mine.get("last_train_seconds"):
+        line += f", last training {mine['last_train_seconds']:.1f}s"
+    if mine.get("last_error"):
+        line += f", last error: {str(mine['last_error'])[:120]}"
+    return line
+
+
 def live_view(stats: DemoStats) -> Group:
     elapsed = stats.elapsed()
     published, rejected = stats.counts()
@@ -42,6 +58,7 @@ def live_view(stats: DemoStats) -> Group:
                      + ("" if stats.decisions_route else " (no decisions route: rejections not shown)"))
     overview.add_row("live success", f"{_pct(sum(p['success'] for p in window) / len(window)) if window else '-'}"
                      f" over the last {len(window)} answers (temperature 1)")
+    overview.add_row("learner", _learner_line(stats.learning, "demo"))
     overview.add_row("latest verdict", _verdict_line(max(stats.decisions, key=lambda d: d.get("step") or 0) if stats.decisions else None))
     per_release = Table(title="live traffic by serving release", title_justify="left")
     for column in ("release", "requests", "mean score", "exact success"):

@@ -1,10 +1,11 @@
 """The demo's task stream: one-word factual questions and a strict verifier.
 
-~200 questions in seven families (opposites, colours of things, animal young, animal sounds,
-capitals, irregular and regular plurals, small sums and differences), each with the set of
-answers accepted. The user prompt is "<question> Answer with one word." A deterministic split
-(a hash of the question) puts about a quarter of them in a held-out set, which the gate
-evaluates and live traffic never sees.
+208 questions in seven families (opposites, colours of things, animal young, animal sounds,
+capitals, plurals, sums and differences up to 10), each with the set of answers accepted. A
+question is asked as "<question> Answer with one word." after three worked examples given as
+earlier turns (EXAMPLES; none of them is a task). A deterministic split holds out every fourth
+question of each family, ordered by a hash of the question: 56 held out (the gate's tasks,
+never asked by live traffic), 152 for training.
 
 The verifier checks content, not only form (EMBEDDED_MODEL.md: format-only rewards get gamed):
 1.0 only for a reply that, stripped, lowercased and without one trailing '.' or '!', *is* an
@@ -12,8 +13,16 @@ accepted answer and finished on its own ("stop"; a truncated reply fails); 0.25 
 answer appears as a whole word in a short reply (at most 12 words) that finished; else 0.
 Repeating the answer ("cold cold cold") earns only the partial credit.
 
-Base rate of SmolLM2-135M-Instruct on the held-out set (BASE_RATE_NOTE below, measured with
-reef.runtimes.embedded.EmbeddedRuntime, max_tokens 24):
+Base rates of SmolLM2-135M-Instruct (reef.runtimes.embedded.EmbeddedRuntime, fp32, max_tokens
+24), exact / partial / truncated:
+- greedy:        held-out 26.8% / 1.8% / 0% (n=56); train 25.0% / 2.0% / 0% (n=152).
+  By family (all 208): opposites 21/45, colours 11/25, capitals 12/38, arithmetic 6/37,
+  plurals 3/30, animal young 0/18, animal sounds 0/15. A common failure is echoing the
+  question's own word ("plural of leaf?" -> "Leaf", "opposite of thick?" -> "Thick").
+- temperature 1: held-out 12.5% / 2.7% / 1.8% (n=112, two samples each).
+- without the worked examples (the question and the instruction alone): 0% exact greedy and at
+  temperature 1; greedy replies are sentences ("The opposite of hot is cold.", 46% partial).
+  Nothing for exact-match learning to grow from, hence the examples.
 """
 
 from __future__ import annotations

@@ -137,7 +137,6 @@ class WeightsLearner:
         if len(self.pending) < size:
             self.stats.state = "collecting"
             return bool(items)
-        size = self.recipe.take_size(len(self.pending))  # a backlog trains more steps, not more candidates
         batch, self.pending = self.pending[:size], self.pending[size:]
         high_water = min(s.report_seq for s in self.pending) - 1 if self.pending else self.cursor
         await self._train(batch, new_id(), high_water, logged=False)

@@ -66,13 +66,6 @@ class SAORecipe:
     def candidate_size(self) -> int:
         return self.config.batch_size * self.config.steps_per_candidate
 
-    def take_size(self, pending: int) -> int:
-        """How many pending samples the next candidate trains on: every full batch waiting, up to
-        four times `steps_per_candidate` steps. When traffic outruns the gate, the backlog is
-        trained (while it is fresh) instead of waiting for candidates of its own."""
-        batches = min(pending // self.config.batch_size, 4 * self.config.steps_per_candidate)
-        return max(batches, self.config.steps_per_candidate) * self.config.batch_size
-
     # -- intake --------------------------------------------------------------------------------
 
     def intake(self, items: list[ReportedRecords], staleness_of: Any, consumed: set[str]) -> Intake:
