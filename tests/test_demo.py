@@ -175,7 +175,7 @@ def test_gate_verdicts_become_the_heldout_curve_and_the_live_view_shows_them() -
     out = io.StringIO()
     Console(file=out, width=160).print(live_view(stats))
     text = out.getvalue()
-    assert "1 published, 1 rejected" in text and "step 4: reject" in text and "training, 5 scored samples" in text
+    assert "1 published, 1 rejected" in text and "step 4: reject" in text and "training, 5 scored samples" in text and "2 candidate(s)" in text
 
 
 # -- the whole demo ---------------------------------------------------------------------------------

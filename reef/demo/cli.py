@@ -25,11 +25,12 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
     """Watch Reef learn: the whole loop on the embedded model, with a live learning curve.
 
     Starts its own `reef serve` (SmolLM2-135M-Instruct on the CPU) and sends it one-word
-    questions ("What is the opposite of hot? Answer with one word."), scores each answer with a
-    strict verifier (exact answer 1, the answer inside a short sentence 0.25, else 0; a
+    questions ("What is the opposite of hot? Answer with one word.", after three worked
+    examples), scores each answer with a strict verifier (exact answer 1, the answer inside a short sentence 0.25, else 0; a
     truncated reply fails) and reports the score on its receipt. The learner trains LoRA
     candidates on that feedback; the gate publishes one only when it beats the serving release
-    on held-out questions that traffic never asks. Ctrl-C stops early and still writes the curve.
+    on held-out questions that traffic never asks. Ctrl-C (or SIGTERM) stops early and still
+    writes the curve.
 
     \b
     Example:

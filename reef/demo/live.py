@@ -36,7 +36,7 @@ def _learner_line(learning: dict[str, Any], scenario: str) -> str:
     if mine is None:
         return "not started yet"
     line = (f"{mine.get('state', '?')}, {mine.get('pending_samples', 0)} scored samples waiting, "
-            f"{mine.get('candidates', 0)} candidates trained")
+            f"{mine.get('candidates', 0)} candidate(s) trained")
     if mine.get("last_train_seconds"):
         line += f", last training {mine['last_train_seconds']:.1f}s"
     if mine.get("last_error"):

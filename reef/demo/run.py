@@ -11,12 +11,15 @@ writes `learning_curve.png` and `learning_curve.json` (reef.demo.curve) into `ou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 import yaml
@@ -223,22 +226,37 @@ def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path |
     config.write_text(yaml.safe_dump(demo_settings(workdir, heldout, port, model_dir), sort_keys=False))
     server = DemoServer(config, port, (out_dir / "serve.log").resolve())
     console.print(f"reef demo: starting reef serve on {server.url} (state in {workdir}, log {server.log_path})")
-    server.start()
     stats = DemoStats(minutes=minutes)
     interrupted = False
-    try:
-        asyncio.run(drive(server.url, stats, concurrency, server, console))
-    except KeyboardInterrupt:
-        interrupted = True
-        console.print("reef demo: interrupted; stopping the server and writing the curve")
-    finally:
+    with _sigterm_as_interrupt():
         try:
-            if server.alive():
-                asyncio.run(_final_poll(server.url, stats))
-        except (httpx.HTTPError, ValueError, KeyboardInterrupt):
-            pass
-        server.stop()
+            server.start()
+            stats = DemoStats(minutes=minutes)  # the clock starts once the server answers
+            asyncio.run(drive(server.url, stats, concurrency, server, console))
+        except KeyboardInterrupt:
+            interrupted = True
+            console.print("reef demo: interrupted; stopping the server and writing the curve")
+        finally:
+            try:
+                if server.alive():
+                    asyncio.run(_final_poll(server.url, stats))
+            except (httpx.HTTPError, ValueError, KeyboardInterrupt):
+                pass
+            server.stop()
     return _finish(stats, out_dir, server, interrupted, console)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the demo as Ctrl-C does (server stopped, curve written), not mid-air."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 async def _final_poll(url: str, stats: DemoStats) -> None:

@@ -19,7 +19,8 @@ Base rates of SmolLM2-135M-Instruct (reef.runtimes.embedded.EmbeddedRuntime, fp3
   By family (all 208): opposites 21/45, colours 11/25, capitals 12/38, arithmetic 6/37,
   plurals 3/30, animal young 0/18, animal sounds 0/15. A common failure is echoing the
   question's own word ("plural of leaf?" -> "Leaf", "opposite of thick?" -> "Thick").
-- temperature 1: held-out 12.5% / 2.7% / 1.8% (n=112, two samples each).
+- temperature 1: held-out 12.5% / 2.7% / 1.8% (n=112, two samples each); train split, the first
+  48 live requests of three `reef demo` runs: 4-7% exact.
 - without the worked examples (the question and the instruction alone): 0% exact greedy and at
   temperature 1; greedy replies are sentences ("The opposite of hot is cold.", 46% partial).
   Nothing for exact-match learning to grow from, hence the examples.

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta, Tool, ToolCall, ToolCallDelta
 from reef.core.errors import InvalidInput
+from reef.serve.wire_validation import validate_wire
 
 SUPPORTED = frozenset({
     "model", "max_tokens", "messages", "system", "tools", "tool_choice", "stop_sequences",
@@ -93,19 +94,7 @@ class _ToolIn(_Wire):
     input_schema: dict[str, Any]
 
 
-def _where(prefix: str, loc: tuple[int | str, ...]) -> str:
-    out = prefix
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "body"
-
-
-def _validate(model: type[_Wire], data: Any, path: str) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        raise InvalidInput(f"{_where(path, first['loc'])}: {first['msg']}") from None
+_validate = validate_wire  # shared with the other dialect: errors name the field path
 
 
 def parse_messages_request(body: Any) -> ChatRequest:

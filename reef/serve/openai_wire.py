@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta, Tool, ToolCall, ToolCallDelta
 from reef.core.errors import InvalidInput
+from reef.serve.wire_validation import validate_wire
 
 SUPPORTED = frozenset({
     "model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
@@ -107,19 +108,7 @@ class _TextPart(_Wire):
     text: str
 
 
-def _where(prefix: str, loc: tuple[int | str, ...]) -> str:
-    out = prefix
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "body"
-
-
-def _validate(model: type[_Wire], data: Any, path: str) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        raise InvalidInput(f"{_where(path, first['loc'])}: {first['msg']}") from None
+_validate = validate_wire  # shared with the other dialect: errors name the field path
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
