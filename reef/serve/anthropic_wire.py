@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta, Tool, ToolCall, ToolCallDelta
 from reef.core.errors import InvalidInput
-from reef.serve.wire_validation import validate_wire
+from reef.serve.wire_validation import check_body, validate_wire
 
 SUPPORTED = frozenset({
     "model", "max_tokens", "messages", "system", "tools", "tool_choice", "stop_sequences",
@@ -108,11 +108,7 @@ def parse_count_tokens_request(body: Any) -> ChatRequest:
 
 
 def _parse(body: Any, *, require_max_tokens: bool) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise InvalidInput("body: must be a JSON object")
-    for name, (neutral, why) in REFUSED.items():
-        if name in body and not neutral(body[name]):
-            raise InvalidInput(f"{name}: {why}")
+    check_body(body, REFUSED)
     b: _Body = _validate(_Body, body, "")
     if require_max_tokens and b.max_tokens is None:
         raise InvalidInput("max_tokens: Field required")

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta, Tool, ToolCall, ToolCallDelta
 from reef.core.errors import InvalidInput
-from reef.serve.wire_validation import validate_wire
+from reef.serve.wire_validation import check_body, validate_wire
 
 SUPPORTED = frozenset({
     "model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
@@ -113,11 +113,7 @@ _validate = validate_wire  # shared with the other dialect: errors name the fiel
 
 def parse_chat_request(body: Any) -> ChatRequest:
     """Validate an OpenAI chat completions body into a `ChatRequest` (dialect "openai")."""
-    if not isinstance(body, dict):
-        raise InvalidInput("body: must be a JSON object")
-    for name, (neutral, why) in REFUSED.items():
-        if name in body and not neutral(body[name]):
-            raise InvalidInput(f"{name}: {why}")
+    check_body(body, REFUSED)
     b: _Body = _validate(_Body, body, "")
     if b.n is not None and b.n != 1:
         raise InvalidInput("n: Reef returns exactly one choice; n must be 1")

@@ -23,3 +23,12 @@ def validate_wire(model: type[BaseModel], data: Any, path: str) -> Any:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         raise InvalidInput(f"{field_path(path, first['loc'])}: {first['msg']}") from None
+
+
+def check_body(body: Any, refused: dict[str, tuple[Any, str]]) -> None:
+    """A body is a JSON object, and a refused field may only carry its neutral value."""
+    if not isinstance(body, dict):
+        raise InvalidInput("body: must be a JSON object")
+    for name, (neutral, why) in refused.items():
+        if name in body and not neutral(body[name]):
+            raise InvalidInput(f"{name}: {why}")
