@@ -241,8 +241,11 @@ class ArtifactStore:
         path = self.lfs_path(oid)
         if path.is_file() and path.stat().st_size == len(data):
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.root / "lfs" / "tmp", prefix=oid[:16] + "-")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root / "lfs" / "tmp", prefix=oid[:16] + "-")
+        except OSError as exc:
+            raise StorageUnavailable(f"cannot store LFS object {oid} in {self.root}: {exc}") from exc
         try:
             with os.fdopen(fd, "wb") as f:
                 os.fchmod(f.fileno(), 0o644)
@@ -250,6 +253,9 @@ class ArtifactStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+        except OSError as exc:  # ENOSPC, EDQUOT, EIO: the store cannot take writes now
+            Path(tmp).unlink(missing_ok=True)
+            raise StorageUnavailable(f"cannot store LFS object {oid} in {self.root}: {exc}") from exc
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

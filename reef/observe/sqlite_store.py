@@ -11,6 +11,7 @@ connection per thread and never block the writer (WAL).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sqlite3
 import threading
@@ -190,7 +191,8 @@ class SQLiteStore(ExperienceStore):
             conn.execute("COMMIT")
         except Exception as exc:  # noqa: BLE001 - the writer thread must outlive any failure
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):  # a failed ROLLBACK must not kill the writer
+                    conn.execute("ROLLBACK")
             error = StorageUnavailable(f"{self.path}: write failed: {exc}")
             for _, future, _ in group:
                 future.set_exception(error)
