@@ -77,12 +77,57 @@ class GateConfig(Strict):
     offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
 
 
+class ModelEndpointConfig(Strict):
+    """An OpenAI- or Anthropic-compatible model Reef calls itself (proposer, judge)."""
+
+    url: str | None = Field(None, description="Base URL; default: the scenario's own runtime")
+    api_key: str | None = Field(None, description="Sent to that model; never logged")
+    model: str | None = Field(None, description="Model name sent")
+    dialect: Literal["openai", "anthropic"] = "openai"
+    timeout: float = Field(120.0, gt=0)
+    max_tokens: int = Field(1024, ge=1)
+    temperature: float = Field(0.0, ge=0)
+
+
+class LLMProposerConfig(ModelEndpointConfig):
+    tries: int = Field(3, ge=1, description="Calls per batch before invalid output is skipped")
+
+
+class HarnessGateConfig(Strict):
+    """How a harness candidate is judged against the serving harness."""
+
+    tasks: Path | None = Field(None, description="JSONL of evaluation tasks; default: held-out reported prompts")
+    scorer: str | None = Field(None, description="module:function(task, text) -> float")
+    judge: ModelEndpointConfig | None = Field(None, description="A model that scores answers when no scorer is set")
+    margin: int = Field(1, ge=0, description="Wins minus losses the candidate must reach")
+    publish: Literal["auto", "review"] = Field("auto", description="review: a selected candidate waits for promote")
+    holdout_fraction: float = Field(0.25, ge=0, lt=1, description="Without tasks: reported records kept as gate tasks")
+    max_holdout: int = Field(32, ge=1, description="Without tasks: most recent held-out records used")
+    max_tokens: int = Field(128, ge=1)
+    temperature: float = Field(0.0, ge=0)
+
+
+class SkillsConfig(Strict):
+    """Knobs of the `skills` recipe (docs/harness.md explains each)."""
+
+    proposer: Literal["distill", "llm"] = Field("distill", description="distill: no model needed")
+    failure_below: float = Field(0.5, description="A reported score below this is a failure")
+    batch_size: int = Field(8, ge=1, description="Most failures in one batch (llm: failures needed for one)")
+    successes: int = Field(2, ge=0, description="Successes added to a batch for contrast")
+    min_recurrence: int = Field(3, ge=1, description="distill: failures with similar feedback before a rule")
+    similarity: float = Field(0.5, gt=0, le=1, description="distill: word overlap (Jaccard) of one theme")
+    max_pending: int = Field(256, ge=1, description="Failures kept waiting for a batch; the oldest go first")
+    llm: LLMProposerConfig = Field(default_factory=LLMProposerConfig)
+    gate: HarnessGateConfig = Field(default_factory=HarnessGateConfig)
+
+
 class LearnerConfig(Strict):
     enabled: bool = Field(True, description="Train scenarios whose recipe learns weights")
     poll_interval: float = Field(0.5, gt=0)
     train_threads: int | None = Field(None, ge=1, description="torch threads of the training process")
     sao: SAOConfig = Field(default_factory=SAOConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
+    skills: SkillsConfig = Field(default_factory=SkillsConfig)
 
 
 class ServeConfig(Strict):

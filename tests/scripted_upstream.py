@@ -7,7 +7,8 @@
 
 Routes: POST /v1/chat/completions, POST /v1/messages, POST /v1/messages/count_tokens,
 GET /v1/models. Scripted answers are served FIFO across both dialects; with the queue empty it
-answers "echo: <last user text>". Streams use each dialect's real SSE shape, text split into
+answers "echo: <last user text>", or, after `answer_by_system(...)`, a text chosen by what the
+system prompt contains (a stand-in model that follows a rule only when the rule is there). Streams use each dialect's real SSE shape, text split into
 word chunks. A raw ASGI app (no framework) on uvicorn, so the default path stays cheap: it is
 also the fast local upstream for proxy benchmarks (`python -m tests.scripted_upstream --port N`,
 which does not record requests).
@@ -82,6 +83,19 @@ def _user_text(body: dict[str, Any]) -> str:
                 inner = part.get("content")
                 return inner if isinstance(inner, str) else json.dumps(inner)
     return ""
+
+
+def _system_text(body: dict[str, Any]) -> str:
+    """The system prompt of either dialect's body (OpenAI system messages, Anthropic `system`)."""
+    parts: list[Any] = [body.get("system") or ""]
+    parts += [m.get("content") or "" for m in body.get("messages") or () if m.get("role") in ("system", "developer")]
+    texts = []
+    for part in parts:
+        if isinstance(part, str):
+            texts.append(part)
+        else:
+            texts += [str(block.get("text", "")) for block in part if isinstance(block, dict)]
+    return "\n".join(texts)
 
 
 def _args_text(call: dict[str, Any]) -> str:
@@ -180,6 +194,8 @@ class ScriptedApp:
         self.queue: collections.deque[Step] = collections.deque()
         self.requests: list[RecordedRequest] = []
         self.closing = False
+        self.by_system: list[tuple[str, str]] = []  # (marker in the system prompt, answer)
+        self.by_system_otherwise: str | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -212,7 +228,11 @@ class ScriptedApp:
             step = self.queue.popleft()
         except IndexError:
             step = None
-        if step is None:  # the default echo: the benchmark path
+        if step is None and self.by_system_otherwise is not None:
+            system = _system_text(body)
+            step = _DEFAULT
+            text = next((answer for marker, answer in self.by_system if marker in system), self.by_system_otherwise)
+        elif step is None:  # the default echo: the benchmark path
             step, text = _DEFAULT, "echo: " + _user_text(body)
         else:
             text = step.text if step.text is not None else ("" if step.tool_calls else "echo: " + _user_text(body))
@@ -314,6 +334,12 @@ class ScriptedUpstream:
             raise ValueError(f"mode must be one of {MODES}")
         self.app.queue.append(Step(text, list(tool_calls or ()), finish, status, error, error_type, mode, delay,
                                    usage, model))
+
+    def answer_by_system(self, answers: dict[str, str], otherwise: str) -> None:
+        """With no scripted answer queued, answer the first text of `answers` whose marker the
+        system prompt contains, else `otherwise` (instead of the echo)."""
+        self.app.by_system = list(answers.items())
+        self.app.by_system_otherwise = otherwise
 
     def clear(self) -> None:
         """Forget queued answers and recorded requests."""

@@ -1,9 +1,11 @@
-"""Learning beside serving: one weights learner per scenario bound to a weights recipe.
+"""Learning beside serving: one learner per scenario, for weights (`sao`) or the harness (`skills`).
 
 Learners run as tasks on the server's event loop and share one training process, which serves
 their jobs round-robin, so several scenarios train at once without one starving another. A
 scenario whose recipe needs weights but whose runtime cannot load them (an upstream provider)
-is listed with the reason instead of a learner.
+is listed with the reason instead of a learner. A scenario bound to `skills` gets a harness
+learner on any runtime (upstream or embedded): it needs no training process, only the runtime
+to answer the gate's tasks (and, by default, the LLM proposer's prompt).
 """
 
 from __future__ import annotations
@@ -15,12 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from reef.commit.gate import WeightsGate
+from reef.commit.harness_gate import HarnessGate
+from reef.commit.harness_publisher import HarnessPublisher
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
 from reef.config import LearnerConfig
+from reef.core.errors import InvalidInput
+from reef.grow.harness_learner import HarnessLearner
 from reef.grow.learner import WeightsLearner
 from reef.grow.worker import TrainingWorker
+from reef.recipes.proposers import build_proposer
 from reef.recipes.sao import NAME as SAO, SAORecipe
+from reef.recipes.skills import NAME as SKILLS, SkillsRecipe
 from reef.runtimes.base import Runtime
 from reef.serve.scenarios import ScenarioDirectory
 
@@ -33,11 +41,12 @@ class Learning:
         self.state = state
         self.runtime = runtime
         self.scenarios = scenarios
-        self.learners: dict[str, WeightsLearner] = {}
+        self.learners: dict[str, WeightsLearner | HarnessLearner] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.idle: dict[str, str] = {}  # scenario -> why it has no learner
         self.worker: TrainingWorker | None = None
         self._gate: WeightsGate | None = None
+        self._harness_gate: HarnessGate | None = None
 
     def _can_train(self) -> str | None:
         if not self.config.enabled:
@@ -52,9 +61,14 @@ class Learning:
         self.scenarios.on_created.append(self.ensure)
 
     async def ensure(self, scenario: str) -> None:
-        """Start the learner of a scenario if its recipe learns weights and none runs yet."""
+        """Start the learner of a scenario (weights or harness) if its recipe learns and none runs yet."""
         chain = self.state.chain(scenario)
-        if scenario in self.learners or chain.binding["recipe"] != SAO:
+        if scenario in self.learners or scenario in self.idle:
+            return
+        if chain.binding["recipe"] == SKILLS:
+            self._ensure_harness(scenario)
+            return
+        if chain.binding["recipe"] != SAO:
             return
         reason = self._can_train()
         if reason:
@@ -75,10 +89,37 @@ class Learning:
         self.learners[scenario] = learner
         self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"learner:{scenario}")
 
+    def _ensure_harness(self, scenario: str) -> None:
+        if not self.config.enabled:
+            self.idle[scenario] = "learning is disabled (learner.enabled: false)"
+            return
+        skills, chain = self.config.skills, self.state.chain(scenario)
+        try:
+            if self._harness_gate is None:
+                self._harness_gate = HarnessGate(skills.gate, self.runtime)
+            proposer = build_proposer(skills, self.runtime)
+        except InvalidInput as exc:
+            self.idle[scenario] = f"the skills recipe cannot start: {exc}"
+            log.error("scenario %s: %s", scenario, self.idle[scenario])
+            return
+        publisher = HarnessPublisher(chain, self._harness_gate, CandidatePublisher(chain, None, self.scenarios.serve_release),
+                                     self.scenarios.admit, skills.gate.publish)
+        # held-out records serve the gate only when it has no task file
+        recipe = SkillsRecipe(skills, proposer, holdout_fraction=0.0 if skills.gate.tasks else skills.gate.holdout_fraction)
+        learner = HarnessLearner(chain, self.state.store, recipe, publisher.decide, publisher.head_harness,
+                                 poll_interval=self.config.poll_interval)
+        self.learners[scenario] = learner
+        self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"harness-learner:{scenario}")
+
     async def close(self) -> None:
         for task in self.tasks.values():
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        for learner in self.learners.values():
+            if isinstance(learner, HarnessLearner):
+                await learner.recipe.proposer.close()
+        if self._harness_gate is not None:
+            await self._harness_gate.close()
         if self.worker is not None:
             await self.worker.close()
 
