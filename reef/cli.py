@@ -5,6 +5,7 @@ inspect` is also a check)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from pathlib import Path
@@ -219,6 +220,97 @@ def releases(url: str, token: str | None, scenario: str) -> None:
 def rollback(url: str, token: str | None, scenario: str, release_id: str) -> None:
     """Serve an earlier release's content again, published as a new release (history is kept)."""
     data = _client_call(url, token, lambda c: c.rollback(scenario, release_id))
+    click.echo(f"step {data['release']['step']}: {data['release']['release_id']} now serves the content of {release_id}")
+
+
+@main.command()
+@URL
+@TOKEN
+@click.argument("scenario", required=False)
+@click.option("--release-id", help="A release of the scenario's chain  [default: the serving release]")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Write the tree into this folder (system.md, rules/, skills/, ...); harness files the "
+                   "release lacks are removed from it, other files stay.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
+def harness(url: str, token: str | None, scenario: str | None, release_id: str | None, out: Path | None,
+            as_json: bool) -> None:
+    """Show or fetch a scenario's harness: system prompt, rules and skills.
+
+    SCENARIO defaults to `default`. Without --out it prints the release, the files and the
+    system prompt inject mode would add (before any skill body); with --out it writes the tree.
+
+    \b
+    Examples:
+      reef harness coding
+      reef harness coding --out ./harness
+      reef harness coding --release-id 3f2a...9c --json
+    """
+    from reef.surfaces.harness import PREFIX, HarnessTree
+
+    data = _client_call(url, token, lambda c: c.harness(scenario, release_id))
+    if as_json:
+        _print(data)
+    if out is not None:
+        files = {PREFIX + p: t.encode() for p, t in data["files"].items()}
+        files.update({PREFIX + p: base64.b64decode(b) for p, b in data.get("binary_files", {}).items()})
+        try:
+            HarnessTree.from_files(files).write_dir(out, prune=True)
+        except (ReefError, OSError) as exc:
+            raise click.ClickException(f"cannot write {out}: {exc}") from None
+        click.echo(f"wrote {len(files)} file(s) of release {data['release_id']} to {out}", err=as_json)
+    if as_json or out is not None:
+        return
+    click.echo(f"scenario {data['scenario']}, release {data['release_id']} ({data['mode']} mode)")
+    click.echo(f"content {data['content_id']}")
+    for path in sorted({**data["files"], **data.get("binary_files", {})}):
+        click.echo(f"  {path}")
+    if not data["files"] and not data.get("binary_files"):
+        click.echo("  (no harness)")
+    if data["system_prompt"]:
+        click.echo("\n" + data["system_prompt"])
+
+
+@main.command()
+@URL
+@TOKEN
+@click.argument("scenario")
+@click.argument("release_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (changed paths and the diff) instead of the diff.")
+def diff(url: str, token: str | None, scenario: str, release_id: str, as_json: bool) -> None:
+    """Show what a release changed against its parent, as a unified diff.
+
+    \b
+    Examples:
+      reef diff coding 3f2a...9c
+      reef diff coding 3f2a...9c --json
+    """
+    data = _client_call(url, token, lambda c: c.diff(scenario, release_id))
+    if as_json:
+        _print(data)
+        return
+    parent = data["parent_release_id"] or "nothing (the scenario's creation)"
+    click.echo(f"release {data['release_id']} ({data['operation']}) against {parent}: "
+               f"{len(data['changed'])} file(s) changed", err=True)
+    click.echo(data["diff"], nl=False)
+
+
+@main.command()
+@URL
+@TOKEN
+@click.argument("scenario")
+@click.argument("release_id")
+@click.option("--expected-head", help="Refuse (409) unless this is still the head release.")
+def promote(url: str, token: str | None, scenario: str, release_id: str, expected_head: str | None) -> None:
+    """Publish and serve a release the gate held for review (`publish: review`).
+
+    `reef releases SCENARIO` marks such releases "(pending review)"; `reef diff` shows what one
+    would change. Promoting publishes its content as a new release (history is kept).
+
+    \b
+    Example:
+      reef promote coding 3f2a...9c
+    """
+    data = _client_call(url, token, lambda c: c.promote(scenario, release_id, expected_head))
     click.echo(f"step {data['release']['step']}: {data['release']['release_id']} now serves the content of {release_id}")
 
 

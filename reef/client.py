@@ -74,6 +74,20 @@ class ReefClient:
         body = {"release_id": release_id, **({"expected_head": expected_head} if expected_head else {})}
         return self._call("POST", f"/reef/scenarios/{scenario}/rollback", json=body)
 
+    def harness(self, scenario: str | None = None, release_id: str | None = None) -> dict[str, Any]:
+        """A scenario's harness (default: the serving release): files, skills, rendered system prompt."""
+        params = {k: v for k, v in {"scenario": scenario, "release_id": release_id}.items() if v is not None}
+        return self._call("GET", "/reef/harness", params=params)
+
+    def diff(self, scenario: str, release_id: str) -> dict[str, Any]:
+        """What a release changed against its parent: `changed` paths and a unified `diff`."""
+        return self._call("GET", f"/reef/scenarios/{scenario}/releases/{release_id}/diff")
+
+    def promote(self, scenario: str, release_id: str, expected_head: str | None = None) -> dict[str, Any]:
+        """Publish and serve a release the gate held for review."""
+        body = {"release_id": release_id, **({"expected_head": expected_head} if expected_head else {})}
+        return self._call("POST", f"/reef/scenarios/{scenario}/promote", json=body)
+
     def status(self) -> dict[str, Any]:
         return self._call("GET", "/reef/status")
 

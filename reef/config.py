@@ -130,6 +130,27 @@ class LearnerConfig(Strict):
     skills: SkillsConfig = Field(default_factory=SkillsConfig)
 
 
+class HarnessScenarioConfig(Strict):
+    mode: Literal["inject", "pull"] | None = Field(None, description="Overrides harness.mode for this scenario")
+    seed_dir: Path | None = Field(None, description="Overrides harness.seed_dir for this scenario")
+
+
+class HarnessConfig(Strict):
+    """How a scenario's harness is applied and what a new scenario starts with (docs/harness.md)."""
+
+    mode: Literal["inject", "pull"] = Field("inject", description="inject: added to each request; pull: clients fetch it")
+    seed_dir: Path | None = Field(None, description="A harness directory every new scenario starts with")
+    scenarios: dict[str, HarnessScenarioConfig] = Field(default_factory=dict, description="Per-scenario overrides")
+
+    def mode_for(self, scenario: str) -> str:
+        override = self.scenarios.get(scenario)
+        return (override.mode if override and override.mode else None) or self.mode
+
+    def seed_dir_for(self, scenario: str) -> Path | None:
+        override = self.scenarios.get(scenario)
+        return (override.seed_dir if override and override.seed_dir else None) or self.seed_dir
+
+
 class ServeConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
@@ -144,6 +165,7 @@ class ServeConfig(Strict):
     embedded: EmbeddedConfig = Field(default_factory=EmbeddedConfig)
     recipes: RecipeConfig = Field(default_factory=RecipeConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    harness: HarnessConfig = Field(default_factory=HarnessConfig)
 
     @field_validator("tokens")
     @classmethod

@@ -331,6 +331,25 @@ class ArtifactStore:
             raise MissingArtifact(f"cannot diff {old}..{new}: {r.stderr.decode(errors='replace').strip()}")
         return r.stdout.decode("utf-8", errors="replace")
 
+    def content_diff(self, old_release_id: str | None, new_release_id: str) -> tuple[list[str], str]:
+        """The content paths that changed and their unified diff, without Reef's own files (the
+        manifest, .gitattributes); `None` for old diffs against nothing. LFS files show as
+        pointer changes (oid and size), never as binary bytes."""
+        new = _check_release(new_release_id) + "^{commit}"
+        old = _check_release(old_release_id) + "^{commit}" if old_release_id else self._empty_tree()
+        args = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", old, new,
+                "--", ".", f":(exclude){MANIFEST_NAME}", ":(exclude).gitattributes"]
+        names = self._run([*args[:5], "--name-only", "-z", *args[5:]])
+        patch = self._run(args)
+        for r in (names, patch):
+            if r.returncode != 0:
+                raise MissingArtifact(f"cannot diff {old}..{new}: {r.stderr.decode(errors='replace').strip()}")
+        changed = [p.decode("utf-8", errors="replace") for p in names.stdout.split(b"\0") if p]
+        return changed, patch.stdout.decode("utf-8", errors="replace")
+
+    def _empty_tree(self) -> str:
+        return self._git("mktree", input=b"").decode().strip()
+
     def _read(self, release_id: str) -> tuple[dict[str, bytes], dict[str, tuple[str, int]]]:
         """The content blobs of a release (pointers unresolved) and its LFS pointers by path."""
         sha = _check_release(release_id)

@@ -97,6 +97,7 @@ class Record:
     tags: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # why a record is incomplete
+    harness: JSON | None = None  # what inject mode added to the client's request (reef/surfaces/inject.py)
     seq: int | None = None  # store order; assigned by the store, not part of the content
 
     def __post_init__(self) -> None:
@@ -107,7 +108,7 @@ class Record:
 
     def content(self) -> JSON:
         """Everything that identifies the exchange: what a retry must repeat exactly."""
-        return {
+        data = {
             "id": self.id,
             "scenario": self.scenario,
             "release": self.release.to_json() if self.release else None,
@@ -115,6 +116,9 @@ class Record:
             "session": self.session,
             "tags": dict(self.tags),
         }
+        if self.harness is not None:  # absent, not null, so records without one keep their hash
+            data["harness"] = self.harness
+        return data
 
     def outcome(self) -> JSON:
         """What finishing the record adds."""
@@ -147,6 +151,7 @@ class Record:
             tags=dict(data.get("tags") or {}),
             timings=dict(data.get("timings") or {}),
             error=data.get("error"),
+            harness=data.get("harness"),
             seq=data.get("seq"),
         )
 

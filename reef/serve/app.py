@@ -20,7 +20,7 @@ from reef.config import ServeConfig
 from reef.core.errors import ReefError
 from reef.observe.store import ExperienceStore
 from reef.runtimes.base import Runtime
-from reef.serve import routes_reef, routes_v1
+from reef.serve import routes_harness, routes_reef, routes_v1
 from reef.serve.auth import TokenAuth
 from reef.serve.body_limit import BodyLimit
 from reef.serve.http_errors import error_response, reef_error_handler
@@ -57,7 +57,7 @@ def open_store(config: ServeConfig) -> ExperienceStore | None:
 def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     state = ReefState.open(config.state_dir, store=open_store(config))
     metrics = Metrics()
-    scenarios = ScenarioDirectory(state, runtime, config.recipes)
+    scenarios = ScenarioDirectory(state, runtime, config.recipes, config.harness)
     learning = Learning(config.learner, state, runtime, scenarios)
     reef = ReefApp(config, state, state.store, runtime, scenarios,
                    InferenceService(state.store, scenarios, runtime, metrics), metrics, learning)
@@ -81,6 +81,7 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     app.add_exception_handler(Exception, _unexpected)
     app.include_router(routes_v1.build_router())
     app.include_router(routes_reef.build_router())
+    app.include_router(routes_harness.build_router())
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -29,6 +29,7 @@ from reef.runtimes.base import Runtime
 from reef.serve.dialects import Dialect
 from reef.serve.metrics import Metrics
 from reef.serve.scenarios import ScenarioDirectory
+from reef.surfaces.inject import client_request
 
 TAG_PREFIX = "x-reef-tag-"
 
@@ -77,7 +78,12 @@ class InferenceService:
         record_id = admission.record_id or new_id()
         admit = self.scenarios.admit(admission.scenario, admission.recipe, admission.release_id)
         release = await admit.__aenter__()
-        record = _new_record(record_id, admission, request, release)
+        try:  # the client's request, with the harness in front in inject mode
+            request, harness = await self.scenarios.harness.inject(admission.scenario, request, release)
+        except BaseException:
+            await admit.__aexit__(None, None, None)
+            raise
+        record = _new_record(record_id, admission, request, release, harness)
         if request.stream:
             try:
                 return await self._stream(dialect, body, request, record, release, admit, route)
@@ -165,7 +171,8 @@ class InferenceService:
             return None
         asked = {"scenario": admission.scenario, "request": request.to_json(), "session": admission.session,
                  "tags": admission.tags}
-        had = {"scenario": stored.scenario, "request": stored.request, "session": stored.session, "tags": stored.tags}
+        had = {"scenario": stored.scenario, "request": client_request(stored.request, stored.harness),
+               "session": stored.session, "tags": stored.tags}
         if asked != had:
             raise RecordConflict(f"record {stored.id} already exists with another request")
         if stored.status is not RecordStatus.COMPLETE or stored.release is None:
@@ -215,9 +222,11 @@ def parse_json(raw: bytes) -> Any:
         raise InvalidInput(f"request body is not valid JSON: {exc}") from None
 
 
-def _new_record(record_id: str, admission: Admission, request: ChatRequest, release: ReleaseRef) -> Record:
+def _new_record(record_id: str, admission: Admission, request: ChatRequest, release: ReleaseRef,
+                harness: dict[str, Any] | None = None) -> Record:
     return Record(id=record_id, scenario=admission.scenario, release=release, request=request.to_json(),
-                  session=admission.session, tags=admission.tags, timings={"admitted_at": time.time()})
+                  session=admission.session, tags=admission.tags, timings={"admitted_at": time.time()},
+                  harness=harness)
 
 
 def _finished(record: Record, result: ChatResult, release: ReleaseRef, runtime: Runtime, started: float,

@@ -16,18 +16,24 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from reef.commit.release_chain import ReleaseChain
 from reef.commit.state import ReefState
-from reef.config import RecipeConfig
+from reef.config import HarnessConfig, RecipeConfig
 from reef.core.canonical import check_scenario_name
 from reef.core.errors import Conflict, NotFound
 from reef.core.types import Release, ReleaseRef
 from reef.runtimes.base import Runtime
+from reef.surfaces.inject import HarnessInjector
+from reef.surfaces.seed import HarnessSeeds
 
 
 class ScenarioDirectory:
-    def __init__(self, state: ReefState, runtime: Runtime, recipes: RecipeConfig) -> None:
+    def __init__(self, state: ReefState, runtime: Runtime, recipes: RecipeConfig,
+                 harness: HarnessConfig | None = None) -> None:
         self.state = state
         self.runtime = runtime
         self.recipes = recipes
+        harness = harness or HarnessConfig()
+        self.harness = HarnessInjector(harness, state.artifacts)
+        self.seeds = HarnessSeeds(harness)
         self._locks: dict[str, asyncio.Lock] = {}
         self._pins: Counter[str] = Counter()
         self.on_created: list[Callable[[str], Awaitable[None]]] = []  # e.g. start its learner
@@ -79,7 +85,8 @@ class ScenarioDirectory:
                 chain = self.state.chain(name)
                 created = False
             except NotFound:
-                chain = await asyncio.to_thread(self.state.create, name, bound_recipe, release_id)
+                seed = self.seeds.candidate_for(name) if release_id is None else None
+                chain = await asyncio.to_thread(self.state.create, name, bound_recipe, release_id, seed)
                 created = True
             _check_request_binding(name, chain.binding, recipe, release_id)
             await self._load_serving(chain)
@@ -97,6 +104,7 @@ class ScenarioDirectory:
             previous = await self._load_serving(chain)
             files = await asyncio.to_thread(self.state.artifacts.files, release.release_id)
             load_id = await self.runtime.load(release.content_id, files)
+            self.harness.remember(release.content_id, files)
             ref = ReleaseRef(release.release_id, release.content_id, load_id)
             chain.advance(previous.release_id, ref)
         if previous.runtime_load_id and previous.runtime_load_id != load_id:
@@ -122,6 +130,7 @@ class ScenarioDirectory:
             return ref
         files = await asyncio.to_thread(self.state.artifacts.files, ref.release_id)
         load_id = await self.runtime.load(ref.content_id, files)
+        self.harness.remember(ref.content_id, files)
         loaded = ReleaseRef(ref.release_id, ref.content_id, load_id)
         chain.advance(ref.release_id, loaded)
         return loaded

@@ -172,13 +172,18 @@ class HarnessTree:
                 files[PREFIX + rel.as_posix()] = item.read_bytes()
         return cls.from_files(files)
 
-    def write_dir(self, path: Path | str) -> Path:
-        """Write the tree into a plain directory (without the prefix); other files there stay."""
+    def write_dir(self, path: Path | str, prune: bool = False) -> Path:
+        """Write the tree into a plain directory (without the prefix). Other files there stay,
+        unless `prune`: then files in the harness layout that the tree lacks (a removed rule) go."""
         root = Path(path)
-        for name, data in self.to_files().items():
-            target = root.joinpath(*name[len(PREFIX):].split("/"))
+        wanted = {name[len(PREFIX):]: data for name, data in self.to_files().items()}
+        if prune and root.is_dir():
+            _prune(root, set(wanted))
+        for rel, data in wanted.items():
+            target = root.joinpath(*rel.split("/"))
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
+        root.mkdir(parents=True, exist_ok=True)
         return root
 
     # -- identity ------------------------------------------------------------------------------
@@ -351,6 +356,25 @@ def artifact_kind(files: Mapping[str, bytes]) -> ArtifactKind:
     if harness and other:
         return ArtifactKind.BOTH
     return ArtifactKind.HARNESS if harness else ArtifactKind.WEIGHTS if other else ArtifactKind.EMPTY
+
+
+def _prune(root: Path, keep: set[str]) -> None:
+    for folder in ("rules", "skills", "extensions"):
+        base = root / folder
+        if not base.is_dir() or base.is_symlink():
+            continue
+        for item in sorted(base.rglob("*"), reverse=True):  # children before their folders
+            rel = item.relative_to(root).as_posix()
+            if any(part.startswith(".") for part in item.relative_to(root).parts):
+                continue  # hidden files are not the harness's (from_dir skips them too)
+            if item.is_symlink() or item.is_file():
+                if rel not in keep:
+                    item.unlink()
+            elif item.is_dir() and not any(item.iterdir()):
+                item.rmdir()
+    for name in ("system.md", "config.json"):
+        if name not in keep and (root / name).is_file():
+            (root / name).unlink()
 
 
 # -- validation --------------------------------------------------------------------------------
