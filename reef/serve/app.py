@@ -20,7 +20,7 @@ from reef.config import ServeConfig
 from reef.core.errors import ReefError
 from reef.observe.store import ExperienceStore
 from reef.runtimes.base import Runtime
-from reef.serve import routes_harness, routes_reef, routes_v1
+from reef.serve import routes_harness, routes_install, routes_reef, routes_v1
 from reef.serve.auth import TokenAuth
 from reef.serve.body_limit import BodyLimit
 from reef.serve.http_errors import error_response, reef_error_handler
@@ -82,6 +82,7 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     app.include_router(routes_v1.build_router())
     app.include_router(routes_reef.build_router())
     app.include_router(routes_harness.build_router())
+    app.include_router(routes_install.build_router())
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

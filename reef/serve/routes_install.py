@@ -1,0 +1,49 @@
+"""The agent-wrapper routes: the install script and the harness laid out for one agent.
+
+    GET /reef/harness/install?adapter=claude|opencode|pi|generic[&scenario=S][&url=U]
+        a POSIX sh script installing `reef-agent` (see reef/surfaces/agent_install.py)
+    GET /reef/harness/files?adapter=A&scenario=S[&release_id=R]
+        the harness of the scenario's serving release (or of R) as a tar archive of plain files,
+        laid out for the adapter (see reef/surfaces/agent_layout.py)
+
+Both need the token like every `/reef` route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from reef.core.canonical import check_id, check_scenario_name
+from reef.surfaces.agent_install import install_script
+from reef.surfaces.agent_layout import adapter_named, layout, pack_tar
+from reef.surfaces.harness import HarnessTree
+
+
+def build_router() -> APIRouter:
+    router = APIRouter(prefix="/reef/harness")
+
+    @router.get("/install")
+    async def install(request: Request, adapter: str | None = None, scenario: str = "default",
+                      url: str | None = None) -> Response:
+        server_url = url or str(request.base_url)
+        script = install_script(adapter_named(adapter), server_url, check_scenario_name(scenario))
+        return Response(script, media_type="text/x-shellscript; charset=utf-8")
+
+    @router.get("/files")
+    async def files(request: Request, adapter: str | None = None, scenario: str | None = None,
+                    release_id: str | None = None) -> Response:
+        chosen = adapter_named(adapter)
+        name = check_scenario_name(scenario or request.headers.get("x-reef-scenario") or "default")
+        state = request.app.state.reef.state
+        chain = state.chain(name)
+        release = chain.release(check_id(release_id, "release_id")) if release_id else chain.serving()
+        content = await asyncio.to_thread(state.artifacts.files, release.release_id)
+        tree = HarnessTree.from_files(content)
+        archive = pack_tar(layout(tree, chosen, name, release.release_id))
+        return Response(archive, media_type="application/x-tar",
+                        headers={"x-reef-release-id": release.release_id, "x-reef-content-id": tree.content_id})
+
+    return router

@@ -1,0 +1,97 @@
+"""The install script `GET /reef/harness/install` serves, for `curl ... | sh`.
+
+It is meant to be read before it is run: it says what it will write, then writes one file, the
+`reef-agent` wrapper (reef/surfaces/agent_wrapper.sh), copied verbatim from a quoted here-document,
+so nothing in it is expanded or evaluated. The only values Reef bakes in (its URL, the adapter,
+the default scenario, the agent's folders) are checked against strict patterns first and then
+written inside single quotes, so no value can carry a quote, a newline or a `$`.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+from reef.core.errors import InvalidInput
+from reef.surfaces.agent_layout import BLOCK_BEGIN, BLOCK_END, EXTENSIONS_DIR, Adapter
+
+_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$")
+_UNQUOTABLE = re.compile(r"['\\\n\r\0]")
+_HEREDOC_END = "REEF_AGENT_WRAPPER_EOF"
+
+
+def checked_url(url: str) -> str:
+    """The server URL the wrapper calls: scheme, host, optional port and path, nothing else."""
+    if not _URL.match(url) or "//" in url.split("://", 1)[1] or ".." in url:
+        raise InvalidInput(f"the server URL must look like http://host[:port][/path] with plain characters, got {url!r}")
+    return url.rstrip("/")
+
+
+def _quoted(value: str) -> str:
+    if _UNQUOTABLE.search(value):
+        raise InvalidInput(f"cannot bake {value!r} into a shell script")
+    return f"'{value}'"
+
+
+def wrapper_script(adapter: Adapter, url: str, scenario: str) -> str:
+    values = {
+        "@ADAPTER@": adapter.name, "@URL@": checked_url(url), "@SCENARIO@": scenario,
+        "@MEMORY_FILE@": adapter.memory_file, "@SKILLS_DIR@": adapter.skills_dir, "@COMMAND@": adapter.command,
+        "@BLOCK_BEGIN@": BLOCK_BEGIN, "@BLOCK_END@": BLOCK_END, "@EXTENSIONS_DIR@": EXTENSIONS_DIR,
+    }
+    text = resources.files("reef.surfaces").joinpath("agent_wrapper.sh").read_text(encoding="utf-8")
+    for placeholder, value in values.items():
+        text = text.replace(placeholder, _quoted(value))
+    assert _HEREDOC_END not in text and not re.search(r"@[A-Z_]+@", text) and text.endswith("\n")
+    return text
+
+
+def install_script(adapter: Adapter, url: str, scenario: str) -> str:
+    wrapper = wrapper_script(adapter, url, scenario)
+    base = checked_url(url)
+    writes = (f"{adapter.memory_file} (only the block between Reef's marker lines), "
+              f"{adapter.skills_dir}/reef-*/SKILL.md and {EXTENSIONS_DIR}/")
+    return f"""#!/bin/sh
+# Reef agent installer: adapter {adapter.name}, Reef at {base}, default scenario {scenario}.
+#
+# Read it before you run it. It writes exactly one file, the reef-agent wrapper that follows
+# verbatim below (a quoted here-document: nothing in it is expanded), into
+# ${{REEF_AGENT_BIN:-$HOME/.local/bin}}/${{REEF_AGENT_NAME:-reef-agent}}.
+# Set REEF_AGENT_DRY_RUN=1 to see what it would write and write nothing.
+set -eu
+
+adapter={_quoted(adapter.name)}
+reef_url={_quoted(base)}
+name=${{REEF_AGENT_NAME:-reef-agent}}
+case $name in
+  ''|-*|*[!A-Za-z0-9._-]*) echo "REEF_AGENT_NAME must be a plain file name" >&2; exit 1 ;;
+esac
+bin_dir=${{REEF_AGENT_BIN:-${{HOME:?HOME is not set}}/.local/bin}}
+target=$bin_dir/$name
+
+echo "Reef agent installer (adapter $adapter, Reef at $reef_url)"
+echo "It will write: $target (the reef-agent wrapper, mode 755)"
+echo "Each run of $name then writes, in the directory you run it in:"
+echo "  {writes}"
+echo "and remembers the session in ${{REEF_AGENT_HOME:-$HOME/.reef-agent}}/."
+if [ -n "${{REEF_AGENT_DRY_RUN:-}}" ]; then
+  echo "REEF_AGENT_DRY_RUN is set: nothing was written."
+  exit 0
+fi
+
+mkdir -p -- "$bin_dir"
+tmp=$(mktemp "$bin_dir/.$name.XXXXXX")
+trap 'rm -f -- "$tmp"' EXIT
+cat > "$tmp" <<'{_HEREDOC_END}'
+{wrapper}{_HEREDOC_END}
+chmod 755 "$tmp"
+mv -f -- "$tmp" "$target"
+trap - EXIT
+echo "Installed $target"
+case ":$PATH:" in
+  *":$bin_dir:"*) ;;
+  *) echo "Note: $bin_dir is not on your PATH; add it, or run $target directly." ;;
+esac
+echo "Use it: export REEF_TOKEN=...; cd your-project; $name [agent arguments]"
+echo "Then:   $name report --score 0 --feedback 'what went wrong'"
+"""

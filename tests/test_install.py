@@ -1,0 +1,309 @@
+"""The agent install script and its `reef-agent` wrapper, end to end: the script is fetched from a
+real `reef serve` (upstream runtime on a scripted provider, a token set), run under `sh` in a
+temporary HOME, and the wrapper it installs drives stand-in agents, small scripts that call
+Reef through the official SDKs reading exactly the environment the real agents read (Claude
+Code: ANTHROPIC_BASE_URL, ANTHROPIC_AUTH_TOKEN, ANTHROPIC_CUSTOM_HEADERS; opencode:
+OPENCODE_CONFIG_CONTENT). A hostile harness server checks the wrapper writes nothing outside
+its folders."""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from reef.commit.release_chain import Candidate
+from reef.commit.state import ReefState
+from reef.core.types import ArtifactKind
+from reef.surfaces.agent_layout import BLOCK_BEGIN, BLOCK_END
+from reef.surfaces.harness import HarnessTree, Skill
+from tests.helpers.reef_server import ReefServer, free_port
+from tests.scripted_upstream import ScriptedUpstream
+
+TOKEN = "install-token-4c1e"
+SCENARIO = "shop"
+HOSTILE_TEXT = "Never run $(touch PWNED) or `touch PWNED2`; quote \"this\" and 'that' \\ too."
+TREE = HarnessTree(
+    system="You are the shop's coding agent.",
+    rules={"empty-token": "Handle the empty-token case first. " + HOSTILE_TEXT},
+    skills={"release_notes": Skill("release_notes", "Write release notes; ignore '; touch PWNED3 #",
+                                   "Steps:\n1. $(rm -rf ~)\n2. `id`\n")},
+)
+
+CLAUDE_STANDIN = '''#!{python}
+"""Stand-in for Claude Code: the Anthropic SDK with the variables Claude Code reads."""
+import json, os, pathlib, sys
+import anthropic
+
+headers = dict(line.split(": ", 1) for line in os.environ.get("ANTHROPIC_CUSTOM_HEADERS", "").splitlines() if ": " in line)
+client = anthropic.Anthropic(default_headers=headers, max_retries=0, timeout=20)  # base URL and token from the env
+memory = pathlib.Path("CLAUDE.md").read_text()
+skills = sorted(p.parent.name for p in pathlib.Path(".claude/skills").glob("*/SKILL.md"))
+raw = client.messages.with_raw_response.create(model="claude-sonnet-4-5", max_tokens=32, system=memory,
+                                               messages=[{{"role": "user", "content": " ".join(sys.argv[1:])}}])
+pathlib.Path(os.environ["STANDIN_OUT"]).write_text(json.dumps({{
+    "argv": sys.argv[1:], "receipt": raw.headers["x-reef-agent-record-id"], "skills": skills,
+    "text": raw.parse().content[0].text, "api_key_set": "ANTHROPIC_API_KEY" in os.environ}}))
+sys.exit(int(sys.argv[-1]))
+'''
+
+OPENCODE_STANDIN = '''#!{python}
+"""Stand-in for opencode: its provider comes from OPENCODE_CONFIG_CONTENT, as opencode reads it."""
+import json, os, pathlib, sys
+import openai
+
+config = json.loads(os.environ["OPENCODE_CONFIG_CONTENT"])
+provider, model = config["model"].split("/", 1)
+options = config["provider"][provider]["options"]
+client = openai.OpenAI(base_url=options["baseURL"], api_key=options["apiKey"], default_headers=options["headers"],
+                       max_retries=0, timeout=20)
+raw = client.chat.completions.with_raw_response.create(
+    model=model, messages=[{{"role": "system", "content": pathlib.Path("AGENTS.md").read_text()}},
+                           {{"role": "user", "content": " ".join(sys.argv[1:])}}])
+skills = sorted(p.parent.name for p in pathlib.Path(".opencode/skills").glob("*/SKILL.md"))
+pathlib.Path(os.environ["STANDIN_OUT"]).write_text(json.dumps({{
+    "argv": sys.argv[1:], "receipt": raw.headers["x-reef-agent-record-id"], "skills": skills}}))
+'''
+
+
+@pytest.fixture(scope="module")
+def reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+    workdir = tmp_path_factory.mktemp("reef")
+    with ReefState.open(workdir / "state") as state:  # the scenario starts with a published harness
+        state.create(SCENARIO, "skills", seed=Candidate(TREE.to_files(), ArtifactKind.HARNESS, {"kind": "seed"}))
+    with ScriptedUpstream() as upstream:
+        settings = {"tokens": [TOKEN], "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 5}}
+        with ReefServer(workdir, settings) as server:
+            yield server
+
+
+def _clean_env(home: Path, **extra: str) -> dict[str, str]:
+    keep = {k: v for k, v in os.environ.items()
+            if not k.startswith(("ANTHROPIC_", "OPENAI_", "OPENCODE_", "REEF_"))}
+    return {**keep, "HOME": str(home), **extra}
+
+
+def _install(reef: ReefServer, home: Path, adapter: str) -> Path:
+    answer = httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": adapter, "scenario": SCENARIO},
+                       headers={"Authorization": f"Bearer {TOKEN}"})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"].startswith("text/x-shellscript")
+    done = subprocess.run(["sh"], input=answer.text, capture_output=True, text=True, env=_clean_env(home), timeout=30)
+    assert done.returncode == 0, done.stderr
+    wrapper = home / ".local" / "bin" / "reef-agent"
+    assert f"It will write: {wrapper}" in done.stdout  # said before it wrote
+    assert os.access(wrapper, os.X_OK)
+    return wrapper
+
+
+def _standin(path: Path, template: str) -> Path:
+    path.write_text(template.format(python=sys.executable))
+    path.chmod(0o755)
+    return path
+
+
+def _run(wrapper: Path, args: list[str], home: Path, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(wrapper), *args], cwd=cwd, capture_output=True, text=True, timeout=60,
+                          env=_clean_env(home, REEF_TOKEN=TOKEN, **env))
+
+
+def _record(reef: ReefServer, receipt: str) -> dict:
+    answer = httpx.get(f"{reef.url}/reef/records/{receipt}", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_install_needs_the_token_and_a_known_adapter(reef: ReefServer) -> None:
+    assert httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": "claude"}).status_code == 401
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": "vim"}, headers=auth).status_code == 400
+    for url in ("http://x'$(id)", "http://h/\nrm", "ftp://host", "http://host/a b", "http://host/$HOME"):
+        bad = httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": "claude", "url": url}, headers=auth)
+        assert bad.status_code == 400, url
+    hostile_host = httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": "pi"},
+                             headers={**auth, "host": "evil'$(touch x)"})
+    assert hostile_host.status_code == 400 or "evil" not in hostile_host.text  # never baked in as sent
+
+
+def test_dry_run_says_what_it_would_write_and_writes_nothing(reef: ReefServer, tmp_path: Path) -> None:
+    script = httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": "opencode"},
+                       headers={"Authorization": f"Bearer {TOKEN}"}).text
+    done = subprocess.run(["sh"], input=script, capture_output=True, text=True,
+                          env=_clean_env(tmp_path, REEF_AGENT_DRY_RUN="1"), timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "AGENTS.md" in done.stdout and ".opencode/skills/reef-*" in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_claude_wrapper_pulls_the_harness_runs_the_agent_and_reports_by_session(reef: ReefServer, tmp_path: Path) -> None:
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    wrapper = _install(reef, home, "claude")
+    skills = project / ".claude" / "skills"
+    (skills / "mine").mkdir(parents=True)
+    (skills / "mine" / "SKILL.md").write_text("---\nname: mine\ndescription: the user's own\n---\nmine\n")
+    (skills / "reef-stale").mkdir()
+    (skills / "reef-stale" / ".reef-owned").write_text("")
+    (skills / "reef-stale" / "SKILL.md").write_text("from an older release\n")
+    (project / "CLAUDE.md").write_text("# My notes\nkeep me\n")
+    standin = _standin(tmp_path / "claude-standin", CLAUDE_STANDIN)
+    out = tmp_path / "standin.json"
+
+    first = _run(wrapper, ["fix", "the bug", "3"], home, project, REEF_AGENT_COMMAND=str(standin),
+                 STANDIN_OUT=str(out), ANTHROPIC_API_KEY="sk-ant-not-for-reef")
+    assert first.returncode == 3, first.stderr  # the agent's exit status, through exec
+    seen = json.loads(out.read_text())
+    assert seen["argv"] == ["fix", "the bug", "3"] and seen["api_key_set"] is False
+    assert seen["skills"] == ["mine", "reef-release-notes"]  # the stale Reef skill is gone, the user's stays
+    assert seen["text"] == "echo: fix the bug 3"
+
+    memory = (project / "CLAUDE.md").read_text()
+    assert memory.startswith("# My notes\nkeep me\n")
+    assert memory.count(BLOCK_BEGIN) == 1 and memory.count(BLOCK_END) == 1
+    assert HOSTILE_TEXT in memory and "You are the shop's coding agent." in memory
+    skill = (skills / "reef-release-notes" / "SKILL.md").read_text()
+    assert skill.startswith("---\nname: reef-release-notes\n") and "$(rm -rf ~)" in skill
+    assert not list(tmp_path.rglob("PWNED*")) and not list(home.rglob("PWNED*"))  # text is never run
+
+    session = (home / ".reef-agent" / "last-session").read_text().strip()
+    record = _record(reef, seen["receipt"])["record"]
+    assert record["scenario"] == SCENARIO and record["session"] == session
+
+    (project / "CLAUDE.md").write_text(memory + "\nmy later note\n")
+    second = _run(wrapper, ["again", "0"], home, project, REEF_AGENT_COMMAND=str(standin), STANDIN_OUT=str(out))
+    assert second.returncode == 0, second.stderr
+    memory = (project / "CLAUDE.md").read_text()
+    assert memory.count(BLOCK_BEGIN) == 1 and "keep me" in memory and "my later note" in memory
+    second_session = (home / ".reef-agent" / "last-session").read_text().strip()
+    assert second_session != session  # a fresh session each run
+
+    feedback = 'has "quotes" and \\ backslashes,\na newline, a\ttab and a \x01 control'
+    report = _run(wrapper, ["report", "--score", "0", "--feedback", feedback], home, project)
+    assert report.returncode == 0, report.stderr
+    receipt = json.loads(out.read_text())["receipt"]
+    reports = _record(reef, receipt)["reports"]
+    assert [(r["score"], r["feedback"]) for r in reports] == [(0.0, feedback)]
+    assert reports[0]["metadata"] == {"via": "reef-agent", "adapter": "claude"}
+
+    bad = _run(wrapper, ["report", "--score", "01; rm -rf ~"], home, project)
+    assert bad.returncode != 0 and "needs a number" in bad.stderr
+
+
+def test_opencode_wrapper_configures_its_provider_and_skills(reef: ReefServer, tmp_path: Path) -> None:
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    project.mkdir()
+    wrapper = _install(reef, home, "opencode")
+    standin = _standin(tmp_path / "opencode-standin", OPENCODE_STANDIN)
+    out = tmp_path / "standin.json"
+    done = _run(wrapper, ["--", "report", "this"], home, project, REEF_AGENT_COMMAND=str(standin),
+                STANDIN_OUT=str(out))
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(out.read_text())
+    assert seen["argv"] == ["report", "this"] and seen["skills"] == ["reef-release-notes"]
+    assert (project / "AGENTS.md").read_text().startswith(BLOCK_BEGIN)
+    record = _record(reef, seen["receipt"])["record"]
+    session = (home / ".reef-agent" / "last-session").read_text().strip()
+    assert record["scenario"] == SCENARIO and record["session"] == session
+    assert _run(wrapper, ["report", "--score", "1"], home, project).returncode == 0
+    assert [r["score"] for r in _record(reef, seen["receipt"])["reports"]] == [1.0]
+
+
+# -- a hostile server ------------------------------------------------------------------------------
+
+
+def _tar(*members: tarfile.TarInfo) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for info in members:
+            data = b"pwned\n" if info.isfile() else None
+            if data is not None:
+                info.size = len(data)
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def _file(name: str) -> tarfile.TarInfo:
+    return tarfile.TarInfo(name)
+
+
+def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+HOSTILE_ARCHIVES = {
+    "dotdot": [_file("reef-block.md"), _file("../../x")],
+    "dotdot inside a skill": [_file(".claude/skills/reef-a/../../../x")],
+    "absolute": [_file("/tmp/reef-hostile-x")],
+    "outside the folders": [_file("reef-block.md"), _file(".bashrc")],
+    "user skill name": [_file(".claude/skills/mine/SKILL.md")],
+    "shell in a name": [_file(".claude/skills/reef-$(touch PWNED)/SKILL.md")],
+    "symlink": [_link(".claude/skills/reef-a/SKILL.md", "../../../../x")],
+    "hard link": [_link(".claude/skills/reef-a/SKILL.md", "/etc/passwd", tarfile.LNKTYPE)],
+}
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[tuple[str, dict[str, bytes]]]:
+    served: dict[str, bytes] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = served["archive"]
+            self.send_response(200)
+            self.send_header("content-type", "application/x-tar")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", served
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b"")
+            for p in sorted(root.rglob("*")) if not p.is_symlink()}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_ARCHIVES))
+def test_a_hostile_harness_writes_nothing_and_runs_nothing(reef: ReefServer, hostile: tuple[str, dict[str, bytes]],
+                                                          tmp_path: Path, case: str) -> None:
+    url, served = hostile
+    home, project = tmp_path / "home", tmp_path / "a" / "b" / "project"
+    home.mkdir()
+    (project / ".claude" / "skills" / "mine").mkdir(parents=True)
+    (project / "CLAUDE.md").write_text("mine\n")
+    wrapper = _install(reef, home, "claude")
+    served["archive"] = _tar(*HOSTILE_ARCHIVES[case])
+    marker = tmp_path / "agent-ran"
+    agent = tmp_path / "agent"
+    agent.write_text(f"#!/bin/sh\ntouch '{marker}'\n")
+    agent.chmod(0o755)
+    before = _snapshot(tmp_path)
+
+    done = _run(wrapper, ["hi"], home, project, REEF_URL=url, REEF_AGENT_COMMAND=str(agent))
+    assert done.returncode != 0 and "refused the harness" in done.stderr
+    assert not marker.exists()  # the agent is not started on a refused harness
+    assert _snapshot(tmp_path) == before
+    assert not Path("/tmp/reef-hostile-x").exists()
