@@ -181,3 +181,29 @@ def test_llm_proposer_retries_invalid_output_then_skips_and_a_worse_candidate_is
     assert rejection.metrics["proposal"]["mutations"][0]["name"] == "be-verbose"
     used = [rid for e in history if e.operation is Operation.BATCH for rid in e.batch["record_ids"]]
     assert len(used) == len(set(used)) == 4  # no record in two batches
+
+
+def constant_score(task: dict[str, Any], text: str) -> float:
+    return 1.0
+
+
+def test_the_harness_learner_runs_on_the_embedded_runtime(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Margin 0 with a constant scorer: every candidate ties and is selected, so this checks the
+    mechanics on the embedded model (gate on its serving load, swap, inject), not its taste."""
+    config = {"embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 4, "threads": 1},
+              "recipes": {"scenarios": {"fmt": "skills"}},
+              "learner": {"poll_interval": 0.05, "skills": {"min_recurrence": 3, "successes": 0, "gate": {
+                  "tasks": str(write_tasks(tmp_path / "tasks.jsonl", 2)), "max_tokens": 4, "margin": 0,
+                  "scorer": "tests.test_harness_learning:constant_score"}}}}
+    with ReefServer(tmp_path, config) as reef:
+        _, first_release, _ = ask(reef)
+        fail_with(reef, FEEDBACK)
+        published = wait_for(lambda: trained_releases(reef), timeout=60, what=f"a publication: {learner(reef)}")[0]
+        assert published["verdict"]["metrics"]["ties"] == 2
+        receipt, release_id, _ = ask(reef)
+        assert release_id == published["release_id"] != first_release
+        with ReefClient(reef.url) as client:
+            record = client.record(receipt)["record"]
+        assert record["request"]["messages"][0]["role"] == "system"
+        assert "Answer with a single word only" in record["request"]["messages"][0]["content"]
+        assert record["harness"]["mode"] == "inject"
