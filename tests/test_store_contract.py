@@ -482,3 +482,13 @@ def test_postgres_front_ends_may_create_a_schema_together(postgres_dsn: str) -> 
     assert all(s.count_records() == 1 for s in stores)
     for s in stores:
         s.close()
+
+
+def test_the_harness_entry_round_trips_and_is_part_of_the_content(store: ExperienceStore) -> None:
+    added = {"mode": "inject", "content_id": "sha256:" + "a" * 64, "skills": ["empty-token"], "inserted": True,
+             "prefix_chars": 42}
+    stored = store.put_record(pending("r-h", harness=added))
+    assert store.get_record("r-h").harness == added and same(store.get_record("r-h"), stored)
+    with pytest.raises(RecordConflict):
+        store.put_record(pending("r-h", harness={**added, "skills": []}))
+    assert "harness" not in pending("r-plain").content()  # records without one keep their content hash

@@ -407,7 +407,8 @@ class EmbeddedRuntime(Runtime):
 def _adapter_files(files: Mapping[str, bytes]) -> dict[str, bytes] | None:
     """The peft adapter inside a release's content (at its root or in a sub-folder), or None
     when the content carries no weights (a harness-only release serves the base model)."""
-    config = next((name for name in sorted(files) if name.rsplit("/", 1)[-1] == "adapter_config.json"), None)
+    config = next((name for name in sorted(files) if name.rsplit("/", 1)[-1] == "adapter_config.json"
+                   and not name.startswith("harness/")), None)  # the harness is never weights
     if config is None:
         return None
     prefix = config[: -len("adapter_config.json")]

@@ -88,7 +88,7 @@ class UpstreamRuntime(Runtime):
         return [self.model] if self.model else []
 
     async def load(self, content_id: str, files: Mapping[str, bytes]) -> str:
-        weights = sorted(name for name in files if name.endswith(".safetensors"))
+        weights = sorted(name for name in files if name.endswith(".safetensors") and not name.startswith("harness/"))
         if weights:
             raise RuntimeFailure(f"content {content_id} holds weights ({weights[0]}); an upstream cannot serve weights",
                                  error_type="unsupported_content")
