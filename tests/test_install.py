@@ -25,7 +25,7 @@ import pytest
 from reef.commit.release_chain import Candidate
 from reef.commit.state import ReefState
 from reef.core.types import ArtifactKind
-from reef.surfaces.agent_layout import BLOCK_BEGIN, BLOCK_END
+from reef.surfaces.agent_layout import BLOCK_BEGIN, BLOCK_END, skill_folder
 from reef.surfaces.harness import HarnessTree, Skill
 from tests.helpers.reef_server import ReefServer, free_port
 from tests.scripted_upstream import ScriptedUpstream
@@ -49,11 +49,16 @@ headers = dict(line.split(": ", 1) for line in os.environ.get("ANTHROPIC_CUSTOM_
 client = anthropic.Anthropic(default_headers=headers, max_retries=0, timeout=20)  # base URL and token from the env
 memory = pathlib.Path("CLAUDE.md").read_text()
 skills = sorted(p.parent.name for p in pathlib.Path(".claude/skills").glob("*/SKILL.md"))
-raw = client.messages.with_raw_response.create(model="claude-sonnet-4-5", max_tokens=32, system=memory,
-                                               messages=[{{"role": "user", "content": " ".join(sys.argv[1:])}}])
+receipts = []
+for turn in (" ".join(sys.argv[1:]), "and the second turn"):
+    raw = client.messages.with_raw_response.create(model="claude-sonnet-4-5", max_tokens=32, system=memory,
+                                                   messages=[{{"role": "user", "content": turn}}])
+    receipts.append(raw.headers["x-reef-agent-record-id"])
+    if not "text" in locals():
+        text = raw.parse().content[0].text
 pathlib.Path(os.environ["STANDIN_OUT"]).write_text(json.dumps({{
-    "argv": sys.argv[1:], "receipt": raw.headers["x-reef-agent-record-id"], "skills": skills,
-    "text": raw.parse().content[0].text, "api_key_set": "ANTHROPIC_API_KEY" in os.environ}}))
+    "argv": sys.argv[1:], "receipts": receipts, "skills": skills, "text": text,
+    "api_key_set": "ANTHROPIC_API_KEY" in os.environ}}))
 sys.exit(int(sys.argv[-1]))
 '''
 
@@ -79,10 +84,12 @@ pathlib.Path(os.environ["STANDIN_OUT"]).write_text(json.dumps({{
 @pytest.fixture(scope="module")
 def reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
     workdir = tmp_path_factory.mktemp("reef")
-    with ReefState.open(workdir / "state") as state:  # the scenario starts with a published harness
-        state.create(SCENARIO, "skills", seed=Candidate(TREE.to_files(), ArtifactKind.HARNESS, {"kind": "seed"}))
+    with ReefState.open(workdir / "state") as state:  # the scenarios start with a published harness
+        for name in (SCENARIO, "injected"):
+            state.create(name, "skills", seed=Candidate(TREE.to_files(), ArtifactKind.HARNESS, {"kind": "seed"}))
     with ScriptedUpstream() as upstream:
-        settings = {"tokens": [TOKEN], "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 5}}
+        settings = {"tokens": [TOKEN], "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 5},
+                    "harness": {"scenarios": {SCENARIO: {"mode": "pull"}}}}
         with ReefServer(workdir, settings) as server:
             yield server
 
@@ -135,6 +142,35 @@ def test_install_needs_the_token_and_a_known_adapter(reef: ReefServer) -> None:
     assert hostile_host.status_code == 400 or "evil" not in hostile_host.text  # never baked in as sent
 
 
+def _files(reef: ReefServer, **params: str) -> httpx.Response:
+    return httpx.get(f"{reef.url}/reef/harness/files", params=params, headers={"Authorization": f"Bearer {TOKEN}"})
+
+
+def _members(archive: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        assert all(m.isfile() for m in tar.getmembers())
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
+
+
+def test_files_route_lays_the_harness_out_per_adapter(reef: ReefServer) -> None:
+    pulled = _files(reef, adapter="pi", scenario=SCENARIO)
+    assert pulled.status_code == 200 and pulled.headers["x-reef-harness-mode"] == "pull"
+    members = _members(pulled.content)
+    assert sorted(members) == [".pi/skills/reef-release-notes/SKILL.md", "reef-block.md"]
+    assert HOSTILE_TEXT in members["reef-block.md"].decode()
+    again = _files(reef, adapter="pi", scenario=SCENARIO, release_id=pulled.headers["x-reef-release-id"])
+    assert again.content == pulled.content  # one release, one archive
+    injected = _members(_files(reef, adapter="claude", scenario="injected").content)
+    assert list(injected) == ["reef-block.md"] and b"inject mode" in injected["reef-block.md"]
+    assert _files(reef, adapter="claude", scenario="nobody").status_code == 404
+    assert _files(reef, adapter="emacs", scenario=SCENARIO).status_code == 400
+
+
+def test_skill_folders_follow_the_agent_skills_name_rule() -> None:
+    taken: set[str] = set()
+    assert [skill_folder(n, taken) for n in ("a_b", "a-b", "x__y", "z")] == ["reef-a-b", "reef-a-b-2", "reef-x-y", "reef-z"]
+
+
 def test_dry_run_says_what_it_would_write_and_writes_nothing(reef: ReefServer, tmp_path: Path) -> None:
     script = httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": "opencode"},
                        headers={"Authorization": f"Bearer {TOKEN}"}).text
@@ -176,8 +212,9 @@ def test_claude_wrapper_pulls_the_harness_runs_the_agent_and_reports_by_session(
     assert not list(tmp_path.rglob("PWNED*")) and not list(home.rglob("PWNED*"))  # text is never run
 
     session = (home / ".reef-agent" / "last-session").read_text().strip()
-    record = _record(reef, seen["receipt"])["record"]
-    assert record["scenario"] == SCENARIO and record["session"] == session
+    for receipt in seen["receipts"]:
+        record = _record(reef, receipt)["record"]
+        assert record["scenario"] == SCENARIO and record["session"] == session
 
     (project / "CLAUDE.md").write_text(memory + "\nmy later note\n")
     second = _run(wrapper, ["again", "0"], home, project, REEF_AGENT_COMMAND=str(standin), STANDIN_OUT=str(out))
@@ -190,10 +227,12 @@ def test_claude_wrapper_pulls_the_harness_runs_the_agent_and_reports_by_session(
     feedback = 'has "quotes" and \\ backslashes,\na newline, a\ttab and a \x01 control'
     report = _run(wrapper, ["report", "--score", "0", "--feedback", feedback], home, project)
     assert report.returncode == 0, report.stderr
-    receipt = json.loads(out.read_text())["receipt"]
-    reports = _record(reef, receipt)["reports"]
-    assert [(r["score"], r["feedback"]) for r in reports] == [(0.0, feedback)]
-    assert reports[0]["metadata"] == {"via": "reef-agent", "adapter": "claude"}
+    receipts = json.loads(out.read_text())["receipts"]
+    reports = [_record(reef, receipt)["reports"] for receipt in receipts]  # the whole session, one trajectory
+    assert reports[0] == reports[1] and [(r["score"], r["feedback"]) for r in reports[0]] == [(0.0, feedback)]
+    assert sorted(reports[0][0]["references"]) == sorted(receipts)
+    assert reports[0][0]["metadata"] == {"via": "reef-agent", "adapter": "claude"}
+    assert _record(reef, seen["receipts"][0])["reports"] == []  # the first run's session is not reported
 
     bad = _run(wrapper, ["report", "--score", "01; rm -rf ~"], home, project)
     assert bad.returncode != 0 and "needs a number" in bad.stderr

@@ -4,22 +4,21 @@
         a POSIX sh script installing `reef-agent` (see reef/surfaces/agent_install.py)
     GET /reef/harness/files?adapter=A&scenario=S[&release_id=R]
         the harness of the scenario's serving release (or of R) as a tar archive of plain files,
-        laid out for the adapter (see reef/surfaces/agent_layout.py)
+        laid out for the adapter (see reef/surfaces/agent_layout.py). In inject mode Reef adds
+        the harness to every request itself, so the archive holds only a note saying so (the
+        agent would otherwise read every rule twice).
 
 Both need the token like every `/reef` route.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from reef.core.canonical import check_id, check_scenario_name
 from reef.surfaces.agent_install import install_script
-from reef.surfaces.agent_layout import adapter_named, layout, pack_tar
-from reef.surfaces.harness import HarnessTree
+from reef.surfaces.agent_layout import adapter_named, inject_note, layout, pack_tar
 
 
 def build_router() -> APIRouter:
@@ -37,13 +36,15 @@ def build_router() -> APIRouter:
                     release_id: str | None = None) -> Response:
         chosen = adapter_named(adapter)
         name = check_scenario_name(scenario or request.headers.get("x-reef-scenario") or "default")
-        state = request.app.state.reef.state
-        chain = state.chain(name)
-        release = chain.release(check_id(release_id, "release_id")) if release_id else chain.serving()
-        content = await asyncio.to_thread(state.artifacts.files, release.release_id)
-        tree = HarnessTree.from_files(content)
-        archive = pack_tar(layout(tree, chosen, name, release.release_id))
-        return Response(archive, media_type="application/x-tar",
-                        headers={"x-reef-release-id": release.release_id, "x-reef-content-id": tree.content_id})
+        app = request.app.state.reef
+        chain = app.state.chain(name)
+        release = chain.release(check_id(release_id, "release_id")).ref if release_id else chain.serving()
+        tree = await app.scenarios.harness.tree(release.release_id, release.content_id)
+        mode = app.config.harness.mode_for(name)
+        files = layout(tree, chosen, name, release.release_id) if mode == "pull" \
+            else inject_note(name, release.release_id)
+        return Response(pack_tar(files), media_type="application/x-tar",
+                        headers={"x-reef-release-id": release.release_id, "x-reef-content-id": tree.content_id,
+                                 "x-reef-harness-mode": mode})
 
     return router

@@ -114,6 +114,14 @@ def layout(tree: HarnessTree, adapter: Adapter, scenario: str, release_id: str) 
     return files
 
 
+def inject_note(scenario: str, release_id: str) -> dict[str, bytes]:
+    """What the wrapper installs for a scenario in inject mode: no rules or skills, a note."""
+    note = (f"# Reef harness (scenario {scenario}, release {release_id})\n\n"
+            "Reef adds this scenario's harness to every request itself (inject mode); "
+            "nothing is installed here.\n")
+    return {BLOCK_FILE: note.encode()}
+
+
 def pack_tar(files: dict[str, bytes]) -> bytes:
     """Regular files only (no folders, links or devices), fixed owner, mode and time."""
     out = io.BytesIO()
