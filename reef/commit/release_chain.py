@@ -51,14 +51,18 @@ class ReleaseChain:
         self.artifacts = artifacts
         self._serving_lock = threading.Lock()
         self._serving: ReleaseRef | None = None
+        self._binding: JSON | None = None
 
     # -- reading -------------------------------------------------------------------------
 
     @property
     def binding(self) -> JSON:
-        first = self._entries()[0]
-        assert first.binding is not None
-        return first.binding
+        """Fixed for life by the first line, so read once (every request checks it)."""
+        if self._binding is None:
+            first = self._entries()[0]
+            assert first.binding is not None
+            self._binding = first.binding
+        return self._binding
 
     def head(self) -> Release:
         return Release.from_entry(_head_entry(self._entries()))

@@ -23,6 +23,7 @@ from reef.runtimes.base import Runtime
 from reef.serve import routes_harness, routes_install, routes_reef, routes_v1
 from reef.serve.auth import TokenAuth
 from reef.serve.body_limit import BodyLimit
+from reef.serve.hot_routes import HotRoutes
 from reef.serve.http_errors import error_response, reef_error_handler
 from reef.serve.inference import InferenceService
 from reef.serve.learning import Learning
@@ -92,6 +93,7 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    app.add_middleware(HotRoutes, service=reef.inference)  # innermost: after the guards below
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(TokenAuth, tokens=config.tokens)
     return app

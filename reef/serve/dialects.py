@@ -24,6 +24,7 @@ class StreamEncoder(Protocol):
 
 class Dialect(Protocol):
     name: str
+    counts_input_tokens: bool  # whether a stream's first event reports the prompt's token count
 
     def parse(self, body: Any) -> ChatRequest: ...
     def response(self, result: ChatResult, record_id: str, model: str) -> dict[str, Any]: ...
@@ -33,6 +34,7 @@ class Dialect(Protocol):
 
 class OpenAIDialect:
     name = "openai"
+    counts_input_tokens = False
 
     def parse(self, body: Any) -> ChatRequest:
         return openai_wire.parse_chat_request(body)
@@ -68,6 +70,7 @@ class _OpenAIStream:
 
 class AnthropicDialect:
     name = "anthropic"
+    counts_input_tokens = True
 
     def parse(self, body: Any) -> ChatRequest:
         return anthropic_wire.parse_messages_request(body)

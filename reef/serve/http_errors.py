@@ -57,8 +57,12 @@ def error_response(path: str, status: int, message: str, kind: str | None = None
     return JSONResponse(body, status_code=status)
 
 
-async def reef_error_handler(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ReefError)
+def reef_error_response(path: str, exc: ReefError) -> JSONResponse:
     status = status_of(exc)
     kind = exc.error_type if isinstance(exc, RuntimeFailure) and status < 500 else None
-    return error_response(request.url.path, status, str(exc), kind)
+    return error_response(path, status, str(exc), kind)
+
+
+async def reef_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ReefError)
+    return reef_error_response(request.url.path, exc)
