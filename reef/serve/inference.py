@@ -11,6 +11,7 @@ the load that produced it, and the record says whether those spans match the fro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import anyio
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from reef.core.canonical import check_id, new_id
-from reef.core.chat import ChatRequest, ChatResult, Finish, TextDelta, ToolCall, ToolCallDelta, Usage
+from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, TextDelta, ToolCall, ToolCallDelta, Usage
 from reef.core.errors import InvalidInput, NotFound, RecordConflict, RuntimeFailure
 from reef.core.provenance import spans_of, verified
 from reef.core.types import Record, RecordStatus, ReleaseRef
@@ -119,19 +120,42 @@ class InferenceService:
 
     async def _stream(self, dialect: Dialect, body: Any, request: ChatRequest, record: Record,
                       release: ReleaseRef, admit: Any, route: str) -> Response:
-        await self.store.aput_record(record)  # in_progress, durable before the first byte
-        input_tokens = await self._input_tokens(request)
-        encoder = dialect.stream(body, record.id, request.model, input_tokens)
         started = time.monotonic()
+        deltas = self.runtime.generate(request, release)
+        # The runtime starts on the first delta while the in_progress record reaches the disk:
+        # the fsync hides behind the time to first token, and no byte goes out before both.
+        durable = asyncio.ensure_future(self.store.aput_record(record))
+        counted = asyncio.ensure_future(self._input_tokens(request) if dialect.counts_input_tokens else _zero())
+        try:
+            first: Delta | RuntimeFailure | None = await _first_delta(deltas)
+        except BaseException as exc:  # a bug or a shutdown: the record must not stay in_progress
+            first = RuntimeFailure(f"failed before the first byte ({type(exc).__name__})", status=500)
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                written, _ = await asyncio.gather(durable, counted, return_exceptions=True)
+                if isinstance(written, BaseException):
+                    await deltas.aclose()
+                    raise written
+                if isinstance(first, RuntimeFailure):  # nothing sent yet: the client gets a plain error
+                    await self._finish(_finished(record, ChatResult(), release, self.runtime, started,
+                                                 error=str(first)))
+                    self._count(route, record.scenario, first.status, started)
+        if isinstance(first, RuntimeFailure):
+            raise first
+        encoder = dialect.stream(body, record.id, request.model, counted.result())
 
         async def chunks() -> AsyncIterator[bytes]:
             result = ChatResult()
             self.metrics.in_flight.inc()
             try:
                 yield encoder.start()
-                async for delta in self.runtime.generate(request, release):
-                    result.add(delta)
-                    yield encoder.delta(delta)
+                if first is not None:
+                    result.add(first)
+                    yield encoder.delta(first)
+                    async for delta in deltas:
+                        result.add(delta)
+                        yield encoder.delta(delta)
                 done = _finished(record, result, release, self.runtime, started)
                 await self._finish(done)
                 self._count(route, record.scenario, 200, started, result)
@@ -143,6 +167,7 @@ class InferenceService:
                 yield encoder.error(exc.error_type, str(exc))
             except BaseException:  # the client went away (cancellation) or the server is stopping
                 with anyio.CancelScope(shield=True):
+                    await deltas.aclose()
                     await self._finish(_finished(record, result, release, self.runtime, started,
                                                  error="client disconnected before the end of the stream"))
                 raise
@@ -213,6 +238,20 @@ class InferenceService:
         if result is not None:
             self.metrics.tokens.labels(scenario, "prompt").inc(result.usage.prompt_tokens)
             self.metrics.tokens.labels(scenario, "completion").inc(result.usage.completion_tokens)
+
+
+async def _first_delta(deltas: AsyncIterator[Delta]) -> Delta | RuntimeFailure | None:
+    """The runtime's first delta, its failure, or None when it ends at once."""
+    try:
+        return await deltas.__anext__()
+    except StopAsyncIteration:
+        return None
+    except RuntimeFailure as exc:
+        return exc
+
+
+async def _zero() -> int:
+    return 0
 
 
 def parse_json(raw: bytes) -> Any:
