@@ -121,7 +121,7 @@ def _standin(path: Path, template: str) -> Path:
 
 def _run(wrapper: Path, args: list[str], home: Path, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(wrapper), *args], cwd=cwd, capture_output=True, text=True, timeout=60,
-                          env=_clean_env(home, REEF_TOKEN=TOKEN, **env))
+                          env=_clean_env(home, **{"REEF_TOKEN": TOKEN, **env}))
 
 
 def _record(reef: ReefServer, receipt: str) -> dict:
@@ -258,6 +258,53 @@ def test_opencode_wrapper_configures_its_provider_and_skills(reef: ReefServer, t
     assert [r["score"] for r in _record(reef, seen["receipt"])["reports"]] == [1.0]
 
 
+GENERIC_STANDIN = '''#!{python}
+"""Stand-in for any OpenAI-SDK agent: OPENAI_BASE_URL and OPENAI_API_KEY as the SDK reads them."""
+import json, os, pathlib, sys
+import openai
+
+client = openai.OpenAI(default_headers={{"x-reef-scenario": os.environ["REEF_SCENARIO"],
+                                        "x-reef-session": os.environ["REEF_SESSION"]}}, max_retries=0, timeout=20)
+raw = client.chat.completions.with_raw_response.create(model="m", messages=[{{"role": "user", "content": "hi"}}])
+pathlib.Path(os.environ["STANDIN_OUT"]).write_text(json.dumps({{
+    "argv": sys.argv[1:], "receipt": raw.headers["x-reef-agent-record-id"], "agents_md": pathlib.Path("AGENTS.md").read_text()}}))
+sys.exit(7)
+'''
+
+
+def test_generic_and_pi_wrappers(reef: ReefServer, tmp_path: Path) -> None:
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    project.mkdir()
+    generic = _install(reef, home, "generic")
+    standin = _standin(tmp_path / "generic-standin", GENERIC_STANDIN)
+    out = tmp_path / "standin.json"
+    done = _run(generic, ["--", str(standin), "--flag", "a b"], home, project, STANDIN_OUT=str(out))
+    assert done.returncode == 7, done.stderr
+    seen = json.loads(out.read_text())
+    assert seen["argv"] == ["--flag", "a b"] and "empty-token" in seen["agents_md"]
+    assert (project / ".agents" / "skills" / "reef-release-notes" / "SKILL.md").is_file()
+    record = _record(reef, seen["receipt"])["record"]
+    assert record["scenario"] == SCENARIO and record["session"] == (home / ".reef-agent" / "last-session").read_text().strip()
+
+    pi = _install(reef, home, "pi")  # replaces the generic wrapper
+    argv = tmp_path / "pi-argv"
+    fake_pi = tmp_path / "pi"
+    fake_pi.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > '{argv}'\n")
+    fake_pi.chmod(0o755)
+    assert _run(pi, ["-p", "do it"], home, project, REEF_AGENT_COMMAND=str(fake_pi)).returncode == 0
+    extension = home / ".reef-agent" / "pi-reef-provider.ts"
+    assert argv.read_text().splitlines() == ["--extension", str(extension), "--provider", "reef", "--model", "reef",
+                                             "-p", "do it"]
+    assert 'registerProvider("reef"' in extension.read_text()
+    assert (project / ".pi" / "skills" / "reef-release-notes" / "SKILL.md").is_file()
+
+    down = _run(pi, ["x"], home, project, REEF_URL=f"http://127.0.0.1:{free_port()}", REEF_AGENT_COMMAND=str(fake_pi))
+    assert down.returncode != 0 and "cannot reach Reef" in down.stderr
+    wrong = _run(pi, ["x"], home, project, REEF_TOKEN="wrong", REEF_AGENT_COMMAND=str(fake_pi))
+    assert wrong.returncode != 0 and "401" in wrong.stderr
+
+
 # -- a hostile server ------------------------------------------------------------------------------
 
 
@@ -286,6 +333,7 @@ HOSTILE_ARCHIVES = {
     "dotdot": [_file("reef-block.md"), _file("../../x")],
     "dotdot inside a skill": [_file(".claude/skills/reef-a/../../../x")],
     "absolute": [_file("/tmp/reef-hostile-x")],
+    "no block": [_file(".claude/skills/reef-a/SKILL.md")],
     "outside the folders": [_file("reef-block.md"), _file(".bashrc")],
     "user skill name": [_file(".claude/skills/mine/SKILL.md")],
     "shell in a name": [_file(".claude/skills/reef-$(touch PWNED)/SKILL.md")],

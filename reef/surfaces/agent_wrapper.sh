@@ -69,8 +69,8 @@ reef_http() {
   if [ -n "$token" ]; then
     set -- -H "@$work/auth" "$@"
   fi
-  curl -sS -o "$out" -D "$work/response-headers" -w '%{http_code}' \
-    -H "x-reef-scenario: $scenario" "$@" "$target" || die "cannot reach Reef at $url"
+  curl -sS -o "$out" -D "$work/response-headers" -w '%{http_code}' --connect-timeout 10 --max-time 300 \
+    --max-filesize 67108864 -H "x-reef-scenario: $scenario" "$@" "$target" || die "cannot reach Reef at $url"
 }
 
 header_value() {
@@ -102,6 +102,7 @@ check_archive() {
   while IFS= read -r name; do
     check_path "$name"
   done < "$work/names"
+  grep -qxF reef-block.md "$work/names" || die "refused the harness: it has no reef-block.md"
 }
 
 is_reef_skill() {
