@@ -34,10 +34,11 @@ from reef.runtimes.upstream_wire import (
     ANTHROPIC_VERSION,
     AnthropicStream,
     OpenAIStream,
+    SSEParser,
     UpstreamProblem,
+    coalesce_text,
     error_text,
     loads_json,
-    sse_events,
     to_anthropic_body,
     to_openai_body,
 )
@@ -161,8 +162,15 @@ class UpstreamRuntime(Runtime):
             async with self._client.post(self._url, json=body) as response:
                 if response.status >= 400:
                     raise self._status_failure(response.status, await response.read())
-                async for event, data in sse_events(response.content.iter_any()):
-                    if not parser.done:  # after the finish, read to the end so the connection is reused
+                events = SSEParser()
+                async for chunk in response.content.iter_any():
+                    # after the finish, read to the end so the connection is reused
+                    deltas = [d for event, data in events.feed(chunk) if not parser.done
+                              for d in parser.feed(event, data)]
+                    for delta in coalesce_text(deltas):
+                        yield delta
+                for event, data in events.close():
+                    if not parser.done:
                         for delta in parser.feed(event, data):
                             yield delta
             if not parser.done:

@@ -144,37 +144,70 @@ def loads_json(text: str | bytes) -> Any:
         raise UpstreamProblem(f"sent malformed JSON: {snippet!r}") from None
 
 
-async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str | None, str]]:
-    """(event, data) pairs of a server-sent-event stream. Lines split on LF (CRLF tolerated)
-    only, as the SSE spec says, so U+2028 and friends inside JSON text cannot break a line;
-    comments and fields other than event/data are ignored."""
-    buffer = b""
-    event: str | None = None
-    data: list[str] = []
-    async for chunk in chunks:
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
+class SSEParser:
+    """Incremental server-sent-event parser: `feed(bytes)` returns the (event, data) pairs that
+    chunk completes. Lines split on LF (CRLF tolerated) only, as the SSE spec says, so U+2028
+    and friends inside JSON text cannot break a line; comments and fields other than
+    event/data are ignored."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._event: str | None = None
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
+        out: list[tuple[str | None, str]] = []
+        *lines, self._buffer = (self._buffer + chunk).split(b"\n")
         for raw in lines:
             line = raw[:-1] if raw.endswith(b"\r") else raw
             if not line:
-                if data:
-                    yield event, "\n".join(data)
-                event, data = None, []
-                continue
-            if line.startswith(b":"):
-                continue
-            name, _, value = line.decode("utf-8", "replace").partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if name == "data":
-                data.append(value)
-            elif name == "event":
-                event = value
-    if buffer.strip():
-        name, _, value = buffer.rstrip(b"\r").decode("utf-8", "replace").partition(":")
+                if self._data:
+                    out.append((self._event, "\n".join(self._data)))
+                self._event, self._data = None, []
+            elif not line.startswith(b":"):
+                self._field(line)
+        return out
+
+    def close(self) -> list[tuple[str | None, str]]:
+        """What an unterminated last event holds, when the stream ends."""
+        if self._buffer.strip():
+            self._field(self._buffer.rstrip(b"\r"))
+            self._buffer = b""
+        out = [(self._event, "\n".join(self._data))] if self._data else []
+        self._event, self._data = None, []
+        return out
+
+    def _field(self, line: bytes) -> None:
+        name, _, value = line.decode("utf-8", "replace").partition(":")
+        value = value[1:] if value.startswith(" ") else value
         if name == "data":
-            data.append(value[1:] if value.startswith(" ") else value)
-    if data:
-        yield event, "\n".join(data)
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+
+
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str | None, str]]:
+    """(event, data) pairs of a server-sent-event stream (see `SSEParser`)."""
+    parser = SSEParser()
+    async for chunk in chunks:
+        for item in parser.feed(chunk):
+            yield item
+    for item in parser.close():
+        yield item
+
+
+def coalesce_text(deltas: list[Delta]) -> list[Delta]:
+    """Adjacent text deltas of one network read as one: the client gets one chunk per read,
+    not one per upstream event (each chunk costs a write on both sides)."""
+    out: list[Delta] = []
+    for delta in deltas:
+        last = out[-1] if out else None
+        if isinstance(delta, TextDelta) and isinstance(last, TextDelta) and not delta.token_ids \
+                and not last.token_ids and delta.runtime_load_id == last.runtime_load_id:
+            out[-1] = TextDelta(last.text + delta.text, runtime_load_id=last.runtime_load_id)
+        else:
+            out.append(delta)
+    return out
 
 
 class _Stream:

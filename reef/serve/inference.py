@@ -148,23 +148,28 @@ class InferenceService:
         async def chunks() -> AsyncIterator[bytes]:
             result = ChatResult()
             self.metrics.in_flight.inc()
+            held = b""  # the finish goes out with the closing reef chunk: fewer writes, same bytes
             try:
-                yield encoder.start()
+                opening = encoder.start()
                 if first is not None:
-                    result.add(first)
-                    yield encoder.delta(first)
-                    async for delta in deltas:
+                    async for delta in _prepend(first, deltas):
                         result.add(delta)
-                        yield encoder.delta(delta)
+                        if isinstance(delta, Finish):
+                            held += encoder.delta(delta)
+                        elif opening:
+                            yield opening + encoder.delta(delta)
+                            opening = b""
+                        else:
+                            yield encoder.delta(delta)
                 done = _finished(record, result, release, self.runtime, started)
                 await self._finish(done)
                 self._count(route, record.scenario, 200, started, result)
-                yield encoder.end({"agent_record_id": record.id, "release_id": release.release_id,
-                                   "verified": verified(done)})
+                yield opening + held + encoder.end({"agent_record_id": record.id, "release_id": release.release_id,
+                                                    "verified": verified(done)})
             except RuntimeFailure as exc:
                 await self._finish(_finished(record, result, release, self.runtime, started, error=str(exc)))
                 self._count(route, record.scenario, exc.status, started)
-                yield encoder.error(exc.error_type, str(exc))
+                yield opening + held + encoder.error(exc.error_type, str(exc))
             except BaseException:  # the client went away (cancellation) or the server is stopping
                 with anyio.CancelScope(shield=True):
                     await deltas.aclose()
@@ -248,6 +253,12 @@ async def _first_delta(deltas: AsyncIterator[Delta]) -> Delta | RuntimeFailure |
         return None
     except RuntimeFailure as exc:
         return exc
+
+
+async def _prepend(first: Delta, rest: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+    yield first
+    async for delta in rest:
+        yield delta
 
 
 async def _zero() -> int:
