@@ -142,10 +142,27 @@ def test_a_stream_that_fails_ends_with_the_dialects_error_event(reef: ReefServer
     upstream.script(mode="hang")
     hung = httpx.post(f"{reef.base_url}/messages", json={"model": "m", "max_tokens": 8, "messages": USER, "stream": True},
                       headers=headers, timeout=30)
-    assert hung.text.strip().split("\n\n")[-1].startswith("event: error")
+    if hung.headers["content-type"].startswith("text/event-stream"):
+        assert hung.text.strip().split("\n\n")[-1].startswith("event: error")
+    else:  # failed before the first byte: a plain error in the dialect's shape
+        assert hung.status_code == 502 and hung.json()["type"] == "error"
 
 
 def test_the_server_stays_healthy_after_every_fault(reef: ReefServer, client: ReefClient) -> None:
     status = client.status()
     assert status["serving"]["in_flight"] == 0
     assert httpx.get(f"{reef.url}/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("dialect", sorted(CALLS))
+def test_an_upstream_4xx_is_relayed_and_stores_nothing(reef: ReefServer, client: ReefClient,
+                                                       upstream: ScriptedUpstream, dialect: str) -> None:
+    before = client.status()["storage"]["records"]
+    receipt = f"refused-{dialect}-{uuid.uuid4().hex[:8]}"
+    upstream.script(status=400, error="prompt refused by the provider")
+    call, _ = CALLS[dialect]
+    with pytest.raises(openai.BadRequestError if dialect == "openai" else anthropic.BadRequestError,
+                       match="prompt refused by the provider"):
+        call(reef, False, receipt)
+    assert httpx.get(f"{reef.url}/reef/records/{receipt}", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 404
+    assert client.status()["storage"]["records"] == before

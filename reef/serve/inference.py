@@ -106,7 +106,8 @@ class InferenceService:
             async for delta in self.runtime.generate(request, release):
                 result.add(delta)
         except RuntimeFailure as exc:
-            await self._save(_finished(record, result, release, self.runtime, started, error=str(exc)))
+            if exc.status >= 500:  # a 4xx refuses the client's request, which changes nothing (invariant 10)
+                await self._save(_finished(record, result, release, self.runtime, started, error=str(exc)))
             self._count(route, record.scenario, exc.status, started)
             raise
         finally:

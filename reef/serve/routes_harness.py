@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from reef.core.canonical import check_id, check_scenario_name
+from reef.serve.openapi_bodies import model_body
 from reef.serve.routes_reef import _Body, validated
 from reef.surfaces.harness import PREFIX, HarnessTree, render_system
 
@@ -54,7 +55,7 @@ def build_router() -> APIRouter:
         return {"scenario": name, "release_id": release.release_id, "parent_release_id": parent,
                 "operation": release.operation.value, "changed": changed, "diff": text}
 
-    @router.post("/scenarios/{name}/promote")
+    @router.post("/scenarios/{name}/promote", openapi_extra=model_body(PromoteBody, "the pending release to publish"))
     async def promote(name: str, request: Request) -> dict[str, Any]:
         """Publish a release the gate held for review (`publish: review`) and serve it."""
         body: PromoteBody = validated(PromoteBody, await request.body())

@@ -17,6 +17,7 @@ from reef.core.canonical import check_id, check_scenario_name, new_id
 from reef.core.errors import InvalidInput, NotFound
 from reef.core.types import Report
 from reef.serve.inference import parse_json
+from reef.serve.openapi_bodies import model_body
 
 
 class _Body(BaseModel):
@@ -54,7 +55,7 @@ def validated(model: type[_Body], raw: bytes) -> Any:
 def build_router() -> APIRouter:
     router = APIRouter(prefix="/reef")
 
-    @router.post("/report")
+    @router.post("/report", openapi_extra=model_body(ReportBody, "feedback on receipts or a session"))
     async def report(request: Request) -> JSONResponse:
         body: ReportBody = validated(ReportBody, await request.body())
         app = request.app.state.reef
@@ -77,7 +78,7 @@ def build_router() -> APIRouter:
         app = request.app.state.reef
         return {"scenarios": [scenario_summary(app, name) for name in app.state.scenarios()]}
 
-    @router.post("/scenarios", status_code=201)
+    @router.post("/scenarios", status_code=201, openapi_extra=model_body(ScenarioBody, "a scenario to create"))
     async def create_scenario(request: Request) -> dict[str, Any]:
         body: ScenarioBody = validated(ScenarioBody, await request.body())
         app = request.app.state.reef
@@ -106,7 +107,7 @@ def build_router() -> APIRouter:
                 for e in chain.history() if e.operation.value in ("training", "rejection")]
         return {"scenario": name, "decisions": rows}
 
-    @router.post("/scenarios/{name}/rollback")
+    @router.post("/scenarios/{name}/rollback", openapi_extra=model_body(RollbackBody, "the release to republish"))
     async def rollback(name: str, request: Request) -> dict[str, Any]:
         body: RollbackBody = validated(RollbackBody, await request.body())
         app = request.app.state.reef

@@ -10,6 +10,7 @@ from starlette.responses import Response
 from reef.serve import anthropic_wire
 from reef.serve.dialects import ANTHROPIC, OPENAI
 from reef.serve.inference import parse_json
+from reef.serve.openapi_bodies import ANTHROPIC_COUNT_TOKENS, ANTHROPIC_MESSAGES, OPENAI_CHAT, json_body
 
 
 def build_router() -> APIRouter:
@@ -24,17 +25,18 @@ def build_router() -> APIRouter:
         return {"object": "list", "data": data, "has_more": False,
                 "first_id": names[0] if names else None, "last_id": names[-1] if names else None}
 
-    @router.post("/chat/completions")
+    @router.post("/chat/completions", openapi_extra=json_body(OPENAI_CHAT, "OpenAI Chat Completions (docs/wire.md)"))
     async def chat_completions(request: Request) -> Response:
         service = request.app.state.reef.inference
         return await service.handle(OPENAI, await request.body(), request.headers, "chat_completions")
 
-    @router.post("/messages")
+    @router.post("/messages", openapi_extra=json_body(ANTHROPIC_MESSAGES, "Anthropic Messages (docs/wire.md)"))
     async def messages(request: Request) -> Response:
         service = request.app.state.reef.inference
         return await service.handle(ANTHROPIC, await request.body(), request.headers, "messages")
 
-    @router.post("/messages/count_tokens")
+    @router.post("/messages/count_tokens",
+                 openapi_extra=json_body(ANTHROPIC_COUNT_TOKENS, "Anthropic Messages, max_tokens optional"))
     async def count_tokens(request: Request) -> dict[str, int]:
         chat = anthropic_wire.parse_count_tokens_request(parse_json(await request.body()))
         return {"input_tokens": await request.app.state.reef.runtime.count_tokens(chat)}

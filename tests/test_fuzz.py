@@ -1,0 +1,131 @@
+"""Fuzzing with schemathesis against Reef's own OpenAPI schema: every `/reef/*` and `/v1/*`
+operation (read from `/openapi.json`, so a new route is fuzzed the day it is added), served by
+the embedded tiny model, gets schema-conforming and schema-violating requests. Checks: no 5xx,
+no hang, and a rejected (4xx) request changes nothing (records, reports, scenarios, releases)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import httpx
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.generation.modes import GenerationMode
+
+from tests.helpers.reef_server import ReefServer
+
+TOKEN = "fuzz-token-0c4f"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+EXAMPLES = {GenerationMode.POSITIVE: 8, GenerationMode.NEGATIVE: 5}
+REQUEST_TIMEOUT = 30.0  # a request that takes longer is a hang
+MAX_GENERATED_TOKENS = 8  # keeps the tiny model's answers short; the limit itself is not under test
+FUZZED_PREFIXES = ("/reef/", "/v1/")
+
+
+@pytest.fixture(scope="module")
+def reef(tiny_model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+    settings_ = {"tokens": [TOKEN], "learner": {"enabled": False}, "max_body_bytes": 256 * 1024,
+                 "embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": MAX_GENERATED_TOKENS,
+                              "threads": 1}}
+    with ReefServer(tmp_path_factory.mktemp("reef-fuzz"), settings_) as server:
+        seeded = httpx.post(f"{server.base_url}/chat/completions", headers=AUTH, timeout=60,
+                            json={"model": "m", "messages": [{"role": "user", "content": "seed"}], "max_tokens": 2})
+        assert seeded.status_code == 200  # one scenario, record and release for reads to find
+        yield server
+
+
+def snapshot(reef: ReefServer) -> dict[str, Any]:
+    """Everything a request could change, as counts and heads."""
+    with httpx.Client(base_url=reef.url, headers=AUTH, timeout=REQUEST_TIMEOUT) as http:
+        storage = http.get("/reef/status").json()["storage"]
+        scenarios = {s["name"]: (s["step"], s["head"]["release_id"], s["records"], s["reports"])
+                     for s in http.get("/reef/scenarios").json()["scenarios"]}
+    return {"records": storage["records"], "reports": storage["reports"], "scenarios": scenarios}
+
+
+def bounded(case: schemathesis.Case) -> None:
+    """Cap generation lengths so a fuzzed request finishes in milliseconds on the tiny model."""
+    if isinstance(case.body, dict):
+        for key in ("max_tokens", "max_completion_tokens"):
+            if isinstance(case.body.get(key), int) and not isinstance(case.body.get(key), bool) and case.body[key] > 0:
+                case.body[key] = min(case.body[key], MAX_GENERATED_TOKENS)
+
+
+def fuzzed_operations(reef: ReefServer) -> list[Any]:
+    schema = schemathesis.openapi.from_dict(httpx.get(f"{reef.url}/openapi.json", headers=AUTH).json())
+    operations = [result.ok() for result in schema.get_all_operations()]
+    return [op for op in operations if op.path.startswith(FUZZED_PREFIXES)]
+
+
+def fuzz_one(reef: ReefServer, operation: Any, mode: GenerationMode, failures: list[str]) -> int:
+    session = requests.Session()
+    calls = 0
+
+    @settings(max_examples=EXAMPLES[mode], deadline=None, database=None, derandomize=True,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def run(case: schemathesis.Case) -> None:
+        nonlocal calls
+        bounded(case)
+        before = snapshot(reef)
+        started = time.monotonic()
+        try:
+            response = case.call(base_url=reef.url, session=session, headers=AUTH, timeout=REQUEST_TIMEOUT)
+        except requests.Timeout:
+            failures.append(f"{operation.label} ({mode}): no answer in {REQUEST_TIMEOUT}s to {case.body!r}")
+            return
+        calls += 1
+        where = f"{operation.label} ({mode}) {case.path_parameters or ''} {case.query or ''} body={case.body!r:.300}"
+        if response.status_code >= 500:
+            failures.append(f"{where} -> {response.status_code} {response.text[:300]}")
+        elif 400 <= response.status_code < 500:
+            after = snapshot(reef)
+            if after != before:
+                failures.append(f"{where} -> {response.status_code} {response.text[:300]} yet the state changed: "
+                                f"{before} -> {after}")
+        assert time.monotonic() - started < REQUEST_TIMEOUT
+
+    try:
+        run()
+    except Unsatisfiable:
+        if mode is GenerationMode.POSITIVE:
+            raise
+        # an operation without parameters or body has nothing a request could violate
+    return calls
+
+
+def test_the_openapi_schema_describes_every_request_body(reef: ReefServer) -> None:
+    schema = httpx.get(f"{reef.url}/openapi.json", headers=AUTH).json()
+    for path, item in schema["paths"].items():
+        if "post" in item:
+            body = item["post"].get("requestBody", {}).get("content", {}).get("application/json", {})
+            assert body.get("schema"), f"POST {path} declares no JSON body"
+
+
+def test_fuzzing_finds_no_server_error_hang_or_state_change_from_a_rejection(reef: ReefServer) -> None:
+    operations = fuzzed_operations(reef)
+    labels = {op.label for op in operations}
+    assert {"POST /v1/chat/completions", "POST /v1/messages", "POST /reef/report", "GET /reef/records/{record_id}",
+            "POST /reef/scenarios/{name}/rollback"} <= labels
+    failures: list[str] = []
+    calls = sum(fuzz_one(reef, op, mode, failures) for op in operations for mode in EXAMPLES)
+    assert not failures, "\n".join(failures[:20])
+    assert calls >= len(operations) * 4, "the fuzzer should reach the operations several times each"
+    assert httpx.get(f"{reef.url}/healthz").status_code == 200
+
+
+def test_a_prompt_longer_than_the_context_is_a_400_that_stores_nothing(reef: ReefServer) -> None:
+    before = snapshot(reef)
+    long_prompt = "word " * 5000  # beyond the tiny model's 2048-token context
+    for path, body in [("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": long_prompt}]}),
+                       ("/v1/messages", {"model": "m", "max_tokens": 4,
+                                         "messages": [{"role": "user", "content": long_prompt}]})]:
+        refused = httpx.post(f"{reef.url}{path}", json=body, headers={**AUTH, "x-reef-agent-record-id": "too-long-1"},
+                             timeout=REQUEST_TIMEOUT)
+        assert refused.status_code == 400 and "context" in refused.text
+        assert httpx.get(f"{reef.url}/reef/records/too-long-1", headers=AUTH).status_code == 404
+    assert snapshot(reef) == before
