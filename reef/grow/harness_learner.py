@@ -140,7 +140,12 @@ class HarnessLearner:
                                 high_water=high_water, expected_step=self.chain.last_step())
         self.used.update(batch.record_ids)
         self.stats.batches += 1
-        await self._propose(batch, batch_id, high_water)
+        try:
+            await self._propose(batch, batch_id, high_water)
+        except Exception as exc:  # a scorer or runtime error: close the batch, or the next one cannot open
+            if (self.chain.open_batch() or {}).get("batch_id") == batch_id:
+                await self._abandon(batch_id, "error", f"{type(exc).__name__}: {exc}", proposer=False)
+            raise
         return True
 
     async def _propose(self, batch: Batch, batch_id: str, high_water: int) -> None:
