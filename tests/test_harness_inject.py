@@ -120,3 +120,11 @@ def test_runtimes_leave_harness_files_alone() -> None:
     embedded = pytest.importorskip("reef.runtimes.embedded")
     assert embedded._adapter_files({"harness/extensions/x/adapter_config.json": b"{}"}) is None  # noqa: SLF001
     assert embedded._adapter_files({"adapter_config.json": b"{}", **TREE.to_files()}) == {"adapter_config.json": b"{}"}  # noqa: SLF001
+
+
+def test_tool_results_do_not_count_as_mentions(tmp_path: Path) -> None:
+    inj, refs = injector(tmp_path, tree=TREE.to_files())
+    request = chat(Message("user", "read the file"), Message("assistant", "", tool_call_id=None),
+                   Message("tool", "def empty_token(): ...", tool_call_id="c1"))
+    sent, added = asyncio.run(inj.inject("s", request, refs["tree"]))
+    assert added is not None and added["skills"] == [] and "Check the empty string." not in sent.messages[0].content

@@ -292,11 +292,41 @@ NEEDS_RULE = ("A skill's full instructions follow below when the conversation me
 
 
 @dataclass(frozen=True)
+class _Mention:
+    """Finds a skill's name in lower-cased text: a cheap substring test first (most requests
+    mention no skill), the word-boundary pattern only when it passes."""
+
+    name: str
+    key: str  # the longest word of the name
+    pattern: re.Pattern[str]
+
+    @classmethod
+    def of(cls, name: str) -> _Mention:
+        words = [w for w in re.split(r"[-_]", name) if w]
+        body = r"[-_ ]".join(re.escape(w) for w in words)
+        return cls(name, max(words, key=len), re.compile(body))  # a literal start: re's fast scan
+
+    def found_in(self, lowered: str) -> bool:
+        if self.key not in lowered:
+            return False
+        for match in self.pattern.finditer(lowered):  # whole words only; checked by hand, since a
+            start, end = match.span()                # leading look-behind would slow re to a crawl
+            if not (start and _is_word_char(lowered[start - 1])) and not (end < len(lowered)
+                                                                          and _is_word_char(lowered[end])):
+                return True
+        return False
+
+
+def _is_word_char(char: str) -> bool:
+    return "a" <= char <= "z" or "0" <= char <= "9"
+
+
+@dataclass(frozen=True)
 class _Rendering:
     """What every request of one tree shares: the fixed text and one matcher per skill."""
 
     head: str  # system prompt, rules, skill catalogue
-    matchers: tuple[tuple[str, re.Pattern[str]], ...]
+    mentions: tuple[_Mention, ...]
     sections: Mapping[str, str]
 
     @classmethod
@@ -309,21 +339,20 @@ class _Rendering:
         if tree.skills:
             catalogue = "\n".join(f"- {s.name}: {s.description.strip()}" for _, s in sorted(tree.skills.items()))
             parts.append(f"{SKILLS_HEADING}\n\n{NEEDS_RULE}\n\n{catalogue}")
-        matchers = tuple((name, _mention_pattern(name)) for name in sorted(tree.skills))
+        mentions = tuple(_Mention.of(name) for name in sorted(tree.skills))
         sections = {name: f"## Skill: {name}\n{s.body.strip()}" for name, s in tree.skills.items()}
-        return cls("\n\n".join(parts), matchers, sections)
+        return cls("\n\n".join(parts), mentions, sections)
 
-    def render(self, request_text: str) -> str:
-        needed = [self.sections[name] for name, pattern in self.matchers if pattern.search(request_text)]
-        return "\n\n".join([self.head, *needed]) if needed else self.head
+    def render(self, request_text: str) -> tuple[str, list[str]]:
+        needed = self.needed(request_text)
+        text = "\n\n".join([self.head, *(self.sections[n] for n in needed)]) if needed else self.head
+        return text, needed
 
     def needed(self, request_text: str) -> list[str]:
-        return [name for name, pattern in self.matchers if pattern.search(request_text)]
-
-
-def _mention_pattern(name: str) -> re.Pattern[str]:
-    words = [re.escape(w) for w in re.split(r"[-_]", name) if w]
-    return re.compile(r"(?<![a-z0-9])" + r"[-_ ]".join(words) + r"(?![a-z0-9])", re.IGNORECASE)
+        if not self.mentions:
+            return []
+        lowered = request_text.lower()
+        return [m.name for m in self.mentions if m.found_in(lowered)]
 
 
 def skills_needed(tree: HarnessTree, request_text: str) -> list[str]:
@@ -335,8 +364,17 @@ def render_system(tree: HarnessTree, request_text: str) -> str:
     """The text inject mode adds to a request's system prompt: the system prompt, the rules,
     the skill catalogue (name: description) and the full body of each skill `request_text`
     mentions by name. Empty for an empty tree."""
+    return render_with_skills(tree, request_text)[0]
+
+
+def render_with_skills(tree: HarnessTree, request_text: str) -> tuple[str, list[str]]:
+    """`render_system` and the names of the skills whose body it included, in one pass.
+
+    The whole conversation is matched, not only its last turn: a conversation only grows, so
+    once a skill is mentioned its body stays in every later turn's prompt (a stable prefix,
+    which provider prompt caches rely on)."""
     if tree.is_empty:
-        return ""
+        return "", []
     return tree._rendering.render(request_text)  # noqa: SLF001
 
 

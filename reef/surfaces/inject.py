@@ -24,7 +24,7 @@ from reef.config import HarnessConfig
 from reef.core.chat import ChatRequest, Message
 from reef.core.errors import InvalidInput
 from reef.core.types import JSON, ReleaseRef
-from reef.surfaces.harness import PREFIX, HarnessTree, render_system, skills_needed
+from reef.surfaces.harness import PREFIX, HarnessTree, render_with_skills
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +71,18 @@ class HarnessInjector:
             tree = await self.tree(release.release_id, release.content_id)
         if tree is EMPTY or tree.is_empty or self.config.mode_for(scenario) != "inject":
             return request, None
-        text = request_text(request)
-        rendered = render_system(tree, text)
+        rendered, skills = render_with_skills(tree, request_text(request))
         sent, inserted = with_system_prefix(request, rendered)
-        added = {"mode": "inject", "content_id": tree.content_id, "skills": skills_needed(tree, text),
+        added = {"mode": "inject", "content_id": tree.content_id, "skills": skills,
                  "inserted": inserted, "prefix_chars": len(rendered) + (0 if inserted else len(SEPARATOR))}
         return sent, added
 
 
 def request_text(request: ChatRequest) -> str:
-    """What "the conversation mentions" is matched against: every message's text."""
-    return "\n".join(m.content for m in request.messages if m.content)
+    """What "the conversation mentions" is matched against: the text of every system, user and
+    assistant message. Tool results are left out: they are mostly file contents and command
+    output, the bulk of an agent's conversation, where a skill's name is no request for it."""
+    return "\n".join(m.content for m in request.messages if m.content and m.role != "tool")
 
 
 def with_system_prefix(request: ChatRequest, text: str) -> tuple[ChatRequest, bool]:
