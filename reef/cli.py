@@ -1,5 +1,5 @@
-"""The `reef` command: `serve` runs the server; `report`, `scenarios`, `releases`, `rollback`
-and `status` talk to a running server (`--url`, `--token`, or REEF_URL / REEF_TOKEN);
+"""The `reef` command: `serve` runs the server; `report`, `scenarios`, `releases`, `rollback`,
+`harness`, `diff`, `promote` and `status` talk to a running server (`--url`, `--token`, or REEF_URL / REEF_TOKEN);
 `inspect` and `log` read a state directory offline (recovery runs as it opens, so `reef
 inspect` is also a check)."""
 

@@ -278,3 +278,18 @@ def test_unknown_scenarios_are_404_on_every_route(client: ReefClient) -> None:
         with pytest.raises(ReefClientError) as info:
             call()
         assert info.value.status == 404
+
+
+def test_the_embedded_model_sees_the_harness_in_its_prompt_tokens(tiny_model_dir: Path, seed: Path,
+                                                                   tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    settings = {"embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 4, "threads": 1},
+                "learner": {"enabled": False}, "harness": {"seed_dir": str(seed)}}
+    with ReefServer(tmp_path, settings) as server, ReefClient(server.url) as reef_client:
+        oai = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
+        raw = oai.chat.completions.with_raw_response.create(model="m", messages=USER)
+        record = reef_client.record(raw.headers["x-reef-agent-record-id"])["record"]
+    prompt = AutoTokenizer.from_pretrained(tiny_model_dir).decode(record["response"]["prompt_token_ids"])
+    assert SYSTEM in prompt and RULE in prompt and "fix the parser" in prompt
+    assert record["harness"]["content_id"] == seed_tree(seed).content_id and record["spans"]
