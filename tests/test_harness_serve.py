@@ -293,3 +293,11 @@ def test_the_embedded_model_sees_the_harness_in_its_prompt_tokens(tiny_model_dir
     prompt = AutoTokenizer.from_pretrained(tiny_model_dir).decode(record["response"]["prompt_token_ids"])
     assert SYSTEM in prompt and RULE in prompt and "fix the parser" in prompt
     assert record["harness"]["content_id"] == seed_tree(seed).content_id and record["spans"]
+
+
+def test_token_counts_include_the_injected_harness(ant: anthropic.Anthropic, oai: openai.OpenAI) -> None:
+    for scenario in ("count-inject", "pulled"):
+        oai.chat.completions.create(model="m", messages=USER, extra_headers={"x-reef-scenario": scenario})
+    counts = {s: ant.messages.count_tokens(model="c", messages=USER, extra_headers={"x-reef-scenario": s}).input_tokens
+              for s in ("count-inject", "pulled", "never-created")}
+    assert counts["count-inject"] > counts["pulled"] == counts["never-created"] > 0

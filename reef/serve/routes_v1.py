@@ -39,6 +39,8 @@ def build_router() -> APIRouter:
                  openapi_extra=json_body(ANTHROPIC_COUNT_TOKENS, "Anthropic Messages, max_tokens optional"))
     async def count_tokens(request: Request) -> dict[str, int]:
         chat = anthropic_wire.parse_count_tokens_request(parse_json(await request.body()))
-        return {"input_tokens": await request.app.state.reef.runtime.count_tokens(chat)}
+        reef = request.app.state.reef  # count what the runtime would get: the harness too, in inject mode
+        chat = await reef.scenarios.harness.inject_current(reef.state, request.headers.get("x-reef-scenario"), chat)
+        return {"input_tokens": await reef.runtime.count_tokens(chat)}
 
     return router

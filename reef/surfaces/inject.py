@@ -20,9 +20,10 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from reef.commit.artifacts import ArtifactStore
+from reef.commit.state import ReefState
 from reef.config import HarnessConfig
 from reef.core.chat import ChatRequest, Message
-from reef.core.errors import InvalidInput
+from reef.core.errors import InvalidInput, NotFound
 from reef.core.types import JSON, ReleaseRef
 from reef.surfaces.harness import PREFIX, HarnessTree, render_with_skills
 
@@ -76,6 +77,16 @@ class HarnessInjector:
         added = {"mode": "inject", "content_id": tree.content_id, "skills": skills,
                  "inserted": inserted, "prefix_chars": len(rendered) + (0 if inserted else len(SEPARATOR))}
         return sent, added
+
+    async def inject_current(self, state: ReefState, scenario: str | None, request: ChatRequest) -> ChatRequest:
+        """The request as the scenario's serving release would send it (for token counts);
+        unchanged for a scenario that does not exist yet (counting never creates one)."""
+        name = scenario or "default"
+        try:
+            chain = state.chain(name)
+        except NotFound:
+            return request
+        return (await self.inject(name, request, chain.serving()))[0]
 
 
 def request_text(request: ChatRequest) -> str:
