@@ -285,3 +285,17 @@ def test_creating_in_an_existing_empty_directory(tmp_path: Path) -> None:
     (tmp_path / "junk" / "file").write_text("not a repository")
     with pytest.raises(StorageUnavailable):
         ArtifactStore(tmp_path / "junk")
+
+
+def test_content_diff_names_changed_paths_shows_lfs_pointers_and_leaves_out_the_manifest(store: ArtifactStore) -> None:
+    weights = os.urandom(2048)
+    first = commit(store, {"adapter_model.safetensors": weights, "harness/rules/a.md": b"Rule A.\n"}, None)
+    changed, text = store.content_diff(None, first)
+    assert changed == ["adapter_model.safetensors", "harness/rules/a.md"]
+    assert f"+oid sha256:{hashlib.sha256(weights).hexdigest()}" in text and "+Rule A." in text
+    second = commit(store, {"adapter_model.safetensors": weights, "harness/rules/a.md": b"Rule A, changed.\n"}, first)
+    changed, text = store.content_diff(first, second)
+    assert changed == ["harness/rules/a.md"] and "-Rule A." in text and "+Rule A, changed." in text
+    assert "reef-artifact.json" not in text and ".gitattributes" not in text
+    with pytest.raises(MissingArtifact):
+        store.content_diff(first, "f" * 40)
