@@ -301,3 +301,30 @@ def test_token_counts_include_the_injected_harness(ant: anthropic.Anthropic, oai
     counts = {s: ant.messages.count_tokens(model="c", messages=USER, extra_headers={"x-reef-scenario": s}).input_tokens
               for s in ("count-inject", "pulled", "never-created")}
     assert counts["count-inject"] > counts["pulled"] == counts["never-created"] > 0
+
+
+def test_cli_harness_out_diff_and_promote(oai: openai.OpenAI, reef: ReefServer, seed: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from reef.cli import main
+
+    raw = oai.chat.completions.with_raw_response.create(model="m", messages=USER,
+                                                        extra_headers={"x-reef-scenario": "cli"})
+    release_id = raw.headers["x-reef-release-id"]
+    out = tmp_path / "pulled"
+    (out / "rules").mkdir(parents=True)
+    (out / "rules" / "stale.md").write_text("a rule the release no longer has")
+    (out / "notes.txt").write_text("mine")
+    runner = CliRunner()
+    auth = ["--url", reef.url, "--token", TOKEN]
+    result = runner.invoke(main, ["harness", "cli", *auth, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert HarnessTree.from_files({"harness/" + p.relative_to(out).as_posix(): p.read_bytes()
+                                   for p in out.rglob("*") if p.is_file() and p.name != "notes.txt"}) == seed_tree(seed)
+    assert not (out / "rules" / "stale.md").exists() and (out / "notes.txt").read_text() == "mine"
+    shown = runner.invoke(main, ["harness", "cli", *auth])
+    assert shown.exit_code == 0 and release_id in shown.output and RULE in shown.output
+    diff = runner.invoke(main, ["diff", "cli", release_id, *auth])
+    assert diff.exit_code == 0 and "+" + SYSTEM in diff.output
+    refused = runner.invoke(main, ["promote", "cli", release_id, *auth])
+    assert refused.exit_code == 1 and "HTTP 400" in refused.output and "not pending" in refused.output
