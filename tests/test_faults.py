@@ -26,9 +26,9 @@ USER = [{"role": "user", "content": "tell me something"}]
 # fault name -> (scripted upstream arguments, words the recorded reason must contain)
 FAULTS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "hang": ({"mode": "hang"}, ("timed out",)),
-    "reset": ({"mode": "reset"}, ("upstream",)),
+    "reset": ({"mode": "reset"}, ("connection to upstream", "broke")),
     "status_500": ({"status": 500, "error": "provider exploded"}, ("500", "provider exploded")),
-    "malformed": ({"mode": "malformed", "text": "an answer cut into invalid JSON"}, ("upstream",)),
+    "malformed": ({"mode": "malformed", "text": "an answer cut into invalid JSON"}, ("malformed JSON",)),
     "stop_midstream": ({"mode": "stop_midstream", "text": "half of an answer that stops here"}, ("upstream",)),
 }
 
