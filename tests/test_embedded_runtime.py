@@ -142,6 +142,31 @@ def test_concurrent_requests_batch_and_match_running_alone(tiny_model_dir: Path)
     with_runtime(tiny_model_dir, body)
 
 
+def test_loads_take_turns_so_a_burst_never_starves_another_load(tiny_model_dir: Path) -> None:
+    """A gate's burst of requests for a candidate load must not hold up live traffic."""
+    request = ask(PROMPTS[0], temperature=0, max_tokens=4)
+
+    async def body(rt: EmbeddedRuntime) -> None:
+        burst_load, live_load = await rt.load("candidate", {}), await rt.load("serving", {})
+        finished: list[str] = []
+
+        async def run(name: str, load: str) -> None:
+            await collect(rt, request, load)
+            finished.append(name)
+
+        with rt.paused():  # queued in this order: six of the burst, then one live request
+            tasks = [asyncio.create_task(run(f"burst{i}", burst_load)) for i in range(6)]
+            while rt.queued() < 6:
+                await asyncio.sleep(0.001)
+            tasks.append(asyncio.create_task(run("live", live_load)))
+            while rt.queued() < 7:
+                await asyncio.sleep(0.001)
+        await asyncio.gather(*tasks)
+        assert finished.index("live") == 2  # one burst batch of two, then the live request
+
+    with_runtime(tiny_model_dir, body, max_batch=2)
+
+
 def test_consumer_leaving_stops_the_work(tiny_model_dir: Path) -> None:
     async def body(rt: EmbeddedRuntime) -> None:
         load = await rt.load("c", {})

@@ -84,6 +84,7 @@ class EmbeddedRuntime(Runtime):
         self._loads: dict[str, str | None] = {}  # runtime_load_id -> adapter name (None: base)
         self._cond = threading.Condition()
         self._queue: list[_Job] = []
+        self._last_load_id: str | None = None  # of the batch before, for taking turns
         self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
         self._paused = 0
         self._closing = False
@@ -294,11 +295,16 @@ class EmbeddedRuntime(Runtime):
                     self._cond.wait()
 
     def _take_batch(self) -> list[_Job] | None:
-        """The oldest request and the next ones of the same load id, up to `max_batch`."""
+        """The oldest request and the next ones of the same load id, up to `max_batch`. Loads
+        take turns: when another load's request waits, the last batch's load goes after it, so
+        a burst for one load (a gate judging a candidate: dozens of requests at once) never
+        stalls live traffic on the serving load for more than one batch."""
         self._queue = [job for job in self._queue if not job.cancelled.is_set()]
         if not self._queue:
             return None
-        load_id = self._queue[0].load_id
+        others = (job for job in self._queue if job.load_id != self._last_load_id)
+        load_id = next(others, self._queue[0]).load_id
+        self._last_load_id = load_id
         batch = [job for job in self._queue if job.load_id == load_id][: self.max_batch]
         self._queue = [job for job in self._queue if job not in batch]
         if load_id not in self._loads:
