@@ -1,7 +1,9 @@
 """A full disk: the state directory is a small tmpfs; once it is filled, inference requests
 (both dialects, plain and streaming), reports, scenario creation and rollbacks get clear 503s
 in their dialect and write nothing half-way; freeing space recovers without a restart; a
-restart afterwards finds every acknowledged record, report and release intact."""
+server restarted on a full disk starts, serves reads and refuses writes; a restart afterwards
+finds every acknowledged record, report and release intact. State-layer tests: a weights
+release (LFS object) and commit-log appends on a full disk fail whole."""
 
 from __future__ import annotations
 
@@ -154,6 +156,15 @@ def test_a_full_disk_gives_503s_and_freeing_space_recovers(small_disk: Path, ups
         assert httpx.get(f"{reef.url}/healthz").status_code == 200
         filler.unlink()
         work.append(acknowledged_work(reef, "after"))  # the same process recovers
+        filler = fill(small_disk)
+        reef.kill()
+        reef.stop()
+        reef = ReefServer(tmp_path / "work", settings).start()  # a restart while full starts, reads, refuses writes
+        for receipt in work[-1]["receipts"]:
+            assert httpx.get(f"{reef.url}/reef/records/{receipt}").json()["record"]["status"] == "complete"
+        assert post(reef, "/v1/chat/completions", OPENAI_BODY).status_code == 503
+        filler.unlink()
+        work.append(acknowledged_work(reef, "restarted while full"))
         reef.stop()
         check_intact(small_disk / "state", work)
         reef = ReefServer(tmp_path / "work", settings).start()  # and a restart finds everything
@@ -186,3 +197,24 @@ def test_a_weights_release_on_a_full_disk_is_storage_unavailable_and_logs_nothin
     with ReefState.open(state_dir) as state:
         assert state.chain("weights").head().release_id == published.release_id
         assert [e.step for e in state.chain("weights").history()] == [1, 2]
+
+
+def test_commit_log_appends_on_a_full_disk_fail_whole_and_leave_no_torn_line(small_disk: Path) -> None:
+    from reef.core.errors import StorageUnavailable
+    from reef.core.types import Verdict
+
+    state_dir = small_disk / "state"
+    with ReefState.open(state_dir) as state:
+        chain = state.create("log", recipe="sao")
+        head = chain.head().release_id
+        fill(small_disk)
+        appended = 0
+        with pytest.raises(StorageUnavailable, match="commit log"):
+            for appended in range(10_000):  # the log's last page may still hold a few lines
+                chain.reject("sha256:" + f"{appended:064x}", head, verdict=Verdict("reject", {"n": appended}))
+        assert chain.last_step() == 1 + appended
+    with ReefState.open(state_dir) as state:  # no torn line: the log reopens whole
+        assert [e.step for e in state.chain("log").history()] == list(range(1, appended + 2))
+        (small_disk / "filler").unlink()
+        state.chain("log").reject("sha256:" + "f" * 64, head, verdict=Verdict("reject"))
+        assert state.chain("log").last_step() == appended + 2

@@ -101,8 +101,13 @@ class SQLiteStore(ExperienceStore):
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StorageUnavailable(f"{self.path}: schema version {version} is newer than this Reef ({SCHEMA_VERSION})")
-        conn.executescript(SCHEMA)
-        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        if version == SCHEMA_VERSION:
+            return  # opening a current store writes nothing, so it opens on a full disk too
+        try:
+            conn.executescript(SCHEMA)
+            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.Error as exc:
+            raise StorageUnavailable(f"{self.path}: cannot create the store's tables: {exc}") from exc
 
     def _reader(self) -> sqlite3.Connection:
         if self._closed:
