@@ -119,10 +119,12 @@ class SkillsRecipe:
         """Turn newly reported records into observations, or count why not."""
         out = Intake()
         for item in items:
-            out.dropped["compacted_or_missing"] += len(item.report.references) - len(item.records)
+            missing = len(item.report.references) - len(item.records)
+            if missing:
+                out.dropped["compacted_or_missing"] += missing
             feedback = feedback_text(item.report.feedback)
             for record in item.records:
-                reason = self._ineligible(record, consumed, feedback)
+                reason = self._ineligible(record, consumed, feedback, item.report.score)
                 if reason:
                     out.dropped[reason] += 1
                     continue
@@ -164,13 +166,14 @@ class SkillsRecipe:
         seqs = [o.report_seq for o in (*self.failures, *self.successes)]
         return min(seqs) if seqs else None
 
-    def _ineligible(self, record: Record, consumed: set[str], feedback: str) -> str | None:
+    def _ineligible(self, record: Record, consumed: set[str], feedback: str, score: float) -> str | None:
         if record.id in consumed:
             return "already_used"
         if record.status is not RecordStatus.COMPLETE:
             return "not_complete"
-        if self.proposer.needs_feedback and not feedback and not self._held_out(record.id):
-            return "no_feedback"
+        failure = score < self.config.failure_below
+        if failure and self.proposer.needs_feedback and not feedback and not self._held_out(record.id):
+            return "no_feedback"  # a failure the model-free proposer cannot read
         return None
 
     def _held_out(self, record_id: str) -> bool:
