@@ -5,6 +5,7 @@ no hang, and a rejected (4xx) request changes nothing (records, reports, scenari
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Iterator
 
@@ -129,3 +130,25 @@ def test_a_prompt_longer_than_the_context_is_a_400_that_stores_nothing(reef: Ree
         assert refused.status_code == 400 and "context" in refused.text
         assert httpx.get(f"{reef.url}/reef/records/too-long-1", headers=AUTH).status_code == 404
     assert snapshot(reef) == before
+
+
+def test_extreme_sampling_values_are_answered_and_fail_no_neighbour(reef: ReefServer) -> None:
+    """Values inside the schema that once broke the embedded runtime: a seed beyond 64 bits
+    (a 500), a temperature so small that logits / temperature overflows (NaN probabilities,
+    which failed every request batched with it)."""
+    user = [{"role": "user", "content": "hi"}]
+    odd = [{"seed": 2**70}, {"seed": -2**70}, {"temperature": 1e-300}, {"temperature": 5e-324, "top_p": 1e-300},
+           {"seed": 2**70, "stream": True}]
+
+    async def all_at_once() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=reef.base_url, headers=AUTH, timeout=REQUEST_TIMEOUT) as http:
+            bodies = [{"model": "m", "messages": user, "max_tokens": 4, **extra} for extra in odd]
+            bodies += [{"model": "m", "messages": user, "max_tokens": 4}] * 4  # neighbours in the same batch
+            return list(await asyncio.gather(*(http.post("/chat/completions", json=b) for b in bodies)))
+
+    for response in asyncio.run(all_at_once()):
+        assert response.status_code == 200, response.text
+        assert '"error"' not in response.text[-300:]
+    anthropic_tiny = httpx.post(f"{reef.url}/v1/messages", headers=AUTH, timeout=REQUEST_TIMEOUT,
+                                json={"model": "m", "max_tokens": 4, "messages": user, "temperature": 1e-320})
+    assert anthropic_tiny.status_code == 200, anthropic_tiny.text

@@ -150,10 +150,10 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: to
     """One token and its log-prob under the distribution it was drawn from (temperature and
     nucleus applied). Greedy has a point mass there, which says nothing; it records the model's
     own (temperature 1) log-prob instead."""
-    if temperature <= 0:
+    scaled = logits / temperature if temperature > 0 else logits
+    if temperature <= 0 or not bool(torch.isfinite(scaled.max())):  # a temperature so small it overflows is greedy
         token = int(torch.argmax(logits))
         return token, float(torch.log_softmax(logits, -1)[token])
-    scaled = logits / temperature
     if top_p < 1.0:
         scaled = _nucleus(scaled, top_p)
     logprobs = torch.log_softmax(scaled, -1)

@@ -259,7 +259,7 @@ class EmbeddedRuntime(Runtime):
             max_tokens=max(1, min(request.max_tokens or self.default_max_tokens, room)),
             temperature=1.0 if request.temperature is None else float(request.temperature),
             top_p=1.0 if request.top_p is None else float(request.top_p),
-            generator=torch.Generator().manual_seed(seed),
+            generator=torch.Generator().manual_seed(seed % 2**64),  # any integer a client sends is a valid seed
             text=TextStream(decode, request.stop, watch_tools), emit=emit,
         )
 
