@@ -152,3 +152,27 @@ def test_extreme_sampling_values_are_answered_and_fail_no_neighbour(reef: ReefSe
     anthropic_tiny = httpx.post(f"{reef.url}/v1/messages", headers=AUTH, timeout=REQUEST_TIMEOUT,
                                 json={"model": "m", "max_tokens": 4, "messages": user, "temperature": 1e-320})
     assert anthropic_tiny.status_code == 200, anthropic_tiny.text
+
+
+def test_unpaired_surrogate_escapes_are_a_400_that_stores_nothing(reef: ReefServer) -> None:
+    """JSON may escape a lone UTF-16 surrogate (`\\ud800`), which no UTF-8 text (the store, the
+    tokenizer) can hold: it was a 500 on every body-reading route."""
+    receipt = httpx.post(f"{reef.base_url}/chat/completions", headers=AUTH, timeout=REQUEST_TIMEOUT,
+                         json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}).headers["x-reef-agent-record-id"]
+    before = snapshot(reef)
+    lone = '"a \\ud800 b"'
+    for path, raw in [
+        ("/v1/chat/completions", '{"model": "m", "messages": [{"role": "user", "content": %s}]}' % lone),
+        ("/v1/chat/completions", '{"model": "m", "stream": true, "messages": [{"role": "user", "content": %s}]}' % lone),
+        ("/v1/messages", '{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": %s}]}' % lone),
+        ("/v1/messages/count_tokens", '{"model": "m", "messages": [{"role": "user", "content": %s}]}' % lone),
+        ("/reef/report", '{"references": ["%s"], "score": 1, "feedback": %s}' % (receipt, lone)),
+        ("/reef/report", '{"references": ["%s"], "score": 1, "metadata": {%s: 1}}' % (receipt, lone)),
+    ]:
+        response = httpx.post(f"{reef.url}{path}", content=raw.encode(), timeout=REQUEST_TIMEOUT,
+                              headers={**AUTH, "content-type": "application/json"})
+        assert response.status_code == 400 and "surrogate" in response.text, (path, response.text)
+    assert snapshot(reef) == before
+    paired = httpx.post(f"{reef.base_url}/chat/completions", headers={**AUTH, "content-type": "application/json"},
+                        content=b'{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}')
+    assert paired.status_code == 200  # a proper pair is one character

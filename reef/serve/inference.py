@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
@@ -266,11 +267,20 @@ async def _zero() -> int:
     return 0
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def parse_json(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    if _SURROGATE_ESCAPE.search(raw):  # only an escape can smuggle in a lone surrogate, which no text can store
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput("request body has an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)") from None
+    return value
 
 
 def _new_record(record_id: str, admission: Admission, request: ChatRequest, release: ReleaseRef,
