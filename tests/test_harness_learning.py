@@ -81,8 +81,11 @@ def trained_releases(reef: ReefServer) -> list[dict[str, Any]]:
 
 
 def system_sent(upstream: ScriptedUpstream) -> str:
-    messages = upstream.requests[-1].body["messages"]
-    return "\n".join(m["content"] for m in messages if m["role"] == "system")
+    return system_sent_of(upstream.requests[-1].body)
+
+
+def system_sent_of(body: dict[str, Any]) -> str:
+    return "\n".join(m["content"] for m in body["messages"] if m["role"] == "system")
 
 
 @pytest.fixture
@@ -207,3 +210,20 @@ def test_the_harness_learner_runs_on_the_embedded_runtime(tiny_model_dir: Path, 
         assert record["request"]["messages"][0]["role"] == "system"
         assert "Answer with a single word only" in record["request"]["messages"][0]["content"]
         assert record["harness"]["mode"] == "inject"
+
+
+def test_the_llm_proposer_defaults_to_the_scenarios_own_upstream(tmp_path: Path) -> None:
+    proposal = json.dumps({"mutations": [{"op": "create", "kind": "rule", "name": "terse",
+                                          "body": "Reply with a single word: the answer alone."}]})
+    with ScriptedUpstream() as model:
+        model.answer_by_system({"You improve the harness": proposal, RULE_MARKER: GOOD}, otherwise=CHATTY)
+        config = settings(model, write_tasks(tmp_path / "tasks.jsonl"), proposer="llm", batch_size=2)
+        with ReefServer(tmp_path, config) as reef:
+            fail_with(reef, ["too chatty", "just the number please"])
+            published = wait_for(lambda: trained_releases(reef), what=f"a publication: {learner(reef)}")[0]
+            assert published["metrics"]["proposal"]["mutations"][0]["name"] == "terse"
+            assert published["metrics"]["proposal"]["model"] == "the scenario's upstream runtime"
+            _, release_id, answer = ask(reef)
+            assert release_id == published["release_id"] and answer == GOOD
+        asked = [r for r in model.requests if "You improve the harness" in system_sent_of(r.body)]
+        assert len(asked) == 1 and asked[0].body["model"] == "scripted"  # the upstream's configured model
