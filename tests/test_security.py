@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from reef.serve.hot_routes import HOT
 from tests.helpers.reef_server import ReefServer
 from tests.scripted_upstream import ScriptedUpstream
 
@@ -48,7 +49,8 @@ def auth(token: str = TOKEN) -> dict[str, str]:
 def app_routes(reef: ReefServer) -> list[tuple[str, str]]:
     schema = httpx.get(f"{reef.url}/openapi.json", headers=auth()).json()
     routes = [(method.upper(), path) for path, item in schema["paths"].items() for method in item]
-    return routes + [("GET", "/openapi.json")]
+    hot = [("POST", path) for path in HOT]  # dispatched before FastAPI's routing: guard them by name too
+    return routes + hot + [("GET", "/openapi.json")]
 
 
 def concrete(path: str) -> str:
