@@ -16,6 +16,7 @@ import pytest
 from reef.client import ReefClient
 from reef.commit.state import ReefState
 from reef.core.types import Operation
+from reef.surfaces.harness import HarnessTree
 from tests.helpers.reef_server import ReefServer
 from tests.scripted_upstream import ScriptedUpstream
 
@@ -227,3 +228,16 @@ def test_the_llm_proposer_defaults_to_the_scenarios_own_upstream(tmp_path: Path)
             assert release_id == published["release_id"] and answer == GOOD
         asked = [r for r in model.requests if "You improve the harness" in system_sent_of(r.body)]
         assert len(asked) == 1 and asked[0].body["model"] == "scripted"  # the upstream's configured model
+
+
+def test_a_weights_publication_keeps_the_seeded_harness(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from tests.test_learning import decisions, feed_until, settings as weights_settings
+
+    seed = tmp_path / "seed"
+    HarnessTree(rules={"house-style": "Be kind."}).write_dir(seed)
+    config = {**weights_settings(tiny_model_dir), "harness": {"seed_dir": str(seed)}}
+    with ReefServer(tmp_path, config) as reef:
+        published = feed_until(reef, "w", lambda: [d for d in decisions(reef, "w") if d["verdict"]["decision"] == "select"])
+        with ReefClient(reef.url) as client:
+            files = client.harness("w", release_id=published[0]["release_id"])["files"]
+    assert files == {"rules/house-style.md": "Be kind."}

@@ -16,8 +16,9 @@ from typing import Any, Awaitable, Callable
 from reef.commit.artifacts import content_id_of
 from reef.commit.gate import WeightsGate
 from reef.commit.release_chain import Candidate, ReleaseChain
-from reef.core.types import ArtifactKind, Release, Verdict
+from reef.core.types import Release, Verdict
 from reef.grow.learner import TrainedCandidate
+from reef.surfaces.harness import PREFIX as HARNESS_PREFIX, artifact_kind
 
 Serve = Callable[[ReleaseChain, Release], Awaitable[Any]]
 
@@ -35,10 +36,12 @@ class CandidatePublisher:
         assert self.gate is not None
         head, serving = self.chain.head(), self.chain.serving()
         content_id = content_id_of(candidate.files)
-        verdict = await self.gate.judge(serving, await self.head_files(), content_id, candidate.files,
-                                        candidate.holdout)
-        artifact = Candidate(candidate.files, ArtifactKind.WEIGHTS,
-                             {"kind": "training", "batch_id": candidate.batch_id}, {"recipe": "sao"})
+        head_files = await self.head_files()
+        verdict = await self.gate.judge(serving, head_files, content_id, candidate.files, candidate.holdout)
+        # the head's harness (a seeded one) stays with the new weights
+        files = {**candidate.files, **{p: d for p, d in head_files.items() if p.startswith(HARNESS_PREFIX)}}
+        artifact = Candidate(files, artifact_kind(files), {"kind": "training", "batch_id": candidate.batch_id},
+                             {"recipe": "sao"})
         return await self.settle(artifact, verdict, head.release_id, batch_id=candidate.batch_id,
                                  algorithm_state=candidate.algorithm_state, high_water=candidate.high_water,
                                  metrics={"training": candidate.metrics})
