@@ -218,3 +218,26 @@ def test_commit_log_appends_on_a_full_disk_fail_whole_and_leave_no_torn_line(sma
         (small_disk / "filler").unlink()
         state.chain("log").reject("sha256:" + "f" * 64, head, verdict=Verdict("reject"))
         assert state.chain("log").last_step() == appended + 2
+
+
+def test_a_disk_that_fills_during_a_stream_ends_it_with_the_dialects_error(small_disk: Path, upstream: ScriptedUpstream,
+                                                                          tmp_path: Path) -> None:
+    settings = {"state_dir": str(small_disk / "state"), "recipes": {"default": "skills"},
+                "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5}}
+    with ReefServer(tmp_path / "work", settings) as reef:
+        for path, body in [("/v1/chat/completions", {**OPENAI_BODY, "stream": True}),
+                           ("/v1/messages", {**ANTHROPIC_BODY, "stream": True})]:
+            upstream.script(text="one two three four five six", mode="slow", delay=0.1)
+            with httpx.stream("POST", f"{reef.url}{path}", json=body, timeout=30) as response:
+                assert response.status_code == 200
+                receipt = response.headers["x-reef-agent-record-id"]
+                chunks = response.iter_text()
+                text = next(chunks)  # the record is in_progress on disk; now the disk fills
+                filler = fill(small_disk)
+                text += "".join(chunks)
+            frames = [f for f in text.strip().split("\n\n") if f.strip() != "data: [DONE]"]
+            assert "error" in frames[-1] and ("full" in frames[-1] or "space" in frames[-1]), frames[-1]
+            filler.unlink()
+            # the receipt still names a durable record; its outcome could not be written
+            assert httpx.get(f"{reef.url}/reef/records/{receipt}").json()["record"]["status"] == "in_progress"
+        assert post(reef, "/v1/chat/completions", OPENAI_BODY).status_code == 200

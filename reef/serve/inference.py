@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from reef.core.canonical import check_id, new_id
 from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, TextDelta, ToolCall, ToolCallDelta, Usage
-from reef.core.errors import InvalidInput, NotFound, RecordConflict, RuntimeFailure
+from reef.core.errors import InvalidInput, NotFound, RecordConflict, RuntimeFailure, StorageUnavailable
 from reef.core.provenance import spans_of, verified
 from reef.core.types import Record, RecordStatus, ReleaseRef
 from reef.observe.store import ExperienceStore
@@ -172,6 +172,10 @@ class InferenceService:
                 await self._finish(_finished(record, result, release, self.runtime, started, error=str(exc)))
                 self._count(route, record.scenario, exc.status, started)
                 yield opening + held + encoder.error(exc.error_type, str(exc))
+            except StorageUnavailable as exc:  # answered, but the record cannot be finished (a full disk): say so
+                self._count(route, record.scenario, 503, started)
+                kind = "overloaded_error" if dialect.name == "anthropic" else "service_unavailable"
+                yield opening + held + encoder.error(kind, f"the answer could not be recorded: {exc}")
             except BaseException:  # the client went away (cancellation) or the server is stopping
                 with anyio.CancelScope(shield=True):
                     await deltas.aclose()
