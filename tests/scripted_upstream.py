@@ -32,7 +32,7 @@ import uvicorn
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
-MODES = ("normal", "hang", "reset", "malformed", "stop_midstream", "slow")
+MODES = ("normal", "hang", "reset", "malformed", "stop_midstream", "slow", "stall_midstream")
 _WORDS = re.compile(r"\s*\S+\s*$|\s*\S+")
 _OPENAI_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
 _ANTHROPIC_FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -255,10 +255,13 @@ class ScriptedApp:
         if not body.get("stream"):
             whole = (anthropic_whole if anthropic else openai_whole)(step, text, model, usage)
             data = json.dumps(whole).encode()
-            if step.mode == "stop_midstream":  # promise the whole body, send half, hang up
+            if step.mode in ("stop_midstream", "stall_midstream"):  # promise the whole body, send half
                 await send({"type": "http.response.start", "status": 200,
                             "headers": _JSON_HEAD + [(b"content-length", str(len(data)).encode())]})
-                return await send({"type": "http.response.body", "body": data[: len(data) // 2], "more_body": True})
+                await send({"type": "http.response.body", "body": data[: len(data) // 2], "more_body": True})
+                if step.mode == "stall_midstream":
+                    await self._stall()
+                return  # stop_midstream: hang up
             return await self._raw(send, 200, _JSON_HEAD, data[: len(data) // 2] if step.mode == "malformed" else data)
         if anthropic:
             events = anthropic_events(step, text, model, usage)
@@ -267,7 +270,7 @@ class ScriptedApp:
             events = openai_events(step, text, model, usage, with_usage)
         if step.mode == "malformed":
             events = events[:3] + [b"data: {\"choices\": [{\"delta\": \n\n"]
-        elif step.mode == "stop_midstream":
+        elif step.mode in ("stop_midstream", "stall_midstream"):
             events = events[:4]
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
         if step.mode == "slow":
@@ -275,8 +278,15 @@ class ScriptedApp:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
                 await asyncio.sleep(step.delay)
             await send({"type": "http.response.body", "body": b""})
+        elif step.mode == "stall_midstream":  # a few events, then silence with the connection open
+            await send({"type": "http.response.body", "body": b"".join(events), "more_body": True})
+            await self._stall()
         else:
             await send({"type": "http.response.body", "body": b"".join(events)})
+
+    async def _stall(self) -> None:
+        while not self.closing:
+            await asyncio.sleep(0.05)
 
     async def _reset(self, receive: Receive, send: Send) -> None:
         """Abort the TCP connection with an RST (uvicorn's cycle exposes its transport); failing

@@ -1,5 +1,5 @@
 """Fault injection: the upstream provider hangs, resets the connection, answers 500, answers
-malformed JSON, or stops halfway through. For the OpenAI and Anthropic SDKs, streaming and
+malformed JSON, stops halfway through, or falls silent halfway through. For the OpenAI and Anthropic SDKs, streaming and
 not, the client gets a clear error in its own dialect within the configured upstream timeout,
 the record is marked `incomplete` with the reason, and the server keeps serving."""
 
@@ -30,6 +30,7 @@ FAULTS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "status_500": ({"status": 500, "error": "provider exploded"}, ("500", "provider exploded")),
     "malformed": ({"mode": "malformed", "text": "an answer cut into invalid JSON"}, ("malformed JSON",)),
     "stop_midstream": ({"mode": "stop_midstream", "text": "half of an answer that stops here"}, ("upstream",)),
+    "stall_midstream": ({"mode": "stall_midstream", "text": "half of an answer, then silence"}, ("timed out",)),
 }
 
 
