@@ -45,7 +45,7 @@ def settings(upstream: ScriptedUpstream, tasks: Path, **skills: Any) -> dict[str
                                    "gate": gate, **skills}}}
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+def wait_for(condition: Callable[[], Any], timeout: float = 90.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
@@ -202,7 +202,7 @@ def test_the_harness_learner_runs_on_the_embedded_runtime(tiny_model_dir: Path, 
     with ReefServer(tmp_path, config) as reef:
         _, first_release, _ = ask(reef)
         fail_with(reef, FEEDBACK)
-        published = wait_for(lambda: trained_releases(reef), timeout=60, what=f"a publication: {learner(reef)}")[0]
+        published = wait_for(lambda: trained_releases(reef), what=f"a publication: {learner(reef)}")[0]
         assert published["verdict"]["metrics"]["ties"] == 2
         receipt, release_id, _ = ask(reef)
         assert release_id == published["release_id"] != first_release
