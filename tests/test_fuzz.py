@@ -6,6 +6,7 @@ no hang, and a rejected (4xx) request changes nothing (records, reports, scenari
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any, Iterator
 
@@ -21,7 +22,8 @@ from tests.helpers.reef_server import ReefServer
 
 TOKEN = "fuzz-token-0c4f"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
-EXAMPLES = {GenerationMode.POSITIVE: 8, GenerationMode.NEGATIVE: 5}
+SCALE = int(os.environ.get("REEF_FUZZ_SCALE", "1"))  # more examples for a deeper run off CI
+EXAMPLES = {GenerationMode.POSITIVE: 8 * SCALE, GenerationMode.NEGATIVE: 5 * SCALE}
 REQUEST_TIMEOUT = 30.0  # a request that takes longer is a hang
 MAX_GENERATED_TOKENS = 8  # keeps the tiny model's answers short; the limit itself is not under test
 FUZZED_PREFIXES = ("/reef/", "/v1/")
