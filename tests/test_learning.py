@@ -88,13 +88,17 @@ def test_the_whole_loop_publishes_and_swaps(reef: ReefServer) -> None:
     assert record["release"]["release_id"] != release_id or record["release"]["runtime_load_id"]
     with ReefClient(reef.url) as client:
         serving = client.scenario("loop")["serving"]
-        assert serving["release_id"] in {d["release_id"] for d in published}
+        # the learner keeps going: a later candidate may have been published meanwhile
+        assert serving["release_id"] in {d["release_id"] for d in decisions(reef, "loop")
+                                         if d["verdict"]["decision"] == "select"}
         first = client.releases("loop")["releases"][-1]
         back = client.rollback("loop", first["release_id"])  # weights back to the base, as a new release
         assert back["serving"]["content_id"] == first["content_id"]
         assert back["serving"]["runtime_load_id"] != serving["runtime_load_id"]
         receipt = ask_and_report(reef, "loop", 1)[0]
-        assert client.record(receipt)["record"]["release"]["release_id"] == back["release"]["release_id"]
+        served = client.record(receipt)["record"]["release"]["release_id"]
+        chain = [r["release_id"] for r in client.releases("loop")["releases"]]  # newest first
+        assert chain.index(served) <= chain.index(back["release"]["release_id"])  # the rollback or newer
 
 
 def test_requests_during_swaps_all_succeed_on_their_admitted_release(reef: ReefServer) -> None:
