@@ -22,6 +22,7 @@ from reef.core.canonical import new_id
 from reef.core.errors import InvalidInput, NotFound, StaleHead
 from reef.core.types import CommitEntry, Operation, Release, ReleaseRef, ReportedRecords, Verdict
 from reef.grow.learner import Chain
+from reef.grow.loop import keep_stepping
 from reef.observe.store import ExperienceStore
 from reef.recipes.skills import Batch, Observation, ProposalFailed, SkillsRecipe, feedback_text, observation_of
 from reef.surfaces.harness import HarnessTree, Mutation
@@ -90,17 +91,7 @@ class HarnessLearner:
 
     async def run(self) -> None:
         await self.recover()
-        while True:
-            try:
-                busy = await self.step()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a failed step must not end learning
-                log.exception("harness learner %s: step failed", self.scenario)
-                self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                busy = False
-            if not busy:
-                await asyncio.sleep(self.poll_interval)
+        await keep_stepping(f"harness learner {self.scenario}", self.step, self.stats, self.poll_interval)
 
     async def recover(self) -> None:
         """Propose again for the batch the log shows open, or abandon it (logged)."""

@@ -23,6 +23,7 @@ from reef.core.types import Verdict
 from reef.observe.store import ExperienceStore
 from reef.recipes.sao import SAORecipe, ScoredSample
 from reef.grow.trainer import Sample
+from reef.grow.loop import keep_stepping
 from reef.grow.worker import TrainingWorker
 
 log = logging.getLogger("reef.learner")
@@ -96,17 +97,7 @@ class WeightsLearner:
 
     async def run(self) -> None:
         await self.recover()
-        while True:
-            try:
-                busy = await self.step()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a failed step must not end learning
-                log.exception("learner %s: step failed", self.scenario)
-                self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                busy = False
-            if not busy:
-                await asyncio.sleep(self.poll_interval)
+        await keep_stepping(f"learner {self.scenario}", self.step, self.stats, self.poll_interval)
 
     async def recover(self) -> None:
         """Resume the batch the log shows open, or abandon it (logged) if it cannot be."""
