@@ -199,3 +199,45 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     assert (tmp_path / "out" / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "out" / "serve.log").exists()
     assert "reef demo:" in out.getvalue()
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_background_demo_and_still_writes_the_curve(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A shell starts `reef demo &` with SIGINT ignored; SIGTERM must stop it all the same."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "reef", "demo", "--minutes", "5", "--concurrency", "2",
+               "--model-dir", str(tiny_model_dir), "--workdir", str(tmp_path / "work"), "--out-dir", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    demo = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + 90
+        while not _demo_has_traffic(tmp_path / "work" / "serve.yaml"):
+            assert time.monotonic() < deadline and demo.poll() is None, "the demo sent no traffic"
+            time.sleep(0.2)
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=60) == 0
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert json.loads((out / "learning_curve.json").read_text())["summary"]["interrupted"] is True
+
+
+def _demo_has_traffic(config: Path) -> bool:
+    import httpx
+    import yaml
+
+    if not config.exists():
+        return False
+    port = yaml.safe_load(config.read_text())["port"]
+    try:
+        status = httpx.get(f"http://127.0.0.1:{port}/reef/status", timeout=2).json()
+    except (httpx.HTTPError, ValueError):
+        return False
+    return any(s.get("cursor", 0) > 0 for s in status["learning"]["learners"])

@@ -26,11 +26,10 @@ import yaml
 
 from reef.demo import tasks as demo_tasks
 from reef.demo.curve import curve_table, rolling_success, write_curve
-from reef.demo.server import DemoServer, DemoServerError, demo_settings, free_port
+from reef.demo.server import TRAFFIC_MAX_TOKENS, DemoServer, DemoServerError, demo_settings, free_port
 
 SCENARIO = "demo"
 HEADERS = {"x-reef-scenario": SCENARIO}
-MAX_TOKENS = 24
 POLL_SECONDS = 2.0
 
 
@@ -123,7 +122,8 @@ class DemoStats:
 
 
 async def _one_request(client: httpx.AsyncClient, task: dict[str, Any], stats: DemoStats) -> None:
-    body = {"model": "smollm2", "messages": demo_tasks.messages(task), "temperature": 1.0, "max_tokens": MAX_TOKENS}
+    body = {"model": "smollm2", "messages": demo_tasks.messages(task), "temperature": 1.0,
+            "max_tokens": TRAFFIC_MAX_TOKENS}
     response = await client.post("/v1/chat/completions", json=body, headers=HEADERS)
     response.raise_for_status()
     choice = response.json()["choices"][0]
@@ -253,10 +253,16 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
         return
     previous = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    # A shell starts a background job (`reef demo &`) with SIGINT ignored: SIGTERM's SIGINT would
+    # then be lost, and the demo would never stop. Restore Python's own handler for the run.
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 async def _final_poll(url: str, stats: DemoStats) -> None:
