@@ -128,9 +128,11 @@ class WeightsLearner:
         if len(self.pending) < size:
             self.stats.state = "collecting"
             return bool(items)
-        batch, self.pending = self.pending[:size], self.pending[size:]
-        high_water = min(s.report_seq for s in self.pending) - 1 if self.pending else self.cursor
-        await self._train(batch, new_id(), high_water, logged=False)
+        # The newest samples: the policy gradient is only as good as its samples are close to the
+        # policy being trained, so what waited behind them is superseded, not trained later.
+        batch, superseded, self.pending = self.pending[-size:], self.pending[:-size], []
+        self.stats.dropped["superseded"] += len(superseded)
+        await self._train(batch, new_id(), self.cursor, logged=False)
         return True
 
     async def _train(self, batch: list[ScoredSample], batch_id: str, high_water: int, logged: bool) -> None:
@@ -163,6 +165,8 @@ class WeightsLearner:
             self.stats.published += 1
         else:
             self.stats.rejected += 1
+            if not _promising(verdict):
+                self.working = None  # it lost: the next candidate starts again from the head
         self.stats.state = "collecting"
 
     def _rescore(self, record_id: str) -> ScoredSample:
@@ -182,6 +186,12 @@ class WeightsLearner:
                 "published": s.published, "rejected": s.rejected, "abandoned": s.abandoned,
                 "dropped": dict(s.dropped), "last_verdict": s.last_verdict, "last_error": s.last_error,
                 "last_train_seconds": s.last_train_seconds, "training_queue": self.worker.pending().get(self.scenario, 0)}
+
+
+def _promising(verdict: Verdict) -> bool:
+    """A rejected candidate worth training on from: it won more of the gate's paired tasks than
+    it lost, only not by enough. Anything else would keep a drift the gate has seen fail."""
+    return int(verdict.metrics.get("wins", 0)) > int(verdict.metrics.get("losses", 0))
 
 
 def _adapter_only(files: dict[str, bytes]) -> dict[str, bytes]:
