@@ -34,10 +34,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Exact answers are one word (two to four tokens with the end token). Live answers may run to a
+# short sentence; the gate's greedy answers need no more than a word, and every token it does
+# not generate leaves the one serving core to live traffic.
+TRAFFIC_MAX_TOKENS = 16
+GATE_MAX_TOKENS = 8
+
+
 def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | None) -> dict[str, Any]:
     """serve.yaml for the demo: the embedded model, short answers, and a learner whose gate runs
     the held-out tasks through the strict verifier."""
-    embedded: dict[str, Any] = {"default_max_tokens": 24}
+    embedded: dict[str, Any] = {"default_max_tokens": TRAFFIC_MAX_TOKENS}
     if model_dir is not None:
         embedded["model_dir"] = str(Path(model_dir).resolve())
     return {
@@ -48,9 +55,9 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
         "log_level": "warning",
         "embedded": embedded,
         "learner": {
-            "sao": {"batch_size": 8, "steps_per_candidate": 3, "lr": 5e-4},
-            "gate": {"tasks": str(heldout.resolve()), "scorer": "reef.demo.tasks:gate_score", "max_tokens": 24,
-                     "temperature": 0},
+            "sao": {"batch_size": 8, "steps_per_candidate": 6, "lr": 5e-4},
+            "gate": {"tasks": str(heldout.resolve()), "scorer": "reef.demo.tasks:gate_score",
+                     "max_tokens": GATE_MAX_TOKENS, "temperature": 0},
         },
     }
 
