@@ -250,6 +250,22 @@ def test_a_receipt_survives_kill_9_right_after_the_response(upstream: ScriptedUp
         assert state.store.get_record(receipt).status is RecordStatus.COMPLETE
 
 
+def test_a_stream_receipt_survives_kill_9_right_after_its_headers(upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    """The runtime starts while the in_progress record is written; the headers (the receipt)
+    must still wait for that write (invariant 1)."""
+    upstream.script(text="a b c d e f g h", mode="slow", delay=2.0)  # the rest comes much later
+    server = ReefServer(tmp_path, {"upstream": {"url": upstream.base_url, "model": "p"}}).start()
+    try:
+        body = {"model": "m", "messages": USER, "stream": True}
+        with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body, timeout=30) as response:
+            receipt = response.headers["x-reef-agent-record-id"]
+            server.kill()
+    finally:
+        server.stop()
+    with ReefState.open(server.state_dir) as state:
+        assert state.store.get_record(receipt).status is RecordStatus.IN_PROGRESS
+
+
 def test_a_client_that_goes_away_leaves_an_incomplete_record(reef: ReefServer, client: ReefClient,
                                                              upstream: ScriptedUpstream) -> None:
     import time
