@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+
+from tests.scripted_upstream import ScriptedUpstream
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[ScriptedUpstream]:
+    """A scripted OpenAI/Anthropic provider (a real HTTP server), one per test module; a module
+    may override it (e.g. without recording requests)."""
+    with ScriptedUpstream() as up:
+        yield up
 
 
 @pytest.fixture(scope="session")

@@ -35,12 +35,6 @@ FAULTS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[ScriptedUpstream]:
-    with ScriptedUpstream() as up:
-        yield up
-
-
-@pytest.fixture(scope="module")
 def reef(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
     settings = {"tokens": [TOKEN], "recipes": {"default": "skills"},
                 "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": UPSTREAM_TIMEOUT}}

@@ -42,12 +42,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(mount_point)], check=True)
 
 
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[ScriptedUpstream]:
-    with ScriptedUpstream() as up:
-        yield up
-
-
 def fill(disk: Path) -> Path:
     """Write one file until the file system refuses another byte."""
     filler = disk / "filler"

@@ -43,12 +43,6 @@ def write_seed(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[ScriptedUpstream]:
-    with ScriptedUpstream() as up:
-        yield up
-
-
-@pytest.fixture(scope="module")
 def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_seed(tmp_path_factory.mktemp("seed"))
 

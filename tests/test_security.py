@@ -29,12 +29,6 @@ TRAVERSALS = ["../escape", "..%2fescape", "%2e%2e%2fescape", "%2e%2e", "..", "/e
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[ScriptedUpstream]:
-    with ScriptedUpstream() as up:
-        yield up
-
-
-@pytest.fixture(scope="module")
 def reef(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
     settings = {"tokens": [TOKEN], "max_body_bytes": LIMIT, "log_level": "debug", "recipes": {"default": "skills"},
                 "upstream": {"url": upstream.base_url, "model": "provider-model", "api_key": UPSTREAM_KEY, "timeout": 5}}

@@ -24,12 +24,6 @@ USER = [{"role": "user", "content": "hello there"}]
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[ScriptedUpstream]:
-    with ScriptedUpstream() as up:
-        yield up
-
-
-@pytest.fixture(scope="module")
 def reef(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
     settings = {"tokens": [TOKEN, "rotated-token-2"], "max_body_bytes": 64 * 1024,
                 "upstream": {"url": upstream.base_url, "model": "provider-model", "api_key": "sk-upstream-secret",
