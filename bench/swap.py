@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from tests.helpers.lora import lora_files  # noqa: E402
 from tests.helpers.reef_server import ReefServer  # noqa: E402
 
 SCENARIO = "swap"
@@ -53,24 +54,6 @@ class Sample:
     @property
     def latency(self) -> float:
         return self.ended - self.started
-
-
-def lora_files(model_dir: Path, folder: Path, seed: int = 1) -> dict[str, bytes]:
-    """A peft LoRA adapter on the tiny model with random, non-zero B matrices (so it changes
-    the output), as release bytes."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir))
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator))
-    model.save_pretrained(str(folder))
-    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
 
 def seed_chain(state_dir: Path, adapter: dict[str, bytes]) -> tuple[str, str]:

@@ -18,6 +18,7 @@ from reef.core.errors import RuntimeFailure
 from reef.core.types import ReleaseRef
 from reef.runtimes.chatml import TextStream, chat_messages, parse_tool_calls
 from reef.runtimes.embedded import EmbeddedRuntime
+from tests.helpers.lora import lora_files
 
 # peft 0.21 asks transformers 5.23 a deprecated question when wrapping a model; harmless here
 LORA_WARNING = "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"
@@ -186,24 +187,6 @@ def test_consumer_leaving_stops_the_work(tiny_model_dir: Path) -> None:
 
 
 # -- releases: base and LoRA loads -----------------------------------------------------------------
-
-
-def lora_files(model_dir: Path, folder: Path, seed: int) -> dict[str, bytes]:
-    """A peft LoRA adapter on the tiny model with random, non-zero B matrices, as release bytes."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir))
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"])
-    model = get_peft_model(base, config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator))
-    model.save_pretrained(str(folder))
-    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
 
 @pytest.mark.filterwarnings(LORA_WARNING)
