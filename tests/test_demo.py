@@ -56,9 +56,9 @@ def test_repeating_the_answer_is_not_an_exact_answer() -> None:
     assert score(HOT, "cold.\ncold.") < 1.0
 
 
-def test_gate_score_judges_the_text_as_it_is() -> None:
+def test_gate_score_is_success_of_the_text_as_it_is() -> None:
     assert gate_score(HOT, " Cold.") == 1.0
-    assert gate_score(HOT, "It is cold") == 0.25
+    assert gate_score(HOT, "It is cold") == 0.0  # partial credit shapes training only
     assert gate_score(HOT, "hot") == 0.0
     assert gate_score(json.loads(json.dumps(demo_tasks.heldout_record(HOT))), "cold") == 1.0
 
@@ -104,6 +104,15 @@ def test_heldout_jsonl_round_trips_in_the_form_the_gate_reads(tmp_path: Path) ->
         assert row["messages"] == demo_tasks.messages(task)
         assert row["messages"][-1]["role"] == "user"
         assert gate_score(row, task["answers"][-1]) == 1.0
+
+
+def test_the_number_of_worked_examples_is_a_setting(tmp_path: Path) -> None:
+    for shown in range(len(demo_tasks.EXAMPLES) + 1):
+        turns = demo_tasks.messages(HOT, shown)
+        assert len(turns) == 2 * shown + 1 and turns[-1]["content"] == demo_tasks.user_prompt(HOT)
+        assert [t["content"] for t in turns[1:-1:2]] == [a for _, a in demo_tasks.EXAMPLES[:shown]]
+    rows = demo_tasks.read_tasks_jsonl(demo_tasks.write_heldout_jsonl(tmp_path / "h.jsonl", 1))
+    assert all(len(row["messages"]) == 3 for row in rows)
 
 
 # -- the learning curve ---------------------------------------------------------------------------

@@ -162,6 +162,24 @@ def test_batches_are_logged_before_training_and_closed_explicitly(state: ReefSta
     assert chain.algorithm_state() == {"baseline": 0.4} and chain.high_water() == 6
 
 
+def test_a_learner_may_keep_two_batches_open_and_close_them_in_any_order(state: ReefState) -> None:
+    chain = state.create("s", "sao")
+    head = chain.head()
+    chain.begin_batch("b1", ["rec1"], ["rep1"], high_water=1, expected_step=1, max_open=2)
+    chain.begin_batch("b2", ["rec2"], ["rep2"], high_water=2, expected_step=2, max_open=2)
+    assert [b["batch_id"] for b in chain.open_batches()] == ["b1", "b2"] and chain.open_batch()["batch_id"] == "b1"
+    with pytest.raises(Conflict, match="still open"):
+        chain.begin_batch("b3", ["rec3"], ["rep3"], high_water=3, expected_step=3, max_open=2)
+    with pytest.raises(Conflict, match="still open"):  # the default is one at a time
+        chain.begin_batch("b3", ["rec3"], ["rep3"], high_water=3, expected_step=3)
+    chain.abandon_batch("b2", "trained from a candidate the gate rejected")
+    assert [b["batch_id"] for b in chain.open_batches()] == ["b1"]
+    with pytest.raises(NotFound):
+        chain.abandon_batch("b2", "twice")
+    chain.reject("sha256:x", head.release_id, verdict=Verdict("reject"), batch_id="b1")
+    assert chain.open_batches() == [] and chain.consumed_record_ids() == {"rec1"}
+
+
 def test_compaction_deletes_only_consumed_records_and_is_logged(state: ReefState) -> None:
     chain = state.create("s", "sao")
     for rid in ("rec1", "rec2"):

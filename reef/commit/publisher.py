@@ -43,7 +43,9 @@ class CandidatePublisher:
         artifact = Candidate(files, artifact_kind(files), {"kind": "training", "batch_id": candidate.batch_id},
                              {"recipe": "sao"})
         return await self.settle(artifact, verdict, head.release_id, batch_id=candidate.batch_id,
-                                 algorithm_state=candidate.algorithm_state, high_water=candidate.high_water,
+                                 algorithm_state=candidate.algorithm_state,
+                                 # the next batch may already be logged with a later cursor: never go back
+                                 high_water=max(candidate.high_water, self.chain.high_water()),
                                  metrics={"training": candidate.metrics})
 
     async def settle(self, artifact: Candidate, verdict: Verdict, judged_head: str, *, batch_id: str,

@@ -13,7 +13,7 @@ only its mirror (repaired from the log on open, never the reverse).
   runtime load that serves it) by compare-and-swap, only forward along the chain. It is
   process state, not logged: after a restart the serving pointer starts at the head.
 - `begin_batch` logs a learner's batch before training; it stays open until a `publish` or
-  `reject` names it, or `abandon_batch` closes it. `open_batch` tells a restarted learner.
+  `reject` names it, or `abandon_batch` closes it. `open_batches` tells a restarted learner.
 - `compact` deletes consumed records from the experience store, logged first.
 """
 
@@ -91,15 +91,20 @@ class ReleaseChain:
         """The experience-store cursor the learner has consumed up to."""
         return self._entries()[-1].high_water
 
-    def open_batch(self) -> JSON | None:
-        """The batch logged for training that no later step closed, if any."""
-        open_: JSON | None = None
+    def open_batches(self) -> list[JSON]:
+        """The batches logged for training that no later step closed, oldest first."""
+        open_: dict[str, JSON] = {}
         for entry in self._entries():
-            if entry.operation is Operation.BATCH:
-                open_ = entry.batch
-            elif open_ is not None and entry.metrics.get("batch_id") == open_["batch_id"]:
-                open_ = None
-        return open_
+            if entry.operation is Operation.BATCH and entry.batch:
+                open_[entry.batch["batch_id"]] = entry.batch
+            elif entry.metrics.get("batch_id") in open_:
+                del open_[entry.metrics["batch_id"]]
+        return list(open_.values())
+
+    def open_batch(self) -> JSON | None:
+        """The oldest open batch, if any."""
+        batches = self.open_batches()
+        return batches[0] if batches else None
 
     def consumed_record_ids(self) -> set[str]:
         """Records of batches that training closed (published or rejected)."""
@@ -203,13 +208,17 @@ class ReleaseChain:
             return Release.from_entry(entry)
 
     def begin_batch(
-        self, batch_id: str, record_ids: Sequence[str], report_ids: Sequence[str], *, high_water: int, expected_step: int
+        self, batch_id: str, record_ids: Sequence[str], report_ids: Sequence[str], *, high_water: int, expected_step: int,
+        max_open: int = 1,
     ) -> CommitEntry:
+        """Log a batch before training on it. At most `max_open` batches may be open at once (a
+        learner that trains its next candidate while the gate judges the last one has two)."""
         with self.log.transaction():
             if self.log.last_step != expected_step:
                 raise StaleHead(f"expected step {expected_step}, the last step is {self.log.last_step}")
-            if self.open_batch() is not None:
-                raise Conflict(f"batch {self.open_batch()['batch_id']} is still open; finish or abandon it first")
+            open_ = self.open_batches()
+            if len(open_) >= max_open:
+                raise Conflict(f"batch {open_[-1]['batch_id']} is still open; finish or abandon it first")
             head = _head_entry(self._entries())
             batch = {"batch_id": batch_id, "record_ids": list(record_ids), "report_ids": list(report_ids),
                      "from_release_id": head.release.release_id}
@@ -217,8 +226,7 @@ class ReleaseChain:
 
     def abandon_batch(self, batch_id: str, reason: str) -> CommitEntry:
         with self.log.transaction():
-            open_ = self.open_batch()
-            if open_ is None or open_["batch_id"] != batch_id:
+            if batch_id not in {b["batch_id"] for b in self.open_batches()}:
                 raise NotFound(f"no open batch {batch_id} in scenario {self.scenario!r}")
             head = _head_entry(self._entries())
             return self._append_on_head(head, Operation.ABANDON, metrics={"batch_id": batch_id, "reason": reason})

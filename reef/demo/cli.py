@@ -19,9 +19,11 @@ import click
               help="A transformers model folder instead of SmolLM2-135M-Instruct.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the demo's serve.yaml and state go  [default: a new temporary folder]")
+@click.option("--examples", type=click.IntRange(0, 3), default=None,
+              help="Worked examples shown before each question (0-3).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON at the end.")
 def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None, workdir: Path | None,
-         as_json: bool) -> None:
+         examples: int | None, as_json: bool) -> None:
     """Watch Reef learn: the whole loop on the embedded model, with a live learning curve.
 
     Starts its own `reef serve` (SmolLM2-135M-Instruct on the CPU) and sends it one-word
@@ -39,10 +41,11 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
     """
     from reef.demo.run import run_demo
     from reef.demo.server import DemoServerError
+    from reef.demo.tasks import SHOWN_EXAMPLES
 
     try:
         result = run_demo(minutes=minutes, workdir=workdir, model_dir=model_dir, concurrency=concurrency,
-                          out_dir=out_dir)
+                          out_dir=out_dir, examples=SHOWN_EXAMPLES if examples is None else examples)
     except DemoServerError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

@@ -63,6 +63,7 @@ class DemoStats:
     started: float = field(default_factory=time.monotonic)
     started_wall: float = field(default_factory=time.time)
     minutes: float = 15.0
+    examples: int = demo_tasks.SHOWN_EXAMPLES
     requests: int = 0
     in_flight: int = 0
     reports: int = 0
@@ -122,7 +123,7 @@ class DemoStats:
 
 
 async def _one_request(client: httpx.AsyncClient, task: dict[str, Any], stats: DemoStats) -> None:
-    body = {"model": "smollm2", "messages": demo_tasks.messages(task), "temperature": 1.0,
+    body = {"model": "smollm2", "messages": demo_tasks.messages(task, stats.examples), "temperature": 1.0,
             "max_tokens": TRAFFIC_MAX_TOKENS}
     response = await client.post("/v1/chat/completions", json=body, headers=HEADERS)
     response.raise_for_status()
@@ -212,7 +213,8 @@ async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer
 
 
 def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path | None = None, concurrency: int = 8,
-             out_dir: Path = Path("reef-demo"), console: Any = None) -> DemoResult:
+             out_dir: Path = Path("reef-demo"), console: Any = None,
+             examples: int = demo_tasks.SHOWN_EXAMPLES) -> DemoResult:
     from rich.console import Console
 
     console = console or Console()
@@ -220,18 +222,18 @@ def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path |
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="reef-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    heldout = demo_tasks.write_heldout_jsonl(workdir / "heldout.jsonl")
+    heldout = demo_tasks.write_heldout_jsonl(workdir / "heldout.jsonl", examples)
     port = free_port()
     config = workdir / "serve.yaml"
     config.write_text(yaml.safe_dump(demo_settings(workdir, heldout, port, model_dir), sort_keys=False))
     server = DemoServer(config, port, (out_dir / "serve.log").resolve())
     console.print(f"reef demo: starting reef serve on {server.url} (state in {workdir}, log {server.log_path})")
-    stats = DemoStats(minutes=minutes)
+    stats = DemoStats(minutes=minutes, examples=examples)
     interrupted = False
     with _sigterm_as_interrupt():
         try:
             server.start()
-            stats = DemoStats(minutes=minutes)  # the clock starts once the server answers
+            stats = DemoStats(minutes=minutes, examples=examples)  # the clock starts once the server answers
             asyncio.run(drive(server.url, stats, concurrency, server, console))
         except KeyboardInterrupt:
             interrupted = True

@@ -39,6 +39,7 @@ PARTIAL_CREDIT = 0.25
 MAX_PARTIAL_WORDS = 12
 # Worked examples shown before each question; none of them is a task.
 EXAMPLES = (("What colour is the sky?", "Blue"), ("What is the opposite of wide?", "Narrow"), ("What is 2 plus 2?", "4"))
+SHOWN_EXAMPLES = 3
 HELDOUT_EVERY = 4  # one question in four of each family (by hash) is held out
 
 # "key:answer|answer" rows per family; the question is built from the key.
@@ -156,12 +157,10 @@ def user_prompt(task: dict[str, Any]) -> str:
     return f"{task['question']} {INSTRUCTION}"
 
 
-def messages(task: dict[str, Any]) -> list[dict[str, str]]:
-    """Three worked examples as earlier turns, then the question. Without them SmolLM2 answers
-    in a sentence every time ("The opposite of hot is cold."): 0% exact at temperature 0 and 1,
-    nothing for exact-match learning to grow from."""
+def messages(task: dict[str, Any], examples: int = SHOWN_EXAMPLES) -> list[dict[str, str]]:
+    """The first `examples` worked examples as earlier turns, then the question."""
     turns: list[dict[str, str]] = []
-    for question, answer in EXAMPLES:
+    for question, answer in EXAMPLES[:examples]:
         turns += [{"role": "user", "content": f"{question} {INSTRUCTION}"}, {"role": "assistant", "content": answer}]
     return [*turns, {"role": "user", "content": user_prompt(task)}]
 
@@ -194,25 +193,27 @@ def success(task: dict[str, Any], text: str, finish_reason: str = "stop") -> boo
 
 
 def gate_score(task: dict[str, Any], text: str) -> float:
-    """The gate's scorer (`reef.demo.tasks:gate_score`): it has no finish reason, so the text is
-    judged as it is; a reply cut off at the token limit is long and fails on its words anyway."""
-    return score(task, text, "stop")
+    """The gate's scorer (`reef.demo.tasks:gate_score`): success, 1 or 0, the measure the demo
+    is about. Partial credit shapes the training reward, but a candidate that trades exact
+    answers for more answers-inside-a-sentence is not better. The gate has no finish reason,
+    so the text is judged as it is; a reply cut off at the token limit fails on its words."""
+    return 1.0 if score(task, text, "stop") == 1.0 else 0.0
 
 
 def feedback(task: dict[str, Any]) -> str:
     return "expected one of: " + ", ".join(task["answers"])
 
 
-def heldout_record(task: dict[str, Any]) -> dict[str, Any]:
-    return {"messages": messages(task), "answers": list(task["answers"]), "question": task["question"],
+def heldout_record(task: dict[str, Any], examples: int = SHOWN_EXAMPLES) -> dict[str, Any]:
+    return {"messages": messages(task, examples), "answers": list(task["answers"]), "question": task["question"],
             "category": task["category"]}
 
 
-def write_heldout_jsonl(path: Path) -> Path:
+def write_heldout_jsonl(path: Path, examples: int = SHOWN_EXAMPLES) -> Path:
     """The held-out tasks, one JSON object a line, in the form the gate reads."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(heldout_record(t)) + "\n" for t in heldout_tasks()))
+    path.write_text("".join(json.dumps(heldout_record(t, examples)) + "\n" for t in heldout_tasks()))
     return path
 
 

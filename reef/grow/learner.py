@@ -4,13 +4,18 @@ One loop, in a fixed, visible order: read new reports since the cursor, let the 
 them into samples (or count why not), and once there are enough for a candidate: log the batch
 (invariant 9, before any training), train `steps_per_candidate` optimiser steps in the training
 process, and hand the adapter to the publisher (the gate, then publish or reject, which closes
-the batch in the log). On start, a batch the log shows open is resumed if its records are all
-still there, and abandoned (logged) otherwise. Serving never waits on any of this.
+the batch in the log). The gate judges in the background while the next candidate trains on
+from the last one, so the training process does not idle through every evaluation: at most
+two batches are open, one at the gate and one in training. A candidate trained from one the
+gate then rejected as no better is abandoned (logged) unjudged. On start, the batches the log
+shows open are resumed in order if their records are all still there, and abandoned (logged)
+otherwise. Serving never waits on any of this.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter, deque
@@ -52,8 +57,9 @@ class Chain(Protocol):  # the parts of commit's ReleaseChain a learner uses
     def open_batch(self) -> dict | None: ...
     def consumed_record_ids(self) -> set[str]: ...
     def releases(self) -> list[Any]: ...
+    def open_batches(self) -> list[dict]: ...
     def begin_batch(self, batch_id: str, record_ids: list[str], report_ids: list[str], *, high_water: int,
-                    expected_step: int) -> Any: ...
+                    expected_step: int, max_open: int = 1) -> Any: ...
     def abandon_batch(self, batch_id: str, reason: str) -> Any: ...
 
 
@@ -74,6 +80,7 @@ class LearnerStats:
     last_verdict: dict[str, Any] | None = None
     last_error: str | None = None
     last_train_seconds: float | None = None
+    last_metrics: dict[str, Any] = field(default_factory=dict)
 
 
 class WeightsLearner:
@@ -92,29 +99,36 @@ class WeightsLearner:
         self.holdout: deque[ScoredSample] = deque(maxlen=HOLDOUT_KEEP)
         self.cursor = chain.high_water()
         self.consumed = chain.consumed_record_ids()
+        self.algorithm_state = chain.algorithm_state()  # ahead of the log while a candidate is judged
         self.working: dict[str, bytes] | None = None  # the adapter being trained, once it differs from the head
         self.working_head: str | None = None  # the head `working` continues from; a rollback resets it
+        self.lineage = 0  # bumped whenever `working` is dropped: candidates trained from it are void
+        self.judging: asyncio.Task[None] | None = None  # the candidate at the gate, while the next one trains
 
     async def run(self) -> None:
-        await self.recover()
-        await keep_stepping(f"learner {self.scenario}", self.step, self.stats, self.poll_interval)
+        try:
+            await self.recover()
+            await keep_stepping(f"learner {self.scenario}", self.step, self.stats, self.poll_interval)
+        finally:
+            if self.judging is not None:
+                self.judging.cancel()
 
     async def recover(self) -> None:
-        """Resume the batch the log shows open, or abandon it (logged) if it cannot be."""
-        batch = self.chain.open_batch()
-        if batch is None:
-            return
-        try:
-            items = [self._rescore(rid) for rid in batch["record_ids"]]
-        except NotFound as exc:
-            await asyncio.to_thread(self.chain.abandon_batch, batch["batch_id"], f"cannot resume after restart: {exc}")
-            self.stats.abandoned += 1
-            return
-        log.info("learner %s: resuming batch %s after a restart", self.scenario, batch["batch_id"])
-        await self._train(items, batch["batch_id"], int(batch.get("high_water", self.cursor)), logged=True)
+        """Resume the batches the log shows open, oldest first, or abandon them (logged)."""
+        for batch in self.chain.open_batches():
+            try:
+                items = [self._rescore(rid) for rid in batch["record_ids"]]
+            except NotFound as exc:
+                await self._abandon(batch["batch_id"], f"cannot resume after restart: {exc}")
+                continue
+            log.info("learner %s: resuming batch %s after a restart", self.scenario, batch["batch_id"])
+            await self._train(items, batch["batch_id"], int(batch.get("high_water", self.cursor)), logged=True)
+        await self._judged()
 
     async def step(self) -> bool:
         """Take in new reports; train a candidate when there are enough samples. True if it did work."""
+        if self.judging is not None and self.judging.done():
+            await self._judged()
         items = self.store.reported_since(self.scenario, self.cursor, limit=512)
         if items:
             positions = {r.release_id: i for i, r in enumerate(self.chain.releases())}  # 0 = the head
@@ -126,7 +140,7 @@ class WeightsLearner:
         self.stats.pending_samples, self.stats.held_out = len(self.pending), len(self.holdout)
         size = self.recipe.candidate_size
         if len(self.pending) < size:
-            self.stats.state = "collecting"
+            self.stats.state = "collecting" if self.judging is None else "evaluating"
             return bool(items)
         # The newest samples: the policy gradient is only as good as its samples are close to the
         # policy being trained, so what waited behind them is superseded, not trained later.
@@ -136,28 +150,55 @@ class WeightsLearner:
         return True
 
     async def _train(self, batch: list[ScoredSample], batch_id: str, high_water: int, logged: bool) -> None:
+        """Train a candidate on `batch` and send it to the gate. The gate judges in the
+        background while the next candidate trains (from this one); at most one is judged at a
+        time, so this waits for the previous verdict before handing its own candidate over."""
         if not logged:
             self.stats.state = "logging batch"
             await asyncio.to_thread(self.chain.begin_batch, batch_id, [s.record_id for s in batch],
                                     sorted({s.report_id for s in batch}), high_water=high_water,
-                                    expected_step=self.chain.last_step())
+                                    expected_step=self.chain.last_step(), max_open=2)
         self.consumed.update(s.record_id for s in batch)
-        samples, state = self.recipe.with_advantages(batch, self.chain.algorithm_state())
-        if self.chain.head().release_id != self.working_head:  # someone else moved the head (a rollback)
-            self.working = None
+        samples, self.algorithm_state = self.recipe.with_advantages(batch, self.algorithm_state)
+        state = self.algorithm_state
+        if self.judging is None and self.chain.head().release_id != self.working_head:  # a rollback moved it
+            self._drop_working()
+        lineage = self.lineage
+        try:
+            files = await self._train_steps(samples)
+        except Exception as exc:
+            await self._abandon(batch_id, f"training failed: {type(exc).__name__}: {exc}")
+            raise
+        self.stats.state = "evaluating"
+        await self._judged()
+        if lineage != self.lineage:  # the candidate it continued from lost at the gate, or the head moved
+            await self._abandon(batch_id, "trained from a candidate the gate rejected")
+            return
+        self.working = files
+        self.stats.candidates += 1
+        candidate = TrainedCandidate(self.scenario, batch_id, files, dict(self.stats.last_metrics), dict(state),
+                                     high_water, [(s.score, s.sample) for s in self.holdout])
+        self.judging = asyncio.get_running_loop().create_task(self._judge(candidate), name=f"gate:{self.scenario}")
+
+    async def _train_steps(self, samples: list[Sample]) -> dict[str, bytes]:
         files = self.working if self.working is not None else _adapter_only(await self.head_files())
         self.stats.state = "training"
-        started, metrics = time.monotonic(), {}
+        started = time.monotonic()
         step_size = self.recipe.config.batch_size
         for start in range(0, len(samples), step_size):
-            files, metrics = await self.worker.train(self.scenario, files or None, samples[start:start + step_size],
-                                                     self.recipe.train_config())
+            files, self.stats.last_metrics = await self.worker.train(
+                self.scenario, files or None, samples[start:start + step_size], self.recipe.train_config())
         self.stats.last_train_seconds = round(time.monotonic() - started, 3)
-        self.working = files
-        self.stats.state, self.stats.candidates = "evaluating", self.stats.candidates + 1
-        holdout = [(s.score, s.sample) for s in self.holdout]
-        verdict = await self.decide(TrainedCandidate(self.scenario, batch_id, files, dict(metrics), state,
-                                                     high_water, holdout))
+        return files
+
+    async def _judge(self, candidate: TrainedCandidate) -> None:
+        """The gate, then publish or reject (which closes the batch in the log)."""
+        try:
+            verdict = await self.decide(candidate)
+        except Exception as exc:
+            self._drop_working()
+            await self._abandon(candidate.batch_id, f"evaluation failed: {type(exc).__name__}: {exc}")
+            raise
         self.stats.last_verdict = {"decision": verdict.decision,
                                    **{k: v for k, v in verdict.metrics.items() if k != "per_task"}}
         self.working_head = self.chain.head().release_id
@@ -166,8 +207,28 @@ class WeightsLearner:
         else:
             self.stats.rejected += 1
             if not _promising(verdict):
-                self.working = None  # it lost: the next candidate starts again from the head
-        self.stats.state = "collecting"
+                self._drop_working()  # it lost: the next candidate starts again from the head
+
+    async def _judged(self) -> None:
+        """Wait for the candidate at the gate, if any; a failure there is shown, not raised."""
+        task, self.judging = self.judging, None
+        if task is None:
+            return
+        try:
+            await task
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - logged and shown; its batch is abandoned
+            log.exception("learner %s: evaluation failed", self.scenario)
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+
+    def _drop_working(self) -> None:
+        self.working, self.lineage = None, self.lineage + 1
+
+    async def _abandon(self, batch_id: str, reason: str) -> None:
+        with contextlib.suppress(NotFound):
+            await asyncio.to_thread(self.chain.abandon_batch, batch_id, reason)
+        self.stats.abandoned += 1
 
     def _rescore(self, record_id: str) -> ScoredSample:
         """Rebuild a logged batch's sample from the store (its record and latest report)."""

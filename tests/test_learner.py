@@ -1,0 +1,177 @@
+"""The weights learner's own rules, on a real state directory and the real training process
+(tiny model), with the gate's verdicts scripted: the next candidate trains while the gate
+judges the last; one trained from a candidate that then lost is abandoned unjudged; a promising
+rejection is trained on; a batch is the newest samples; two batches open at a crash are both
+resumed, in order."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import pytest
+
+from reef.commit.publisher import CandidatePublisher
+from reef.commit.state import ReefState
+from reef.config import SAOConfig
+from reef.core.types import Operation, Record, RecordStatus, ReleaseRef, Report, TokenSpan, Verdict
+from reef.grow.learner import WeightsLearner
+from reef.grow.worker import TrainingWorker
+from reef.recipes.sao import SAORecipe
+
+PROMPT = [1, 4093, 198, 19556, 314, 216, 33, 30, 2, 198, 1, 520, 9531, 198]  # any ids the tiny model knows
+LOSING = {"wins": 1, "losses": 5}
+PROMISING = {"wins": 5, "losses": 3}
+
+
+class ScriptedGate:
+    """Gives the verdicts it is told, in order; `hold` keeps the next judgment waiting."""
+
+    def __init__(self, *verdicts: tuple[str, dict[str, Any]]) -> None:
+        self.verdicts = list(verdicts)
+        self.judged: list[str] = []  # candidate content ids, in the order judged
+        self.hold = asyncio.Event()
+        self.hold.set()
+
+    async def judge(self, current: ReleaseRef, current_files: Any, candidate_id: str, candidate_files: Any,
+                    holdout: Any) -> Verdict:
+        await self.hold.wait()
+        self.judged.append(candidate_id)
+        decision, metrics = self.verdicts.pop(0)
+        return Verdict(decision, dict(metrics))
+
+
+class Rig:
+    """A state directory, the training process, and records fed in with on-policy log-probs."""
+
+    def __init__(self, state: ReefState, worker: TrainingWorker) -> None:
+        self.state, self.worker = state, worker
+        self.chain = state.chain("s") if "s" in state.scenarios() else state.create("s", "sao")
+        self.fed = 0
+
+    async def feed(self, n: int, score: Callable[[int], float] = lambda i: float(i % 2)) -> list[str]:
+        head = self.chain.head().ref
+        release = ReleaseRef(head.release_id, head.content_id, "load-test")
+        completions = [[300 + self.fed + i, 301, 2] for i in range(n)]
+        logprobs = await self.worker.logprobs(None, [(PROMPT, c) for c in completions])
+        ids = []
+        for completion, lps in zip(completions, logprobs):
+            rid = f"rec{self.fed}"
+            self.state.store.put_record(Record(rid, "s", release, {"temperature": 1.0, "messages": []}))
+            self.state.store.finish_record(rid, RecordStatus.COMPLETE, response={"prompt_token_ids": PROMPT},
+                                           token_ids=completion, logprobs=list(lps),
+                                           spans=[TokenSpan(0, len(completion), "load-test")])
+            self.state.store.put_report(Report(f"rep{self.fed}", "s", (rid,), score(self.fed)))
+            ids.append(rid)
+            self.fed += 1
+        return ids
+
+    def learner(self, gate: ScriptedGate) -> WeightsLearner:
+        async def serve_release(chain: Any, release: Any) -> None:
+            return None  # no runtime here: what is served is the server's business
+
+        publisher = CandidatePublisher(self.chain, gate, serve_release)  # type: ignore[arg-type]
+        recipe = SAORecipe(SAOConfig(batch_size=4, steps_per_candidate=1, lr=0.01, max_staleness=5),
+                           holdout_fraction=0.0)
+        return WeightsLearner(self.chain, self.state.store, recipe, self.worker, publisher.decide,
+                              publisher.head_files, poll_interval=0.05)
+
+    def closers(self) -> list[tuple[str, str]]:
+        """(operation, batch id) of every step that closed a batch, in order."""
+        return [(e.operation.value, e.metrics["batch_id"]) for e in self.chain.history()
+                if e.operation is not Operation.BATCH and "batch_id" in e.metrics]
+
+    def batches(self) -> list[dict[str, Any]]:
+        return [e.batch for e in self.chain.history() if e.operation is Operation.BATCH]
+
+
+def run_with_rig(tmp_path: Path, model_dir: Path, body: Callable[[Rig], Awaitable[None]]) -> None:
+    async def main() -> None:
+        worker = TrainingWorker(model_dir, threads=1)
+        await worker.start()
+        try:
+            with ReefState.open(tmp_path / "state") as state:
+                await body(Rig(state, worker))
+        finally:
+            await worker.close()
+
+    asyncio.run(main())
+
+
+async def until(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def test_the_next_candidate_trains_while_the_gate_judges(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def body(rig: Rig) -> None:
+        gate = ScriptedGate(("reject", LOSING), ("reject", PROMISING), ("select", PROMISING))
+        learner = rig.learner(gate)
+        gate.hold.clear()
+        await rig.feed(4)
+        assert await learner.step() is True  # candidate 1 trained, now at the gate (held)
+        await rig.feed(4)
+        second = asyncio.create_task(learner.step())
+        # candidate 2 trains from candidate 1 while the gate still holds candidate 1
+        await until(lambda: len(rig.chain.open_batches()) == 2 and learner.stats.state == "evaluating",
+                    "a second batch trained while the first is judged")
+        assert gate.judged == [] and not second.done()
+        gate.hold.set()  # candidate 1 loses: candidate 2 continued from a loser, so it is void
+        await second
+        b1, b2 = (b["batch_id"] for b in rig.batches())
+        assert rig.closers() == [("rejection", b1), ("abandon", b2)] and len(gate.judged) == 1
+        abandon = rig.chain.history()[-1]
+        assert "trained from a candidate the gate rejected" in abandon.metrics["reason"]
+        assert learner.working is None and learner.stats.abandoned == 1
+
+        await rig.feed(4)
+        await learner.step()  # candidate 3, from the head; it wins more than it loses: trained on
+        await rig.feed(4)
+        await learner.step()  # candidate 4, from candidate 3
+        await until(lambda: len(gate.judged) == 3, "candidate 4 judged")
+        await until(lambda: learner.judging is None or learner.judging.done(), "the publication")
+        await learner.step()
+        b3, b4 = (b["batch_id"] for b in rig.batches()[2:])
+        assert rig.closers()[2:] == [("rejection", b3), ("training", b4)]
+        assert len(set(gate.judged)) == 3  # three different adapters
+        assert rig.chain.head().release_id != rig.chain.releases()[-1].release_id  # published
+        assert rig.chain.high_water() == learner.cursor  # the cursor in the log never goes back
+        assert rig.chain.open_batches() == []
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+def test_a_batch_is_the_newest_samples(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def body(rig: Rig) -> None:
+        learner = rig.learner(ScriptedGate(("reject", LOSING)))
+        ids = await rig.feed(10)
+        await learner.step()
+        await until(lambda: learner.judging is not None and learner.judging.done(), "the verdict")
+        assert rig.batches()[0]["record_ids"] == ids[-4:]
+        assert learner.stats.dropped["superseded"] == 6
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+@pytest.mark.parametrize("first", ["losing", "promising"])
+def test_two_batches_open_at_a_crash_are_resumed_in_order(tiny_model_dir: Path, tmp_path: Path, first: str) -> None:
+    async def body(rig: Rig) -> None:
+        for name in ("b1", "b2"):  # what a learner had logged when the process died
+            ids = await rig.feed(4)
+            rig.chain.begin_batch(name, ids, [], high_water=rig.fed, expected_step=rig.chain.last_step(), max_open=2)
+        verdict = LOSING if first == "losing" else PROMISING
+        gate = ScriptedGate(("reject", verdict), ("select", PROMISING))
+        await rig.learner(gate).recover()
+        if first == "losing":
+            assert rig.closers() == [("rejection", "b1"), ("abandon", "b2")]
+        else:
+            assert rig.closers() == [("rejection", "b1"), ("training", "b2")]
+        assert rig.chain.open_batches() == []
+        trained = [rid for b in rig.batches() for rid in b["record_ids"]]
+        assert len(trained) == len(set(trained))
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
