@@ -30,6 +30,7 @@ def test_sign_test_and_paired_verdict() -> None:
     assert same.decision == "reject"  # no evidence of a win is not a win
     worse = paired_verdict([1, 1, 1, 1], [0, 0, 0, 1], margin=0.0, confidence=0.8)
     assert worse.decision == "reject" and worse.metrics["gain"] < 0
+    assert worse.metrics["p_worse"] == pytest.approx(0.125) and better.metrics["p_worse"] == 1.0
 
 
 def test_tasks_and_scorer_are_checked_when_loaded(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The weights learner's own rules, on a real state directory and the real training process
 (tiny model), with the gate's verdicts scripted: the next candidate trains while the gate
-judges the last; one trained from a candidate that then lost is abandoned unjudged; a promising
-rejection is trained on; a batch is the newest samples; two batches open at a crash are both
+judges the last; one trained from a candidate the gate then found surely worse is abandoned
+unjudged; a rejected candidate not surely worse is trained on; a batch is the newest samples; two batches open at a crash are both
 resumed, in order."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable
 
 import pytest
 
+from reef.commit.gate import sign_test_p
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
 from reef.config import SAOConfig
@@ -21,8 +22,8 @@ from reef.grow.worker import TrainingWorker
 from reef.recipes.sao import SAORecipe
 
 PROMPT = [1, 4093, 198, 19556, 314, 216, 33, 30, 2, 198, 1, 520, 9531, 198]  # any ids the tiny model knows
-LOSING = {"wins": 1, "losses": 5}
-PROMISING = {"wins": 5, "losses": 3}
+LOSING = {"wins": 0, "losses": 6, "p_worse": sign_test_p(6, 0)}  # surely worse: dropped
+PROMISING = {"wins": 3, "losses": 5, "p_worse": sign_test_p(5, 3)}  # lost, but not surely worse: trained on
 
 
 class ScriptedGate:
@@ -120,7 +121,7 @@ def test_the_next_candidate_trains_while_the_gate_judges(tiny_model_dir: Path, t
         await until(lambda: len(rig.chain.open_batches()) == 2 and learner.stats.state == "evaluating",
                     "a second batch trained while the first is judged")
         assert gate.judged == [] and not second.done()
-        gate.hold.set()  # candidate 1 loses: candidate 2 continued from a loser, so it is void
+        gate.hold.set()  # candidate 1 is surely worse: candidate 2 continued from it, so it is void
         await second
         b1, b2 = (b["batch_id"] for b in rig.batches())
         assert rig.closers() == [("rejection", b1), ("abandon", b2)] and len(gate.judged) == 1
@@ -129,7 +130,7 @@ def test_the_next_candidate_trains_while_the_gate_judges(tiny_model_dir: Path, t
         assert learner.working is None and learner.stats.abandoned == 1
 
         await rig.feed(4)
-        await learner.step()  # candidate 3, from the head; it wins more than it loses: trained on
+        await learner.step()  # candidate 3, from the head; it loses, but not surely: trained on
         await rig.feed(4)
         await learner.step()  # candidate 4, from candidate 3
         await until(lambda: len(gate.judged) == 3, "candidate 4 judged")

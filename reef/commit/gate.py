@@ -114,6 +114,7 @@ def paired_verdict(before: list[float], after: list[float], margin: float, confi
     metrics = {
         "gate": "tasks", "n": len(diffs), "wins": wins, "losses": losses, "ties": len(diffs) - wins - losses,
         "current_score": _mean(before), "candidate_score": _mean(after), "gain": gain, "p_value": p_value,
+        "p_worse": sign_test_p(losses, wins),  # the same test the other way: is the candidate worse?
         "margin": margin, "confidence": confidence,
         "current_success": _mean([float(b >= 1.0) for b in before]),
         "candidate_success": _mean([float(a >= 1.0) for a in after]),

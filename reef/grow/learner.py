@@ -33,6 +33,7 @@ from reef.grow.worker import TrainingWorker
 
 log = logging.getLogger("reef.learner")
 HOLDOUT_KEEP = 64
+WORSE_P = 0.05  # a rejected candidate is trained on unless the gate is this sure it is worse
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
@@ -250,8 +251,14 @@ class WeightsLearner:
 
 
 def _promising(verdict: Verdict) -> bool:
-    """A rejected candidate worth training on from: it won more of the gate's paired tasks than
-    it lost, only not by enough. Anything else would keep a drift the gate has seen fail."""
+    """A rejected candidate worth training on from: one the gate could not show to be worse than
+    the serving release (`p_worse` above WORSE_P: a few more losses than wins on a small task
+    set is noise, and throwing the candidate away would throw away every step it took). A
+    candidate the gate is sure is worse is dropped, so a drift away from the task is not built on.
+    Without the paired test (the offline check), only one that won more than it lost."""
+    p_worse = verdict.metrics.get("p_worse")
+    if p_worse is not None:
+        return float(p_worse) > WORSE_P
     return int(verdict.metrics.get("wins", 0)) > int(verdict.metrics.get("losses", 0))
 
 
