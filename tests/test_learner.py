@@ -126,7 +126,8 @@ def test_the_next_candidate_trains_while_the_gate_judges(tiny_model_dir: Path, t
         b1, b2 = (b["batch_id"] for b in rig.batches())
         assert rig.closers() == [("rejection", b1), ("abandon", b2)] and len(gate.judged) == 1
         abandon = rig.chain.history()[-1]
-        assert "trained from a candidate the gate rejected" in abandon.metrics["reason"]
+        assert abandon.metrics["reason"] == ("trained on from a candidate that was dropped: "
+                                             "the gate found it worse than the serving release")
         assert learner.working is None and learner.stats.abandoned == 1
 
         await rig.feed(4)

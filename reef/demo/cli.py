@@ -20,15 +20,15 @@ import click
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the demo's serve.yaml and state go  [default: a new temporary folder]")
 @click.option("--examples", type=click.IntRange(0, 3), default=None,
-              help="Worked examples shown before each question (0-3).")
+              help="Worked examples shown before each question (0-3)  [default: 1]")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON at the end.")
 def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None, workdir: Path | None,
          examples: int | None, as_json: bool) -> None:
     """Watch Reef learn: the whole loop on the embedded model, with a live learning curve.
 
     Starts its own `reef serve` (SmolLM2-135M-Instruct on the CPU) and sends it one-word
-    questions ("What is the opposite of hot? Answer with one word.", after three worked
-    examples), scores each answer with a strict verifier (exact answer 1, the answer inside a short sentence 0.25, else 0; a
+    questions ("What is the opposite of hot? Answer with one word.", after one worked
+    example; --examples 0-3), scores each answer with a strict verifier (exact answer 1, the answer inside a short sentence 0.25, else 0; a
     truncated reply fails) and reports the score on its receipt. The learner trains LoRA
     candidates on that feedback; the gate publishes one only when it beats the serving release
     on held-out questions that traffic never asks. Ctrl-C (or SIGTERM) stops early and still

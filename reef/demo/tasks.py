@@ -2,28 +2,31 @@
 
 208 questions in seven families (opposites, colours of things, animal young, animal sounds,
 capitals, plurals, sums and differences up to 10), each with the set of answers accepted. A
-question is asked as "<question> Answer with one word." after three worked examples given as
-earlier turns (EXAMPLES; none of them is a task). A deterministic split holds out every fourth
-question of each family, ordered by a hash of the question: 56 held out (the gate's tasks,
-never asked by live traffic), 152 for training.
+question is asked as "<question> Answer with one word." after SHOWN_EXAMPLES worked examples
+given as earlier turns (EXAMPLES; none of them is a task). A deterministic split holds out every
+fourth question of each family, ordered by a hash of the question: 56 held out (the gate's
+tasks, never asked by live traffic), 152 for training.
 
 The verifier checks content, not only form (EMBEDDED_MODEL.md: format-only rewards get gamed):
 1.0 only for a reply that, stripped, lowercased and without one trailing '.' or '!', *is* an
 accepted answer and finished on its own ("stop"; a truncated reply fails); 0.25 when an accepted
 answer appears as a whole word in a short reply (at most 12 words) that finished; else 0.
-Repeating the answer ("cold cold cold") earns only the partial credit.
+Repeating the answer ("cold cold cold") earns only the partial credit. The gate counts exact
+successes only (`gate_score`).
 
-Base rates of SmolLM2-135M-Instruct (reef.runtimes.embedded.EmbeddedRuntime, fp32, max_tokens
-24), exact / partial / truncated:
-- greedy:        held-out 26.8% / 1.8% / 0% (n=56); train 25.0% / 2.0% / 0% (n=152).
-  By family (all 208): opposites 21/45, colours 11/25, capitals 12/38, arithmetic 6/37,
-  plurals 3/30, animal young 0/18, animal sounds 0/15. A common failure is echoing the
-  question's own word ("plural of leaf?" -> "Leaf", "opposite of thick?" -> "Thick").
-- temperature 1: held-out 12.5% / 2.7% / 1.8% (n=112, two samples each); train split, the first
-  48 live requests of three `reef demo` runs: 4-7% exact.
-- without the worked examples (the question and the instruction alone): 0% exact greedy and at
-  temperature 1; greedy replies are sentences ("The opposite of hot is cold.", 46% partial).
-  Nothing for exact-match learning to grow from, hence the examples.
+Base rates of SmolLM2-135M-Instruct on the 56 held-out questions (fp32), exact / partial:
+| worked examples | greedy | temperature 1 (2 samples each) |
+|---:|---:|---:|
+| 0 | 0% / 46.4% (sentences: "The opposite of hot is cold.") | 0.9% / 8.9% |
+| 1 (the default) | 17.9% / 3.6% | 7.1% / 2.7% |
+| 2 | 17.9% / 0% | 5.4% / 0.9% |
+| 3 | 26.8% / 1.8% | 12.5% / 2.7% |
+A common failure is echoing the question's own word ("plural of leaf?" -> "Leaf"). What
+supervised LoRA training on the 152 training questions' answers reaches on the held-out ones
+(r=16, lr 5e-4, batches of 8; an upper mark for what learning from scores can find): with 3
+examples 48.2% / 51.8% / 55.4% after 1 / 2 / 3 epochs, with 1 example 48.2% / 51.8%. With 0
+examples the base model never answers in one word, and exact-match learning has nothing to
+grow from (run 9 in docs/learning.md).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ PARTIAL_CREDIT = 0.25
 MAX_PARTIAL_WORDS = 12
 # Worked examples shown before each question; none of them is a task.
 EXAMPLES = (("What colour is the sky?", "Blue"), ("What is the opposite of wide?", "Narrow"), ("What is 2 plus 2?", "4"))
-SHOWN_EXAMPLES = 3
+SHOWN_EXAMPLES = 1  # see the module doc: 3 leave too little room above the base model
 HELDOUT_EVERY = 4  # one question in four of each family (by hash) is held out
 
 # "key:answer|answer" rows per family; the question is built from the key.

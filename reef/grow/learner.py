@@ -104,6 +104,7 @@ class WeightsLearner:
         self.working: dict[str, bytes] | None = None  # the adapter being trained, once it differs from the head
         self.working_head: str | None = None  # the head `working` continues from; a rollback resets it
         self.lineage = 0  # bumped whenever `working` is dropped: candidates trained from it are void
+        self.drop_reason = ""
         self.judging: asyncio.Task[None] | None = None  # the candidate at the gate, while the next one trains
 
     async def run(self) -> None:
@@ -162,8 +163,8 @@ class WeightsLearner:
         self.consumed.update(s.record_id for s in batch)
         samples, self.algorithm_state = self.recipe.with_advantages(batch, self.algorithm_state)
         state = self.algorithm_state
-        if self.judging is None and self.chain.head().release_id != self.working_head:  # a rollback moved it
-            self._drop_working()
+        if self.judging is None and self.chain.head().release_id != self.working_head:
+            self._drop_working("the head moved (a rollback)")
         lineage = self.lineage
         try:
             files = await self._train_steps(samples)
@@ -172,8 +173,8 @@ class WeightsLearner:
             raise
         self.stats.state = "evaluating"
         await self._judged()
-        if lineage != self.lineage:  # the candidate it continued from lost at the gate, or the head moved
-            await self._abandon(batch_id, "trained from a candidate the gate rejected")
+        if lineage != self.lineage:  # the candidate it trained on from was dropped meanwhile
+            await self._abandon(batch_id, f"trained on from a candidate that was dropped: {self.drop_reason}")
             return
         self.working = files
         self.stats.candidates += 1
@@ -197,7 +198,7 @@ class WeightsLearner:
         try:
             verdict = await self.decide(candidate)
         except Exception as exc:
-            self._drop_working()
+            self._drop_working(f"its evaluation failed ({type(exc).__name__})")
             await self._abandon(candidate.batch_id, f"evaluation failed: {type(exc).__name__}: {exc}")
             raise
         self.stats.last_verdict = {"decision": verdict.decision,
@@ -207,8 +208,8 @@ class WeightsLearner:
             self.stats.published += 1
         else:
             self.stats.rejected += 1
-            if not _promising(verdict):
-                self._drop_working()  # it lost: the next candidate starts again from the head
+            if not _promising(verdict):  # the next candidate starts again from the head
+                self._drop_working("the gate found it worse than the serving release")
 
     async def _judged(self) -> None:
         """Wait for the candidate at the gate, if any; a failure there is shown, not raised."""
@@ -223,8 +224,8 @@ class WeightsLearner:
             log.exception("learner %s: evaluation failed", self.scenario)
             self.stats.last_error = f"{type(exc).__name__}: {exc}"
 
-    def _drop_working(self) -> None:
-        self.working, self.lineage = None, self.lineage + 1
+    def _drop_working(self, reason: str) -> None:
+        self.working, self.lineage, self.drop_reason = None, self.lineage + 1, reason
 
     async def _abandon(self, batch_id: str, reason: str) -> None:
         with contextlib.suppress(NotFound):
