@@ -55,7 +55,7 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
         "log_level": "warning",
         "embedded": embedded,
         "learner": {
-            "sao": {"batch_size": 8, "steps_per_candidate": 6, "lr": 5e-4},
+            "sao": {"batch_size": 8, "steps_per_candidate": 6, "lr": 2e-4},
             "gate": {"tasks": str(heldout.resolve()), "scorer": "reef.demo.tasks:gate_score",
                      "max_tokens": GATE_MAX_TOKENS, "temperature": 0},
         },
