@@ -55,7 +55,7 @@ def inspect(state_dir: Path, as_json: bool) -> None:
         click.echo(
             f"{row['scenario']}: step {row['step']}, head {row['release_id'][:12]} ({row['operation']}), "
             f"recipe {row['recipe']}, {row['records']} records, {row['reports']} reports"
-            + (f", open batch {row['open_batch']}" if row["open_batch"] else "")
+            + (f", open batch {', '.join(row['open_batches'])}" if row["open_batches"] else "")
         )
 
 
@@ -75,7 +75,7 @@ def log(state_dir: Path, scenario: str) -> None:
 def _scenario_row(state: ReefState, name: str) -> dict:
     chain = state.chain(name)
     head = chain.head()
-    batch = chain.open_batch()
+    batches = [b["batch_id"] for b in chain.open_batches()]
     return {
         "scenario": name,
         "step": chain.last_step(),
@@ -85,7 +85,8 @@ def _scenario_row(state: ReefState, name: str) -> dict:
         "recipe": chain.binding["recipe"],
         "records": state.store.count_records(name),
         "reports": state.store.count_reports(name),
-        "open_batch": batch["batch_id"] if batch else None,
+        "open_batch": batches[0] if batches else None,  # the oldest
+        "open_batches": batches,
     }
 
 

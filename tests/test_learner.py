@@ -177,3 +177,27 @@ def test_two_batches_open_at_a_crash_are_resumed_in_order(tiny_model_dir: Path, 
         assert len(trained) == len(set(trained))
 
     run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+def test_a_batch_that_fails_to_train_after_a_restart_is_abandoned_and_the_next_resumed(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def body(rig: Rig) -> None:
+        bad = await rig.feed(3)
+        broken = "broken0"  # one log-prob for two tokens: the trainer refuses the batch
+        head = rig.chain.head().ref
+        release = ReleaseRef(head.release_id, head.content_id, "load-test")
+        rig.state.store.put_record(Record(broken, "s", release, {"temperature": 1.0, "messages": []}))
+        rig.state.store.finish_record(broken, RecordStatus.COMPLETE, response={"prompt_token_ids": PROMPT},
+                                      token_ids=[300, 2], logprobs=[-1.0], spans=[TokenSpan(0, 2, "load-test")])
+        rig.state.store.put_report(Report("rep-broken", "s", (broken,), 1.0))
+        rig.chain.begin_batch("b1", [*bad, broken], [], high_water=rig.fed, expected_step=rig.chain.last_step(),
+                              max_open=2)
+        good = await rig.feed(4)
+        rig.chain.begin_batch("b2", good, [], high_water=rig.fed, expected_step=rig.chain.last_step(), max_open=2)
+        learner = rig.learner(ScriptedGate(("select", PROMISING)))
+        await learner.recover()
+        assert rig.closers() == [("abandon", "b1"), ("training", "b2")]
+        assert "training failed" in rig.chain.history()[-2].metrics["reason"]
+        assert learner.stats.last_error and rig.chain.open_batches() == []
+
+    run_with_rig(tmp_path, tiny_model_dir, body)

@@ -124,7 +124,11 @@ class WeightsLearner:
                 await self._abandon(batch["batch_id"], f"cannot resume after restart: {exc}")
                 continue
             log.info("learner %s: resuming batch %s after a restart", self.scenario, batch["batch_id"])
-            await self._train(items, batch["batch_id"], int(batch.get("high_water", self.cursor)), logged=True)
+            try:
+                await self._train(items, batch["batch_id"], int(batch.get("high_water", self.cursor)), logged=True)
+            except Exception as exc:  # noqa: BLE001 - abandoned by _train; the next batch and learning go on
+                log.exception("learner %s: resuming batch %s failed", self.scenario, batch["batch_id"])
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
         await self._judged()
 
     async def step(self) -> bool:

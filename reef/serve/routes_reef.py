@@ -143,7 +143,8 @@ def scenario_summary(app: Any, name: str) -> dict[str, Any]:
         "head": head.to_json(),
         "serving": chain.serving().to_json(),
         "step": chain.last_step(),
-        "learner": {"high_water": chain.high_water(), "open_batch": chain.open_batch()},
+        "learner": {"high_water": chain.high_water(), "open_batch": chain.open_batch(),
+                    "open_batches": chain.open_batches()},
         "records": app.store.count_records(name),
         "reports": app.store.count_reports(name),
     }
