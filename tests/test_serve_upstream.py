@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import anthropic
 import httpx
@@ -230,34 +230,40 @@ def test_metrics_count_requests(reef: ReefServer, oai: openai.OpenAI) -> None:
     assert 'reef_requests_total{route="chat_completions",scenario="metered",status="200"} 1.0' in text
 
 
-def test_a_receipt_survives_kill_9_right_after_the_response(upstream: ScriptedUpstream, tmp_path: Path) -> None:
-    settings = {"upstream": {"url": upstream.base_url, "model": "p"}}
-    server = ReefServer(tmp_path, settings).start()
+def _status_after_kill_9(upstream: ScriptedUpstream, tmp_path: Path, receive: Callable[[ReefServer], str]) -> RecordStatus:
+    """Start a server, let `receive` get a receipt (it SIGKILLs the server itself, at the point
+    it tests), and read the receipt's record back from the state directory."""
+    server = ReefServer(tmp_path, {"upstream": {"url": upstream.base_url, "model": "p"}}).start()
     try:
-        raw = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0).chat.completions.with_raw_response.create(
-            model="m", messages=USER)
-        receipt = raw.headers["x-reef-agent-record-id"]
-        server.kill()
+        receipt = receive(server)
     finally:
         server.stop()
     with ReefState.open(server.state_dir) as state:
-        assert state.store.get_record(receipt).status is RecordStatus.COMPLETE
+        return state.store.get_record(receipt).status
+
+
+def test_a_receipt_survives_kill_9_right_after_the_response(upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    def receive(server: ReefServer) -> str:
+        raw = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0).chat.completions.with_raw_response.create(
+            model="m", messages=USER)
+        server.kill()
+        return raw.headers["x-reef-agent-record-id"]
+
+    assert _status_after_kill_9(upstream, tmp_path, receive) is RecordStatus.COMPLETE
 
 
 def test_a_stream_receipt_survives_kill_9_right_after_its_headers(upstream: ScriptedUpstream, tmp_path: Path) -> None:
     """The runtime starts while the in_progress record is written; the headers (the receipt)
     must still wait for that write (invariant 1)."""
     upstream.script(text="a b c d e f g h", mode="slow", delay=2.0)  # the rest comes much later
-    server = ReefServer(tmp_path, {"upstream": {"url": upstream.base_url, "model": "p"}}).start()
-    try:
+
+    def receive(server: ReefServer) -> str:
         body = {"model": "m", "messages": USER, "stream": True}
         with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body, timeout=30) as response:
-            receipt = response.headers["x-reef-agent-record-id"]
             server.kill()
-    finally:
-        server.stop()
-    with ReefState.open(server.state_dir) as state:
-        assert state.store.get_record(receipt).status is RecordStatus.IN_PROGRESS
+            return response.headers["x-reef-agent-record-id"]
+
+    assert _status_after_kill_9(upstream, tmp_path, receive) is RecordStatus.IN_PROGRESS
 
 
 def test_a_client_that_goes_away_leaves_an_incomplete_record(reef: ReefServer, client: ReefClient,
