@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from reef.demo import tasks as demo_tasks
 from reef.demo.curve import plot_learning_curve, rolling_success, write_curve
 from reef.demo.tasks import gate_score, score, success
+from reef.observe.sqlite_store import SQLiteStore
 
 HOT = {"question": "What is the opposite of hot?", "answers": ["cold"], "category": "opposite"}
 SUM = {"question": "What is 3 plus 4?", "answers": ["7", "seven"], "category": "arithmetic"}
@@ -67,11 +70,13 @@ def test_gate_score_is_success_of_the_text_as_it_is() -> None:
 
 
 def test_the_task_set_is_large_varied_and_well_formed() -> None:
-    assert len(demo_tasks.TASKS) >= 180
+    assert len(demo_tasks.TASKS) >= 300
     families = {t["category"] for t in demo_tasks.TASKS}
-    assert {"opposite", "colour", "young", "sound", "capital", "plural", "arithmetic"} <= families
+    assert families == {"opposite", "capital", "plural", "language"}
     for task in demo_tasks.TASKS:
         assert task["answers"] and all(a == a.strip().lower() and " " not in a for a in task["answers"])
+        asked = set(re.findall(r"\w+", task["question"].lower()))
+        assert not asked & set(task["answers"]), f"echoing the question would be an answer: {task}"
         assert score(task, task["answers"][0]) == 1.0
         assert demo_tasks.messages(task)[-1]["content"].startswith(task["question"])
 
@@ -197,7 +202,7 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
 
     out = io.StringIO()
     result = run_demo(minutes=0.4, workdir=tmp_path / "work", model_dir=tiny_model_dir, concurrency=4,
-                      out_dir=tmp_path / "out", console=Console(file=out, width=120))
+                      out_dir=tmp_path / "out", console=Console(file=out, width=120), temperature=0.5, lr=1e-4)
     assert result.requests > 0, out.getvalue()
     assert result.reports > 0 and result.reports <= result.requests
     assert result.errors < result.requests
@@ -208,6 +213,12 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     assert (tmp_path / "out" / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "out" / "serve.log").exists()
     assert "reef demo:" in out.getvalue()
+    assert curve["settings"] == {"examples": demo_tasks.SHOWN_EXAMPLES, "temperature": 0.5, "lr": 1e-4, "minutes": 0.4}
+    config = yaml.safe_load((tmp_path / "work" / "serve.yaml").read_text())
+    assert config["learner"]["sao"]["lr"] == 1e-4
+    with SQLiteStore(tmp_path / "work" / "state" / "experience.db") as store:
+        reported = store.reported_since("demo")
+    assert reported and {r.request["temperature"] for batch in reported for r in batch.records} == {0.5}
 
 
 @pytest.mark.slow

@@ -21,13 +21,17 @@ import click
               help="Where the demo's serve.yaml and state go  [default: a new temporary folder]")
 @click.option("--examples", type=click.IntRange(0, 3), default=None,
               help="Worked examples shown before each question (0-3)  [default: 1]")
+@click.option("--temperature", type=click.FloatRange(min=0.05, max=2.0), default=None,
+              help="Sampling temperature of the demo's traffic (the gate answers greedily)  [default: 1.0]")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="The learner's learning rate (AdamW on the LoRA adapter)  [default: 2e-4]")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON at the end.")
 def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None, workdir: Path | None,
-         examples: int | None, as_json: bool) -> None:
+         examples: int | None, temperature: float | None, lr: float | None, as_json: bool) -> None:
     """Watch Reef learn: the whole loop on the embedded model, with a live learning curve.
 
     Starts its own `reef serve` (SmolLM2-135M-Instruct on the CPU) and sends it one-word
-    questions ("What is the opposite of hot? Answer with one word.", after one worked
+    questions ("What is the plural of foot? Answer with one word.", after one worked
     example; --examples 0-3), scores each answer with a strict verifier (exact answer 1, the answer inside a short sentence 0.25, else 0; a
     truncated reply fails) and reports the score on its receipt. The learner trains LoRA
     candidates on that feedback; the gate publishes one only when it beats the serving release
@@ -40,12 +44,14 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
       reef demo --minutes 5 --out-dir /tmp/curve
     """
     from reef.demo.run import run_demo
-    from reef.demo.server import DemoServerError
+    from reef.demo.server import LEARNING_RATE, TRAFFIC_TEMPERATURE, DemoServerError
     from reef.demo.tasks import SHOWN_EXAMPLES
 
     try:
         result = run_demo(minutes=minutes, workdir=workdir, model_dir=model_dir, concurrency=concurrency,
-                          out_dir=out_dir, examples=SHOWN_EXAMPLES if examples is None else examples)
+                          out_dir=out_dir, examples=SHOWN_EXAMPLES if examples is None else examples,
+                          temperature=TRAFFIC_TEMPERATURE if temperature is None else temperature,
+                          lr=LEARNING_RATE if lr is None else lr)
     except DemoServerError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

@@ -1,7 +1,7 @@
 """The demo driver: serve, observe, grow, commit, on the embedded model, with a live view.
 
 `run_demo` starts its own `reef serve` (reef.demo.server), then for `minutes` keeps
-`concurrency` chat requests in flight (train-split questions at temperature 1, scenario `demo`),
+`concurrency` chat requests in flight (train-split questions at temperature `TRAFFIC_TEMPERATURE`, scenario `demo`),
 scores every answer with the strict verifier (reef.demo.tasks), reports the score on its
 receipt, and watches the learner's gate verdicts (`GET /reef/scenarios/demo/decisions`, or the
 release chain where that route is missing). At the end, or on Ctrl-C, it stops the server and
@@ -26,7 +26,7 @@ import yaml
 
 from reef.demo import tasks as demo_tasks
 from reef.demo.curve import curve_table, rolling_success, write_curve
-from reef.demo.server import TRAFFIC_MAX_TOKENS, DemoServer, DemoServerError, demo_settings, free_port
+from reef.demo.server import LEARNING_RATE, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer, DemoServerError, demo_settings, free_port
 
 SCENARIO = "demo"
 HEADERS = {"x-reef-scenario": SCENARIO}
@@ -64,6 +64,8 @@ class DemoStats:
     started_wall: float = field(default_factory=time.time)
     minutes: float = 15.0
     examples: int = demo_tasks.SHOWN_EXAMPLES
+    temperature: float = TRAFFIC_TEMPERATURE
+    lr: float = LEARNING_RATE
     requests: int = 0
     in_flight: int = 0
     reports: int = 0
@@ -123,7 +125,7 @@ class DemoStats:
 
 
 async def _one_request(client: httpx.AsyncClient, task: dict[str, Any], stats: DemoStats) -> None:
-    body = {"model": "smollm2", "messages": demo_tasks.messages(task, stats.examples), "temperature": 1.0,
+    body = {"model": "smollm2", "messages": demo_tasks.messages(task, stats.examples), "temperature": stats.temperature,
             "max_tokens": TRAFFIC_MAX_TOKENS}
     response = await client.post("/v1/chat/completions", json=body, headers=HEADERS)
     response.raise_for_status()
@@ -214,7 +216,8 @@ async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer
 
 def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path | None = None, concurrency: int = 8,
              out_dir: Path = Path("reef-demo"), console: Any = None,
-             examples: int = demo_tasks.SHOWN_EXAMPLES) -> DemoResult:
+             examples: int = demo_tasks.SHOWN_EXAMPLES, temperature: float = TRAFFIC_TEMPERATURE,
+             lr: float = LEARNING_RATE) -> DemoResult:
     from rich.console import Console
 
     console = console or Console()
@@ -225,15 +228,15 @@ def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path |
     heldout = demo_tasks.write_heldout_jsonl(workdir / "heldout.jsonl", examples)
     port = free_port()
     config = workdir / "serve.yaml"
-    config.write_text(yaml.safe_dump(demo_settings(workdir, heldout, port, model_dir), sort_keys=False))
+    config.write_text(yaml.safe_dump(demo_settings(workdir, heldout, port, model_dir, lr), sort_keys=False))
     server = DemoServer(config, port, (out_dir / "serve.log").resolve())
     console.print(f"reef demo: starting reef serve on {server.url} (state in {workdir}, log {server.log_path})")
-    stats = DemoStats(minutes=minutes, examples=examples)
+    stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr)
     interrupted = False
     with _sigterm_as_interrupt():
         try:
             server.start()
-            stats = DemoStats(minutes=minutes, examples=examples)  # the clock starts once the server answers
+            stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr)  # the clock starts once the server answers
             asyncio.run(drive(server.url, stats, concurrency, server, console))
         except KeyboardInterrupt:
             interrupted = True
@@ -292,7 +295,9 @@ def _finish(stats: DemoStats, out_dir: Path, server: DemoServer, interrupted: bo
         interrupted=interrupted, png=str(out_dir / "learning_curve.png"), json=str(out_dir / "learning_curve.json"),
         server_log=str(server.log_path),
     )
-    curve = {"scenario": SCENARIO, "heldout": heldout, "rejected": rejected, "traffic": stats.traffic,
+    settings = {"examples": stats.examples, "temperature": stats.temperature, "lr": stats.lr,
+                "minutes": stats.minutes}
+    curve = {"scenario": SCENARIO, "settings": settings, "heldout": heldout, "rejected": rejected, "traffic": stats.traffic,
              "releases": stats.releases(), "decisions": stats.decisions, "summary": result.to_json()}
     write_curve(curve, out_dir)
     console.print(curve_table(curve))

@@ -39,9 +39,12 @@ def free_port() -> int:
 # not generate leaves the one serving core to live traffic.
 TRAFFIC_MAX_TOKENS = 16
 GATE_MAX_TOKENS = 8
+TRAFFIC_TEMPERATURE = 1.0
+LEARNING_RATE = 2e-4
 
 
-def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | None) -> dict[str, Any]:
+def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | None,
+                  lr: float = LEARNING_RATE) -> dict[str, Any]:
     """serve.yaml for the demo: the embedded model, short answers, and a learner whose gate runs
     the held-out tasks through the strict verifier."""
     embedded: dict[str, Any] = {"default_max_tokens": TRAFFIC_MAX_TOKENS}
@@ -55,7 +58,7 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
         "log_level": "warning",
         "embedded": embedded,
         "learner": {
-            "sao": {"batch_size": 8, "steps_per_candidate": 6, "lr": 2e-4},
+            "sao": {"batch_size": 8, "steps_per_candidate": 6, "lr": lr},
             "gate": {"tasks": str(heldout.resolve()), "scorer": "reef.demo.tasks:gate_score",
                      "max_tokens": GATE_MAX_TOKENS, "temperature": 0},
         },

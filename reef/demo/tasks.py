@@ -1,11 +1,18 @@
 """The demo's task stream: one-word factual questions and a strict verifier.
 
-208 questions in seven families (opposites, colours of things, animal young, animal sounds,
-capitals, plurals, sums and differences up to 10), each with the set of answers accepted. A
-question is asked as "<question> Answer with one word." after SHOWN_EXAMPLES worked examples
-given as earlier turns (EXAMPLES; none of them is a task). A deterministic split holds out every
-fourth question of each family, ordered by a hash of the question: 56 held out (the gate's
-tasks, never asked by live traffic), 152 for training.
+328 questions in four families (opposites, capitals, plurals, languages spoken in a country),
+each with the set of answers accepted. A question is asked as "<question> Answer with one
+word." after SHOWN_EXAMPLES worked examples given as earlier turns (EXAMPLES; none of them is a
+task). A deterministic split holds out every fifth question of each family, ordered by a hash of
+the question: 68 held out (the gate's tasks, never asked by live traffic), 260 for training.
+
+The families are those whose answers SmolLM2-135M mostly knows but does not give in one word:
+asked bare, it names the answer in a sentence ("The plural of foot is feet.") for 64-94% of
+them. Learning from scores can turn knowledge it has into the asked form; it cannot teach a
+held-out fact it lacks. Families it did not know (colours of things: "lemon" -> "Red"; animal
+young and sounds; sums) were in the task set until run 17 and were never answered on held-out
+questions by any release learned (docs/learning.md, "The task"). No answer is a word of its
+question, so echoing the question ("plural of leaf?" -> "Leaf", a common failure) never counts.
 
 The verifier checks content, not only form (EMBEDDED_MODEL.md: format-only rewards get gamed):
 1.0 only for a reply that, stripped, lowercased and without one trailing '.' or '!', *is* an
@@ -14,19 +21,16 @@ answer appears as a whole word in a short reply (at most 12 words) that finished
 Repeating the answer ("cold cold cold") earns only the partial credit. The gate counts exact
 successes only (`gate_score`).
 
-Base rates of SmolLM2-135M-Instruct on the 56 held-out questions (fp32), exact / partial:
-| worked examples | greedy | temperature 1 (2 samples each) |
+Base rates of SmolLM2-135M-Instruct on the 68 held-out questions (fp32, as the gate asks them:
+at most 8 tokens), exact / partial:
+| worked examples | greedy | temperature 1 (2 samples each, 16 tokens) |
 |---:|---:|---:|
-| 0 | 0% / 46.4% (sentences: "The opposite of hot is cold.") | 0.9% / 8.9% |
-| 1 (the default) | 17.9% / 3.6% | 7.1% / 2.7% |
-| 2 | 17.9% / 0% | 5.4% / 0.9% |
-| 3 | 26.8% / 1.8% | 12.5% / 2.7% |
-A common failure is echoing the question's own word ("plural of leaf?" -> "Leaf"). What
-supervised LoRA training on the 152 training questions' answers reaches on the held-out ones
-(r=16, lr 5e-4, batches of 8; an upper mark for what learning from scores can find): with 3
-examples 48.2% / 51.8% / 55.4% after 1 / 2 / 3 epochs, with 1 example 48.2% / 51.8%. With 0
-examples the base model never answers in one word, and exact-match learning has nothing to
-grow from (run 9 in docs/learning.md).
+| 0 | 0% | 0% / 13.2% |
+| 1 (the default) | 19.1% (opposites 7/25, capitals 3/17, plurals 0/16, languages 3/10) | 11.8% / 8.1% |
+| 2 | 25.0% | 10.3% / 4.4% |
+| 3 | 25.0% | 11.0% / 2.9% |
+With 0 examples the base model never answers in one word, and exact-match learning has nothing
+to grow from (run 9 in docs/learning.md).
 """
 
 from __future__ import annotations
@@ -42,82 +46,85 @@ PARTIAL_CREDIT = 0.25
 MAX_PARTIAL_WORDS = 12
 # Worked examples shown before each question; none of them is a task.
 EXAMPLES = (("What colour is the sky?", "Blue"), ("What is the opposite of wide?", "Narrow"), ("What is 2 plus 2?", "4"))
-SHOWN_EXAMPLES = 1  # see the module doc: 3 leave too little room above the base model
-HELDOUT_EVERY = 4  # one question in four of each family (by hash) is held out
+SHOWN_EXAMPLES = 1  # the form shown once; the demo runs of docs/learning.md use it
+HELDOUT_EVERY = 5  # one question in five of each family (by hash) is held out
 
-# "key:answer|answer" rows per family; the question is built from the key.
-_OPPOSITES = """hot:cold big:small|little up:down day:night black:white left:right fast:slow happy:sad
+# "key:answer|answer" rows per family; the question is built from the key ("-" in a key is a space).
+# Only one-word answers, and only families whose answers SmolLM2-135M mostly knows (module doc).
+_OPPOSITES = """hot:cold big:small|little up:down day:night black:white left:right fast:slow happy:sad|unhappy
 open:closed|shut wet:dry tall:short full:empty in:out yes:no win:lose early:late rich:poor thick:thin
 clean:dirty strong:weak push:pull first:last top:bottom true:false love:hate north:south east:west
 buy:sell high:low near:far above:below alive:dead inside:outside heavy:light question:answer
 friend:enemy|foe sweet:sour|bitter loud:quiet|soft asleep:awake before:after never:always
-empty:full cheap:expensive|dear young:old laugh:cry"""
-_COLOURS = """grass:green snow:white coal:black blood:red banana:yellow carrot:orange lemon:yellow
-milk:white pumpkin:orange crow:black tomato:red cucumber:green chocolate:brown salt:white
-strawberry:red lime:green soot:black|grey|gray charcoal:black|grey|gray cherry:red coffee:brown|black
-chalk:white ivory:white emerald:green ruby:red sapphire:blue"""
-_YOUNG = """cat:kitten|kitty dog:puppy|pup cow:calf sheep:lamb horse:foal|colt|filly duck:duckling goat:kid
-pig:piglet frog:tadpole|froglet bear:cub lion:cub chicken:chick goose:gosling kangaroo:joey
-owl:owlet swan:cygnet deer:fawn tiger:cub"""
-_SOUNDS = """dog:bark|barks|woof cat:meow|meows|miaow|mew|purr cow:moo|moos duck:quack|quacks
-sheep:baa|bleat|bleats pig:oink|oinks lion:roar|roars horse:neigh|neighs|whinny snake:hiss|hisses
-owl:hoot|hoots bee:buzz|buzzes mouse:squeak|squeaks frog:croak|croaks|ribbit wolf:howl|howls
-donkey:bray|brays|hee-haw"""
+cheap:expensive|dear young:old laugh:cry hard:soft|easy good:bad|evil long:short old:new|young
+light:dark|heavy start:finish|end|stop begin:end come:go give:take|receive front:back hello:goodbye|bye
+over:under on:off boy:girl man:woman king:queen brother:sister father:mother son:daughter
+husband:wife uncle:aunt many:few more:less most:least best:worst everything:nothing war:peace
+remember:forget accept:reject|refuse|decline arrive:leave|depart ancient:modern|new beautiful:ugly
+brave:cowardly|afraid|scared|coward correct:incorrect|wrong dangerous:safe deep:shallow
+difficult:easy|simple entrance:exit enter:exit|leave fat:thin|skinny|slim female:male floor:ceiling
+forward:backward|backwards|back future:past gentle:rough|harsh generous:selfish|stingy|mean
+guilty:innocent healthy:sick|ill|unhealthy hungry:full|satisfied include:exclude increase:decrease|reduce
+interesting:boring|dull kind:cruel|unkind|mean lazy:hardworking|hard-working|active|busy legal:illegal
+lend:borrow maximum:minimum melt:freeze|solidify noisy:quiet|silent odd:even polite:rude|impolite
+private:public pretty:ugly rough:smooth|gentle sharp:blunt|dull shout:whisper sink:float smile:frown
+solid:liquid success:failure sunrise:sunset teacher:student|pupil tight:loose
+tiny:huge|enormous|giant|big|large together:apart|separate|alone visible:invisible
+wild:tame winter:summer wise:foolish|stupid|unwise"""
 _CAPITALS = """France:paris Japan:tokyo Italy:rome Germany:berlin Spain:madrid England:london
 Russia:moscow China:beijing Egypt:cairo Greece:athens Canada:ottawa Australia:canberra
 Ireland:dublin Portugal:lisbon Norway:oslo Sweden:stockholm Finland:helsinki Denmark:copenhagen
 Austria:vienna Poland:warsaw Hungary:budapest Belgium:brussels Thailand:bangkok Kenya:nairobi
 Peru:lima Cuba:havana Turkey:ankara Scotland:edinburgh Wales:cardiff Vietnam:hanoi
 Indonesia:jakarta Philippines:manila Ukraine:kyiv|kiev Iraq:baghdad Iran:tehran|teheran
-Chile:santiago Czechia:prague Nigeria:abuja"""
+Chile:santiago Czechia:prague Nigeria:abuja Netherlands:amsterdam Switzerland:bern|berne
+Iceland:reykjavik Romania:bucharest Bulgaria:sofia Serbia:belgrade Croatia:zagreb Slovakia:bratislava
+Slovenia:ljubljana Estonia:tallinn Latvia:riga Lithuania:vilnius Belarus:minsk Georgia:tbilisi
+Armenia:yerevan Jordan:amman Lebanon:beirut Syria:damascus Afghanistan:kabul Pakistan:islamabad
+Nepal:kathmandu Bangladesh:dhaka South-Korea:seoul Ghana:accra Senegal:dakar Morocco:rabat
+Algeria:algiers Tunisia:tunis Libya:tripoli Sudan:khartoum Uganda:kampala Zimbabwe:harare
+Venezuela:caracas Colombia:bogota|bogotá Ecuador:quito Uruguay:montevideo Paraguay:asuncion|asunción
+Jamaica:kingston Qatar:doha Oman:muscat Cyprus:nicosia Malta:valletta Albania:tirana"""
 _PLURALS = """mouse:mice child:children foot:feet tooth:teeth man:men woman:women goose:geese
 person:people|persons leaf:leaves knife:knives wolf:wolves box:boxes baby:babies city:cities
-ox:oxen fish:fish|fishes sheep:sheep deer:deer bus:buses|busses potato:potatoes hero:heroes
+ox:oxen bus:buses|busses potato:potatoes hero:heroes
 wife:wives half:halves life:lives glass:glasses church:churches dish:dishes story:stories
-berry:berries cactus:cacti|cactuses"""
-_NUMBER_WORDS = "zero one two three four five six seven eight nine ten".split()
+berry:berries cactus:cacti|cactuses cat:cats dog:dogs car:cars book:books tree:trees house:houses
+apple:apples chair:chairs table:tables bird:birds horse:horses cow:cows egg:eggs hand:hands
+girl:girls boy:boys day:days key:keys toy:toys fox:foxes watch:watches brush:brushes bench:benches
+lady:ladies party:parties country:countries family:families fly:flies cherry:cherries
+loaf:loaves thief:thieves shelf:shelves calf:calves elf:elves tomato:tomatoes echo:echoes
+louse:lice die:dice crisis:crises analysis:analyses fungus:fungi|funguses nucleus:nuclei
+radius:radii stimulus:stimuli index:indices|indexes appendix:appendices|appendixes
+phenomenon:phenomena criterion:criteria bacterium:bacteria medium:media|mediums"""
+_LANGUAGES = """France:french Germany:german Spain:spanish Italy:italian Japan:japanese China:chinese|mandarin
+Russia:russian Portugal:portuguese Brazil:portuguese Greece:greek Poland:polish the-Netherlands:dutch
+Sweden:swedish Norway:norwegian Finland:finnish Denmark:danish Turkey:turkish South-Korea:korean
+Vietnam:vietnamese Thailand:thai Egypt:arabic Mexico:spanish Argentina:spanish Hungary:hungarian
+Iran:persian|farsi Israel:hebrew England:english Ukraine:ukrainian Czechia:czech Romania:romanian
+Iceland:icelandic Austria:german Colombia:spanish Peru:spanish Chile:spanish Cuba:spanish
+the-United-States:english Australia:english Bulgaria:bulgarian Serbia:serbian Croatia:croatian
+Indonesia:indonesian Cambodia:khmer Mongolia:mongolian Estonia:estonian Latvia:latvian Lithuania:lithuanian"""
 
-_QUESTION = {
-    "opposite": "What is the opposite of {}?",
-    "colour": "What colour is {}?",
-    "young": "What is a baby {} called?",
-    "sound": "What sound does a {} make?",
-    "capital": "What is the capital of {}?",
-    "plural": "What is the plural of {}?",
+_FAMILIES = {  # family: (question template, table)
+    "opposite": ("What is the opposite of {}?", _OPPOSITES),
+    "capital": ("What is the capital of {}?", _CAPITALS),
+    "plural": ("What is the plural of {}?", _PLURALS),
+    "language": ("What language is spoken in {}?", _LANGUAGES),
 }
-_THE = {"grass", "snow", "coal", "blood", "milk", "salt", "soot", "charcoal", "coffee", "chalk", "ivory", "chocolate"}
 
 
 def _rows(table: str) -> Iterable[tuple[str, list[str]]]:
     for item in table.split():
         key, answers = item.split(":")
-        yield key, answers.split("|")
-
-
-def _colour_subject(key: str) -> str:
-    if key in _THE:
-        return key
-    return ("an " if key[0] in "aeiou" else "a ") + key
+        yield key.replace("-", " "), answers.split("|")
 
 
 def _build() -> tuple[dict[str, Any], ...]:
     tasks: list[dict[str, Any]] = []
-    families = [("opposite", _OPPOSITES), ("colour", _COLOURS), ("young", _YOUNG), ("sound", _SOUNDS),
-                ("capital", _CAPITALS), ("plural", _PLURALS)]
-    for family, table in families:
+    for family, (template, table) in _FAMILIES.items():
         for key, answers in _rows(table):
-            subject = _colour_subject(key) if family == "colour" else key
-            tasks.append({"question": _QUESTION[family].format(subject), "answers": answers, "category": family})
-    for a in range(1, 10):  # sums up to 10 and differences, answered in digits (or the word)
-        for b in range(1, 11 - a):
-            if (a * 7 + b * 3) % 2 == 0:
-                continue  # keep about half of the sums, so arithmetic does not dominate
-            tasks.append({"question": f"What is {a} plus {b}?", "answers": [str(a + b), _NUMBER_WORDS[a + b]],
-                          "category": "arithmetic"})
-    for a in range(3, 11):
-        for b in range(1, a, 3):
-            tasks.append({"question": f"What is {a} minus {b}?", "answers": [str(a - b), _NUMBER_WORDS[a - b]],
-                          "category": "arithmetic"})
+            tasks.append({"question": template.format(key), "answers": answers, "category": family})
     questions = [t["question"] for t in tasks]
     assert len(questions) == len(set(questions)), "duplicate demo question"
     assert not {q for q, _ in EXAMPLES} & set(questions), "a worked example is also a task"
