@@ -4,7 +4,9 @@ Runs `reef.demo.run.run_demo` (its own `reef serve` with the learner and gate on
 questions scored by a strict verifier) and writes the demo's figures to
 bench/results/learning.json: held-out success (as the gate measured it, greedy) of the starting
 release and of each published one, releases published and rejected, requests, and live traffic
-success at the start and the end. The curve itself goes to bench/results/learning_curve.png.
+success at the start and the end, and test success (questions nothing is trained or selected on)
+of the starting and the final release, with the gains over the starting release (the baseline,
+measured in the same run). The curve itself goes to bench/results/learning_curve.png.
 Run on its own (not in CI), on an otherwise idle machine:
 
     .venv/bin/python bench/learning.py [--minutes 15] [--concurrency 8] [--out bench/results/learning.json]
@@ -51,9 +53,21 @@ def main() -> None:
         "heldout": curve["heldout"],
         "rejected": curve["rejected"],
         "releases": curve["releases"],
+        "test": curve["test"],
+        "demo_settings": curve["settings"],
     }
     args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(_against_baseline(result.start_heldout_success, result.final_heldout_success, "held-out (gate)"))
+    print(_against_baseline(result.start_test_success, result.final_test_success, "test (never selected on)"))
     print(f"wrote {args.out}")
+
+
+def _against_baseline(start: float | None, final: float | None, what: str) -> str:
+    """The starting release is the baseline, measured in the same run."""
+    if start is None or final is None:
+        return f"{what}: not measured"
+    ratio = f"{final / start:.2f}x the baseline" if start else "baseline 0"
+    return f"{what}: {100 * start:.1f}% -> {100 * final:.1f}% ({100 * (final - start):+.1f} points, {ratio})"
 
 
 if __name__ == "__main__":

@@ -82,21 +82,25 @@ def test_the_task_set_is_large_varied_and_well_formed() -> None:
 
 
 def test_the_split_is_deterministic_disjoint_and_covers_every_family() -> None:
-    train = [t["question"] for t in demo_tasks.train_tasks()]
-    heldout = [t["question"] for t in demo_tasks.heldout_tasks()]
-    assert not set(train) & set(heldout)
-    assert len(train) + len(heldout) == len(demo_tasks.TASKS)
-    assert 0.2 <= len(heldout) / len(demo_tasks.TASKS) <= 0.3
-    assert {t["category"] for t in demo_tasks.heldout_tasks()} == {t["category"] for t in demo_tasks.TASKS}
-    assert heldout == [t["question"] for t in demo_tasks.heldout_tasks()]  # the same every call
+    parts = {name: [t["question"] for t in getattr(demo_tasks, f"{name}_tasks")()] for name in ("train", "heldout", "test")}
+    train, heldout, test = (set(parts[n]) for n in ("train", "heldout", "test"))
+    assert not train & heldout and not train & test and not heldout & test
+    assert len(train) + len(heldout) + len(test) == len(demo_tasks.TASKS)
+    assert 0.18 <= len(heldout) / len(demo_tasks.TASKS) <= 0.25 and 0.18 <= len(test) / len(demo_tasks.TASKS) <= 0.25
+    families = {t["category"] for t in demo_tasks.TASKS}
+    for name in parts:
+        assert {t["category"] for t in getattr(demo_tasks, f"{name}_tasks")()} == families
+    assert all(demo_tasks.is_heldout(q) for q in heldout) and not any(demo_tasks.is_heldout(q) for q in train | test)
+    assert parts["heldout"] == [t["question"] for t in demo_tasks.heldout_tasks()]  # the same every call
     # and the same in another interpreter, whatever its hash seed
     import subprocess
     import sys
 
-    code = "from reef.demo.tasks import heldout_tasks; print('|'.join(t['question'] for t in heldout_tasks()))"
+    code = ("from reef.demo.tasks import heldout_tasks, test_tasks\n"
+            "for part in (heldout_tasks(), test_tasks()): print('|'.join(t['question'] for t in part))")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": "123", "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    assert other.stdout.strip().split("|") == heldout
+    assert [line.split("|") for line in other.stdout.strip().splitlines()] == [parts["heldout"], parts["test"]]
 
 
 def test_heldout_jsonl_round_trips_in_the_form_the_gate_reads(tmp_path: Path) -> None:
@@ -133,6 +137,8 @@ def _synthetic_curve() -> dict:
         "rejected": [{"minute": 3.1, "candidate_success": 0.2, "current_success": 0.3, "p_value": 0.7}],
         "traffic": traffic,
         "releases": [{"release_id": "r1", "requests": 120, "mean_score": 0.44, "success_rate": 0.25}],
+        "test": {"start": {"release_id": "r1", "n": 8, "success": 0.125}, "final": {"release_id": "r3", "n": 8, "success": 0.5}},
+        "settings": {"examples": 1, "temperature": 1.0, "lr": 2e-4, "minutes": 6.0},
         "summary": {"minutes": 6.0},
     }
 
@@ -179,6 +185,7 @@ def test_gate_verdicts_become_the_heldout_curve_and_the_live_view_shows_them() -
     stats.record("rel1", 0.25, False)
     stats.decisions = [_decision(4, "reject", 2.0, stats, 0.25, 0.2), _decision(3, "select", 1.0, stats, 0.2, 0.25)]
     stats.learning = {"learners": [{"scenario": "demo", "state": "training", "pending_samples": 5, "candidates": 2}]}
+    stats.test["start"] = {"release_id": "rel1", "n": 3, "success": 1 / 3}
     heldout, rejected = stats.heldout_points()
     assert [(p["kind"], p["success"]) for p in heldout] == [("start", 0.2), ("published", 0.25)]
     assert heldout[0]["release_id"] == "rel1" and heldout[1]["release_id"] == "rel3"
@@ -190,6 +197,18 @@ def test_gate_verdicts_become_the_heldout_curve_and_the_live_view_shows_them() -
     Console(file=out, width=160).print(live_view(stats))
     text = out.getvalue()
     assert "1 published, 1 rejected" in text and "step 4: reject" in text and "training, 5 scored samples" in text and "2 candidate(s)" in text
+    assert "test success" in text and "33.3% at the start" in text
+
+
+def test_the_table_reports_the_test_questions_at_the_start_and_the_end() -> None:
+    from rich.console import Console
+
+    from reef.demo.curve import curve_table
+
+    out = io.StringIO()
+    Console(file=out, width=160).print(curve_table(_synthetic_curve()))
+    text = " ".join(out.getvalue().split())  # the caption wraps at the table's width
+    assert "never trained or selected on" in text and "12.5% at the start, 50.0% at the end (r3)" in text
 
 
 # -- the whole demo ---------------------------------------------------------------------------------
@@ -217,8 +236,15 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     config = yaml.safe_load((tmp_path / "work" / "serve.yaml").read_text())
     assert config["learner"]["sao"]["lr"] == 1e-4
     with SQLiteStore(tmp_path / "work" / "state" / "experience.db") as store:
-        reported = store.reported_since("demo")
-    assert reported and {r.request["temperature"] for batch in reported for r in batch.records} == {0.5}
+        reported = [r for batch in store.reported_since("demo") for r in batch.records]
+    assert reported and {r.request["temperature"] for r in reported} == {0.5}
+    # traffic asks training questions only; the test questions were asked but never reported
+    train = {demo_tasks.user_prompt(t) for t in demo_tasks.train_tasks()}
+    assert {r.request["messages"][-1]["content"] for r in reported} <= train
+    n_test = len(demo_tasks.test_tasks())
+    assert curve["test"]["start"]["n"] == curve["test"]["final"]["n"] == n_test
+    assert result.start_test_success == curve["test"]["start"]["success"] and 0 <= result.start_test_success <= 1
+    assert result.final_test_success is not None and result.final_test_release
 
 
 @pytest.mark.slow

@@ -8,6 +8,10 @@
 - `traffic`: `[{minute, score, success, release_id}]`, every scored live request (train split,
   temperature 1), from which a rolling success rate is drawn;
 - `releases`: `[{release_id, requests, mean_score, success_rate}]`, live traffic per release;
+- `test`: `{start, final}: {release_id, n, success}`, greedy success on the test questions, which
+  no request of the traffic asks and the gate never sees: asked of the starting release before
+  the traffic and of the serving one after it;
+- `settings`: what the demo ran with (worked examples, traffic temperature, lr, minutes);
 - `summary`: the demo's result.
 """
 
@@ -58,7 +62,9 @@ def plot_learning_curve(curve: dict[str, Any], path: Path, window: int = ROLLING
         rolling = rolling_success(curve.get("traffic", []), window)
         if rolling:
             ax.plot([m for m, _ in rolling], [100 * r for _, r in rolling], color="tab:green", alpha=0.6,
-                    linewidth=1, label=f"live traffic success, last {window} requests (temperature 1)")
+                    linewidth=1, label=f"live traffic success, last {window} requests "
+                    f"(temperature {curve.get('settings', {}).get('temperature', 1.0):g})")
+        _plot_test(ax, curve)
         ax.set_xlabel("minutes")
         ax.set_ylabel("exact answers (%)")
         ax.set_ylim(-2, 102)
@@ -72,6 +78,17 @@ def plot_learning_curve(curve: dict[str, Any], path: Path, window: int = ROLLING
     finally:
         plt.close(fig)
     return path
+
+
+def _plot_test(ax: Any, curve: dict[str, Any]) -> None:
+    """The test questions' success at the start and at the end, as two diamonds."""
+    test = curve.get("test") or {}
+    end = float(curve.get("summary", {}).get("minutes") or 0)
+    points = [(minute, test[key]["success"]) for key, minute in (("start", 0.0), ("final", end))
+              if (test.get(key) or {}).get("success") is not None]
+    if points:
+        ax.plot([m for m, _ in points], [100 * v for _, v in points], "D", color="tab:purple", markersize=7,
+                label="test success, start and end (greedy; nothing trained or selected on it)")
 
 
 def write_curve(curve: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
@@ -99,6 +116,11 @@ def curve_table(curve: dict[str, Any]) -> Any:
                       _pct(row.get("success_rate")))
     if not curve.get("heldout"):
         table.add_row("-", "no gate verdict yet", "-", "-", "-", "-")
+    test = curve.get("test") or {}
+    if test:
+        start, final = (test.get(k) or {} for k in ("start", "final"))
+        table.caption = (f"test questions (never trained or selected on), greedy: {_pct(start.get('success'))} at the "
+                         f"start, {_pct(final.get('success'))} at the end ({(final.get('release_id') or '?')[:12]})")
     return table
 
 

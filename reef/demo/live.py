@@ -57,7 +57,11 @@ def live_view(stats: DemoStats) -> Group:
     overview.add_row("releases", f"{published} published, {rejected} rejected"
                      + ("" if stats.decisions_route else " (no decisions route: rejections not shown)"))
     overview.add_row("live success", f"{_pct(sum(p['success'] for p in window) / len(window)) if window else '-'}"
-                     f" over the last {len(window)} answers (temperature 1)")
+                     f" over the last {len(window)} answers (temperature {stats.temperature:g})")
+    start_test = stats.test.get("start", {}).get("success")
+    if start_test is not None:
+        overview.add_row("test success", f"{_pct(start_test)} at the start (greedy, questions nothing is trained "
+                         "or selected on; asked again at the end)")
     overview.add_row("learner", _learner_line(stats.learning, "demo"))
     overview.add_row("latest verdict", _verdict_line(max(stats.decisions, key=lambda d: d.get("step") or 0) if stats.decisions else None))
     per_release = Table(title="live traffic by serving release", title_justify="left")

@@ -26,7 +26,7 @@ import yaml
 
 from reef.demo import tasks as demo_tasks
 from reef.demo.curve import curve_table, rolling_success, write_curve
-from reef.demo.server import LEARNING_RATE, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer, DemoServerError, demo_settings, free_port
+from reef.demo.server import GATE_MAX_TOKENS, LEARNING_RATE, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer, DemoServerError, demo_settings, free_port
 
 SCENARIO = "demo"
 HEADERS = {"x-reef-scenario": SCENARIO}
@@ -47,6 +47,9 @@ class DemoResult:
     minutes: float
     live_success_first: float | None  # live traffic, first and last window of requests
     live_success_last: float | None
+    start_test_success: float | None  # test questions (never reported, never judged by the gate)
+    final_test_success: float | None
+    final_test_release: str | None
     interrupted: bool
     png: str
     json: str
@@ -77,6 +80,7 @@ class DemoStats:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     decisions_route: bool = True
     learning: dict[str, Any] = field(default_factory=dict)
+    test: dict[str, dict[str, Any]] = field(default_factory=dict)  # "start" / "final": a TestResult as a dict
 
     def elapsed(self) -> float:
         return (time.monotonic() - self.started) / 60
@@ -182,6 +186,39 @@ async def _poller(client: httpx.AsyncClient, stats: DemoStats, stop: asyncio.Eve
         await asyncio.sleep(POLL_SECONDS)
 
 
+# -- the test questions ------------------------------------------------------------------------
+
+
+TEST_ATTEMPTS = 3
+
+
+async def _ask_test(client: httpx.AsyncClient, task: dict[str, Any], examples: int,
+                    limit: asyncio.Semaphore) -> tuple[str, float]:
+    body = {"model": "smollm2", "messages": demo_tasks.messages(task, examples), "temperature": 0,
+            "max_tokens": GATE_MAX_TOKENS}
+    async with limit:
+        response = await client.post("/v1/chat/completions", json=body, headers=HEADERS)
+    response.raise_for_status()
+    text = response.json()["choices"][0]["message"].get("content") or ""
+    return response.headers.get("x-reef-release-id", "?"), demo_tasks.gate_score(task, text)
+
+
+async def measure_test(client: httpx.AsyncClient, examples: int, concurrency: int) -> dict[str, Any]:
+    """Greedy exact success of the serving release on the test questions, asked as the gate asks
+    its own (never reported, so never trained on). Should the head move while they are answered,
+    they are all asked again, up to TEST_ATTEMPTS times; `release_id` is None if it never held."""
+    tasks = demo_tasks.test_tasks()
+    limit = asyncio.Semaphore(concurrency)
+    answers: list[tuple[str, float]] = []
+    for _ in range(TEST_ATTEMPTS):
+        answers = list(await asyncio.gather(*(_ask_test(client, t, examples, limit) for t in tasks)))
+        if len({release for release, _ in answers}) == 1:
+            break
+    releases = {release for release, _ in answers}
+    return {"release_id": releases.pop() if len(releases) == 1 else None, "n": len(answers),
+            "success": sum(value for _, value in answers) / len(answers) if answers else None}
+
+
 async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer, console: Any, seed: int = 0) -> None:
     from rich.live import Live
 
@@ -191,6 +228,9 @@ async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=300.0, limits=limits) as client:
+        console.print(f"reef demo: asking the starting release the {len(demo_tasks.test_tasks())} test questions")
+        stats.test["start"] = await measure_test(client, stats.examples, concurrency)
+        stats.started, stats.started_wall = time.monotonic(), time.time()  # the clock starts with the traffic
         workers = [asyncio.create_task(_worker(client, stats, rng, stop, server)) for _ in range(concurrency)]
         poller = asyncio.create_task(_poller(client, stats, stop))
         try:
@@ -204,6 +244,8 @@ async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer
                 stop.set()  # no new requests; let the ones in flight finish (briefly)
                 await asyncio.wait(workers, timeout=30)
                 live.update(live_view(stats))
+            console.print("reef demo: asking the final release the test questions")
+            stats.test["final"] = await measure_test(client, stats.examples, concurrency)
         finally:
             stop.set()
             for task in [*workers, poller]:
@@ -292,13 +334,16 @@ def _finish(stats: DemoStats, out_dir: Path, server: DemoServer, interrupted: bo
         reports=stats.reports, errors=stats.errors, minutes=round(min(stats.elapsed(), stats.minutes), 3),
         live_success_first=sum(successes[:window]) / window if window else None,
         live_success_last=sum(successes[-window:]) / window if window else None,
+        start_test_success=stats.test.get("start", {}).get("success"),
+        final_test_success=stats.test.get("final", {}).get("success"),
+        final_test_release=stats.test.get("final", {}).get("release_id"),
         interrupted=interrupted, png=str(out_dir / "learning_curve.png"), json=str(out_dir / "learning_curve.json"),
         server_log=str(server.log_path),
     )
     settings = {"examples": stats.examples, "temperature": stats.temperature, "lr": stats.lr,
                 "minutes": stats.minutes}
     curve = {"scenario": SCENARIO, "settings": settings, "heldout": heldout, "rejected": rejected, "traffic": stats.traffic,
-             "releases": stats.releases(), "decisions": stats.decisions, "summary": result.to_json()}
+             "releases": stats.releases(), "test": stats.test, "decisions": stats.decisions, "summary": result.to_json()}
     write_curve(curve, out_dir)
     console.print(curve_table(curve))
     console.print(_summary_line(result))
@@ -312,7 +357,8 @@ def _summary_line(r: DemoResult) -> str:
     gain = "-" if r.improvement_points is None else f"{r.improvement_points:+.1f} points"
     return (f"reef demo: {r.minutes:.1f} min, {r.requests} requests, {r.reports} reports, {r.releases_published} "
             f"releases published, {r.releases_rejected} rejected; held-out success {pct(r.start_heldout_success)} -> "
-            f"{pct(r.final_heldout_success)} (best {pct(r.best_heldout_success)}, {gain}); curve: {r.png}")
+            f"{pct(r.final_heldout_success)} (best {pct(r.best_heldout_success)}, {gain}); test success (nothing "
+            f"selected on it) {pct(r.start_test_success)} -> {pct(r.final_test_success)}; curve: {r.png}")
 
 
 __all__ = ["DemoResult", "DemoServerError", "DemoStats", "run_demo"]

@@ -3,8 +3,10 @@
 328 questions in four families (opposites, capitals, plurals, languages spoken in a country),
 each with the set of answers accepted. A question is asked as "<question> Answer with one
 word." after SHOWN_EXAMPLES worked examples given as earlier turns (EXAMPLES; none of them is a
-task). A deterministic split holds out every fifth question of each family, ordered by a hash of
-the question: 68 held out (the gate's tasks, never asked by live traffic), 260 for training.
+task). A deterministic split, by a hash of the question within each family, makes three parts:
+68 held out (the gate's tasks, never asked by live traffic), 67 for the final test (asked only
+of the starting and the final release, never reported: nothing is selected on them) and 193
+for training.
 
 The families are those whose answers SmolLM2-135M mostly knows but does not give in one word:
 asked bare, it names the answer in a sentence ("The plural of foot is feet.") for 64-94% of
@@ -47,7 +49,7 @@ MAX_PARTIAL_WORDS = 12
 # Worked examples shown before each question; none of them is a task.
 EXAMPLES = (("What colour is the sky?", "Blue"), ("What is the opposite of wide?", "Narrow"), ("What is 2 plus 2?", "4"))
 SHOWN_EXAMPLES = 1  # the form shown once; the demo runs of docs/learning.md use it
-HELDOUT_EVERY = 5  # one question in five of each family (by hash) is held out
+HELDOUT_EVERY = 5  # of each family, one question in five (by hash) is held out for the gate, one for the test
 
 # "key:answer|answer" rows per family; the question is built from the key ("-" in a key is a space).
 # Only one-word answers, and only families whose answers SmolLM2-135M mostly knows (module doc).
@@ -138,29 +140,39 @@ def _digest(question: str) -> str:
     return hashlib.sha256(question.encode()).hexdigest()
 
 
-def _heldout_questions() -> frozenset[str]:
-    """Within each family, order the questions by a hash and hold out every fourth: stable across
-    runs, machines and Python's hash seed, and every family is represented in the held-out set."""
-    chosen: set[str] = set()
+def _roles() -> dict[str, str]:
+    """Within each family, order the questions by a hash; of every HELDOUT_EVERY, the first is
+    held out for the gate, the second for the final test, the rest are for training. Stable
+    across runs, machines and Python's hash seed; every family is in every part."""
+    role: dict[str, str] = {}
     for family in sorted({t["category"] for t in TASKS}):
         ranked = sorted((t["question"] for t in TASKS if t["category"] == family), key=_digest)
-        chosen.update(ranked[::HELDOUT_EVERY])
-    return frozenset(chosen)
+        for i, question in enumerate(ranked):
+            role[question] = {0: "heldout", 1: "test"}.get(i % HELDOUT_EVERY, "train")
+    return role
 
 
-_HELDOUT = _heldout_questions()
+_ROLE = _roles()
 
 
 def is_heldout(question: str) -> bool:
-    return question in _HELDOUT
+    return _ROLE.get(question) == "heldout"
 
 
 def train_tasks() -> list[dict[str, Any]]:
-    return [t for t in TASKS if not is_heldout(t["question"])]
+    """Asked by the demo's traffic, scored and reported: what the learner trains on."""
+    return [t for t in TASKS if _ROLE[t["question"]] == "train"]
 
 
 def heldout_tasks() -> list[dict[str, Any]]:
-    return [t for t in TASKS if is_heldout(t["question"])]
+    """The gate's tasks: never asked by traffic."""
+    return [t for t in TASKS if _ROLE[t["question"]] == "heldout"]
+
+
+def test_tasks() -> list[dict[str, Any]]:
+    """Asked only of the starting and the final release, never reported, never seen by the gate:
+    a held-out measurement that nothing was selected on."""
+    return [t for t in TASKS if _ROLE[t["question"]] == "test"]
 
 
 def user_prompt(task: dict[str, Any]) -> str:
