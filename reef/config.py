@@ -55,6 +55,7 @@ class SAOConfig(Strict):
     batch_size: int = Field(8, ge=1, description="Scored samples per optimiser step")
     steps_per_candidate: int = Field(4, ge=1, description="Optimiser steps before the gate judges the adapter")
     lr: float = Field(5e-4, gt=0)
+    warmup_steps: int = Field(0, ge=0, description="A fresh optimiser's first steps ramp lr up linearly over this many")
     lora_r: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
     eps_clip: float = Field(0.2, gt=0, lt=1)

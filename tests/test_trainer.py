@@ -20,7 +20,7 @@ from safetensors.torch import load as load_safetensors  # noqa: E402
 
 from reef.core.chat import ChatRequest, Finish, Message, TextDelta  # noqa: E402
 from reef.core.types import ReleaseRef  # noqa: E402
-from reef.grow.trainer import LoRATrainer, Sample, TrainConfig  # noqa: E402
+from reef.grow.trainer import LoRATrainer, Sample, TrainConfig, warmed_up_lr  # noqa: E402
 from reef.grow.worker import TrainingFailed, TrainingWorker  # noqa: E402
 from reef.runtimes.embedded import EmbeddedRuntime  # noqa: E402
 
@@ -154,6 +154,28 @@ def test_a_rollback_restarts_the_optimiser(trainer: LoRATrainer, rollouts: list[
     again, _ = trainer.step("rb", start, samples, TrainConfig(lr=1e-2))  # a rollback: fresh AdamW state
     assert not all(torch.equal(a, weights(first)[k]) for k, a in weights(second).items())
     assert all(torch.equal(a, weights(first)[k]) for k, a in weights(again).items())
+
+
+def test_a_fresh_optimiser_ramps_its_learning_rate_up(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
+    from reef.config import SAOConfig
+    from reef.recipes.sao import SAORecipe
+
+    assert [warmed_up_lr(TrainConfig(lr=1.0, warmup_steps=4), n) for n in range(6)] == [0.25, 0.5, 0.75, 1, 1, 1]
+    assert warmed_up_lr(TrainConfig(lr=1.0), 0) == 1.0
+    assert SAORecipe(SAOConfig(warmup_steps=3)).train_config().warmup_steps == 3
+    samples = samples_of(rollouts[:4], [1.0, -1.0, 0.5, -0.5])
+    start, _ = trainer.step("wu-elsewhere", None, samples, TrainConfig(lr=0.0))
+
+    def moved(files: dict[str, bytes]) -> float:
+        return max(float((a - weights(start)[k]).abs().max()) for k, a in weights(files).items())
+
+    plain, _ = trainer.step("wu-plain", start, samples, TrainConfig(lr=1e-2))
+    warm, _ = trainer.step("wu", start, samples, TrainConfig(lr=1e-2, warmup_steps=4))
+    # AdamW's first step moves each weight by about lr whatever its gradient: a quarter of it here
+    assert moved(plain) == pytest.approx(1e-2, rel=0.05)
+    assert moved(warm) == pytest.approx(moved(plain) / 4, rel=0.05)
+    again, _ = trainer.step("wu", start, samples, TrainConfig(lr=1e-2, warmup_steps=4))  # a rollback ramps again
+    assert moved(again) == pytest.approx(moved(warm), rel=1e-6)
 
 
 def test_bad_samples_are_refused(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:

@@ -56,6 +56,7 @@ class TrainConfig:
     lora_dropout: float = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     lr: float = 5e-4
+    warmup_steps: int = 0          # a fresh optimiser's first steps ramp lr up linearly (0: none)
     weight_decay: float = 0.0
     eps_clip: float = 0.2          # tokens with ratio outside (1 - eps_clip, 1 + eps_clip_high) are masked out
     eps_clip_high: float = 0.28
@@ -63,6 +64,15 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     micro_batch: int = 8
     seed: int = 0
+
+
+def warmed_up_lr(config: TrainConfig, steps_taken: int) -> float:
+    """The learning rate of an optimiser's next step. A fresh AdamW's first updates are about
+    lr in every direction, however noisy the gradient (its moment estimates are one sample
+    old), so they ramp up over `warmup_steps`."""
+    if config.warmup_steps <= 0:
+        return config.lr
+    return config.lr * min(1.0, (steps_taken + 1) / config.warmup_steps)
 
 
 def adapter_part(files: dict[str, bytes] | None) -> dict[str, bytes] | None:
@@ -133,7 +143,7 @@ class LoRATrainer:
             self.peft.set_adapter(slot.name)
             self.peft.train()
             for group in slot.optimizer.param_groups:
-                group["lr"], group["weight_decay"] = config.lr, config.weight_decay
+                group["lr"], group["weight_decay"] = warmed_up_lr(config, slot.steps), config.weight_decay
             slot.optimizer.zero_grad(set_to_none=True)
             sums = dict(loss=0.0, ratio=0.0, kept=0.0, kl=0.0, max_log_ratio=0.0)
             try:

@@ -59,7 +59,7 @@ class SAORecipe:
 
     def train_config(self) -> TrainConfig:
         c = self.config
-        return TrainConfig(lora_r=c.lora_r, lora_alpha=c.lora_alpha, lr=c.lr, eps_clip=c.eps_clip,
+        return TrainConfig(lora_r=c.lora_r, lora_alpha=c.lora_alpha, lr=c.lr, warmup_steps=c.warmup_steps, eps_clip=c.eps_clip,
                            eps_clip_high=c.eps_clip_high, kl_coef=c.kl_coef, micro_batch=c.batch_size)
 
     @property
