@@ -1,11 +1,11 @@
 """The demo's task stream: one-word factual questions and a strict verifier.
 
-328 questions in four families (opposites, capitals, plurals, languages spoken in a country),
+449 questions in four families (opposites, capitals, plurals, languages spoken in a country),
 each with the set of answers accepted. A question is asked as "<question> Answer with one
 word." after SHOWN_EXAMPLES worked examples given as earlier turns (EXAMPLES; none of them is a
 task). A deterministic split, by a hash of the question within each family, makes three parts:
-68 held out (the gate's tasks, never asked by live traffic), 67 for the final test (asked only
-of the starting and the final release, never reported: nothing is selected on them) and 193
+92 held out (the gate's tasks, never asked by live traffic), 91 for the final test (asked only
+of the starting and the final release, never reported: nothing is selected on them) and 266
 for training.
 
 The families are those whose answers SmolLM2-135M mostly knows but does not give in one word:
@@ -23,14 +23,15 @@ answer appears as a whole word in a short reply (at most 12 words) that finished
 Repeating the answer ("cold cold cold") earns only the partial credit. The gate counts exact
 successes only (`gate_score`).
 
-Base rates of SmolLM2-135M-Instruct on the 68 held-out questions (fp32, as the gate asks them:
+Base rates of SmolLM2-135M-Instruct on the 92 held-out questions (fp32, as the gate asks them:
 at most 8 tokens), exact / partial:
 | worked examples | greedy | temperature 1 (2 samples each, 16 tokens) |
 |---:|---:|---:|
-| 0 | 0% | 0% / 13.2% |
-| 1 (the default) | 19.1% (opposites 7/25, capitals 3/17, plurals 0/16, languages 3/10) | 11.8% / 8.1% |
-| 2 | 25.0% | 10.3% / 4.4% |
-| 3 | 25.0% | 11.0% / 2.9% |
+| 0 | 0% | 0% / 14.1% |
+| 1 (the default) | 16.3% (opposites 8/37, capitals 3/17, plurals 1/28, languages 3/10) | 8.7% / 6.5% |
+| 2 | 20.7% | 7.1% / 2.2% |
+| 3 | 20.7% | 8.2% / 4.3% |
+On the 91 test questions, one example: 16.5% greedy.
 With 0 examples the base model never answers in one word, and exact-match learning has nothing
 to grow from (run 9 in docs/learning.md).
 """
@@ -72,7 +73,17 @@ lend:borrow maximum:minimum melt:freeze|solidify noisy:quiet|silent odd:even pol
 private:public pretty:ugly rough:smooth|gentle sharp:blunt|dull shout:whisper sink:float smile:frown
 solid:liquid success:failure sunrise:sunset teacher:student|pupil tight:loose
 tiny:huge|enormous|giant|big|large together:apart|separate|alone visible:invisible
-wild:tame winter:summer wise:foolish|stupid|unwise"""
+wild:tame winter:summer wise:foolish|stupid|unwise add:subtract agree:disagree attack:defend
+bright:dark|dim clever:stupid|foolish|dumb cold:hot|warm cool:warm|hot dark:light|bright different:same|similar
+dirty:clean fail:pass|succeed few:many|several find:lose child:adult|parent cloudy:sunny|clear
+crooked:straight destroy:create|build|make down:up easy:hard|difficult export:import fresh:stale|rotten
+hate:love heaven:hell horizontal:vertical import:export inner:outer junior:senior land:sea|water
+lie:truth major:minor mountain:valley narrow:wide|broad natural:artificial|unnatural night:day
+noon:midnight obey:disobey optimist:pessimist patient:impatient plural:singular positive:negative
+quick:slow rare:common raw:cooked sad:happy same:different sell:buy send:receive short:tall|long
+silent:noisy|loud simple:complex|complicated|difficult slow:fast|quick small:big|large|huge sour:sweet
+thin:thick|fat ugly:beautiful|pretty vertical:horizontal victory:defeat warm:cold|cool weak:strong
+white:black wrong:right|correct"""
 _CAPITALS = """France:paris Japan:tokyo Italy:rome Germany:berlin Spain:madrid England:london
 Russia:moscow China:beijing Egypt:cairo Greece:athens Canada:ottawa Australia:canberra
 Ireland:dublin Portugal:lisbon Norway:oslo Sweden:stockholm Finland:helsinki Denmark:copenhagen
@@ -98,7 +109,15 @@ lady:ladies party:parties country:countries family:families fly:flies cherry:che
 loaf:loaves thief:thieves shelf:shelves calf:calves elf:elves tomato:tomatoes echo:echoes
 louse:lice die:dice crisis:crises analysis:analyses fungus:fungi|funguses nucleus:nuclei
 radius:radii stimulus:stimuli index:indices|indexes appendix:appendices|appendixes
-phenomenon:phenomena criterion:criteria bacterium:bacteria medium:media|mediums"""
+phenomenon:phenomena criterion:criteria bacterium:bacteria medium:media|mediums
+bag:bags ball:balls bed:beds bell:bells boat:boats bottle:bottles bowl:bowls bridge:bridges
+brick:bricks button:buttons candle:candles coat:coats cup:cups desk:desks door:doors drum:drums
+flower:flowers frog:frogs garden:gardens hat:hats hill:hills lamp:lamps letter:letters map:maps
+pen:pens pencil:pencils plate:plates ring:rings river:rivers road:roads rock:rocks shoe:shoes
+shirt:shirts ship:ships sock:socks spoon:spoons star:stars stone:stones train:trains window:windows
+bush:bushes class:classes dress:dresses kiss:kisses match:matches peach:peaches beach:beaches
+torch:torches wish:wishes tax:taxes fairy:fairies puppy:puppies pony:ponies library:libraries
+lily:lilies diary:diaries army:armies enemy:enemies scarf:scarves|scarfs hoof:hooves|hoofs"""
 _LANGUAGES = """France:french Germany:german Spain:spanish Italy:italian Japan:japanese China:chinese|mandarin
 Russia:russian Portugal:portuguese Brazil:portuguese Greece:greek Poland:polish the-Netherlands:dutch
 Sweden:swedish Norway:norwegian Finland:finnish Denmark:danish Turkey:turkish South-Korea:korean
