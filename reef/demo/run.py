@@ -1,11 +1,13 @@
 """The demo driver: serve, observe, grow, commit, on the embedded model, with a live view.
 
 `run_demo` starts its own `reef serve` (reef.demo.server), then for `minutes` keeps
-`concurrency` chat requests in flight (train-split questions at temperature `TRAFFIC_TEMPERATURE`, scenario `demo`),
+`concurrency` chat requests in flight (train-split questions at `temperature`, scenario `demo`),
 scores every answer with the strict verifier (reef.demo.tasks), reports the score on its
 receipt, and watches the learner's gate verdicts (`GET /reef/scenarios/demo/decisions`, or the
-release chain where that route is missing). At the end, or on Ctrl-C, it stops the server and
-writes `learning_curve.png` and `learning_curve.json` (reef.demo.curve) into `out_dir`.
+release chain where that route is missing). Before the traffic and after it, the test
+questions (reef.demo.tasks.test_tasks) are asked of the serving release. At the end, or on
+Ctrl-C, it stops the server and writes `learning_curve.png` and `learning_curve.json`
+(reef.demo.curve) into `out_dir`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import yaml
 
 from reef.demo import tasks as demo_tasks
 from reef.demo.curve import curve_table, rolling_success, write_curve
-from reef.demo.server import GATE_MAX_TOKENS, LEARNING_RATE, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer, DemoServerError, demo_settings, free_port
+from reef.demo.server import (GATE_MAX_TOKENS, LEARNING_RATE, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer,
+                              DemoServerError, demo_settings, free_port)
 
 SCENARIO = "demo"
 HEADERS = {"x-reef-scenario": SCENARIO}
@@ -80,7 +83,7 @@ class DemoStats:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     decisions_route: bool = True
     learning: dict[str, Any] = field(default_factory=dict)
-    test: dict[str, dict[str, Any]] = field(default_factory=dict)  # "start" / "final": a TestResult as a dict
+    test: dict[str, dict[str, Any]] = field(default_factory=dict)  # "start" / "final": {release_id, n, success}
 
     def elapsed(self) -> float:
         return (time.monotonic() - self.started) / 60
@@ -278,7 +281,7 @@ def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path |
     with _sigterm_as_interrupt():
         try:
             server.start()
-            stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr)  # the clock starts once the server answers
+            stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr)  # a fresh clock
             asyncio.run(drive(server.url, stats, concurrency, server, console))
         except KeyboardInterrupt:
             interrupted = True
