@@ -35,8 +35,10 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
     example; --examples 0-3), scores each answer with a strict verifier (exact answer 1, the answer inside a short sentence 0.25, else 0; a
     truncated reply fails) and reports the score on its receipt. The learner trains LoRA
     candidates on that feedback; the gate publishes one only when it beats the serving release
-    on held-out questions that traffic never asks. Ctrl-C (or SIGTERM) stops early and still
-    writes the curve.
+    on held-out questions that traffic never asks. Before the traffic and after it, the
+    starting and the final release answer test questions that nothing is trained or selected
+    on; both figures are in the summary. Ctrl-C (or SIGTERM) stops early and still writes the
+    curve.
 
     \b
     Example:
