@@ -131,14 +131,20 @@ class DemoStats:
 # -- traffic -------------------------------------------------------------------------------------
 
 
-async def _one_request(client: httpx.AsyncClient, task: dict[str, Any], stats: DemoStats) -> None:
-    body = {"model": "smollm2", "messages": demo_tasks.messages(task, stats.examples), "temperature": stats.temperature,
-            "max_tokens": TRAFFIC_MAX_TOKENS}
+async def _ask(client: httpx.AsyncClient, task: dict[str, Any], examples: int, temperature: float,
+               max_tokens: int) -> tuple[httpx.Response, str, str]:
+    """One demo question as a chat request: (the response, the answer's text, its finish reason)."""
+    body = {"model": "smollm2", "messages": demo_tasks.messages(task, examples), "temperature": temperature,
+            "max_tokens": max_tokens}
     response = await client.post("/v1/chat/completions", json=body, headers=HEADERS)
     response.raise_for_status()
     choice = response.json()["choices"][0]
-    text = choice["message"].get("content") or ""
-    value = demo_tasks.score(task, text, choice.get("finish_reason") or "")
+    return response, choice["message"].get("content") or "", choice.get("finish_reason") or ""
+
+
+async def _one_request(client: httpx.AsyncClient, task: dict[str, Any], stats: DemoStats) -> None:
+    response, text, finish = await _ask(client, task, stats.examples, stats.temperature, TRAFFIC_MAX_TOKENS)
+    value = demo_tasks.score(task, text, finish)
     stats.record(response.headers.get("x-reef-release-id", "?"), value, value == 1.0)
     receipt = response.headers["x-reef-agent-record-id"]
     report = {"references": [receipt], "score": value, "feedback": demo_tasks.feedback(task)}
@@ -197,12 +203,8 @@ TEST_ATTEMPTS = 3
 
 async def _ask_test(client: httpx.AsyncClient, task: dict[str, Any], examples: int,
                     limit: asyncio.Semaphore) -> tuple[str, float]:
-    body = {"model": "smollm2", "messages": demo_tasks.messages(task, examples), "temperature": 0,
-            "max_tokens": GATE_MAX_TOKENS}
     async with limit:
-        response = await client.post("/v1/chat/completions", json=body, headers=HEADERS)
-    response.raise_for_status()
-    text = response.json()["choices"][0]["message"].get("content") or ""
+        response, text, _ = await _ask(client, task, examples, 0, GATE_MAX_TOKENS)
     return response.headers.get("x-reef-release-id", "?"), demo_tasks.gate_score(task, text)
 
 
