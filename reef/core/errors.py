@@ -21,9 +21,15 @@ from __future__ import annotations
 
 
 class ReefError(Exception):
-    """Base of every error Reef raises on purpose."""
+    """Base of every error Reef raises on purpose. `headers` go out with its HTTP answer (a
+    receipt naming the record it stored, a provider's `Retry-After`)."""
 
     kind = "reef_error"
+    headers: dict[str, str] = {}
+
+    def with_headers(self, headers: dict[str, str]) -> ReefError:
+        self.headers = {**self.headers, **headers}
+        return self
 
 
 class InvalidInput(ReefError, ValueError):

@@ -47,20 +47,21 @@ def status_of(exc: ReefError) -> int:
     return 500
 
 
-def error_response(path: str, status: int, message: str, kind: str | None = None) -> JSONResponse:
+def error_response(path: str, status: int, message: str, kind: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
     if path.startswith("/v1/messages"):
         body = anthropic_wire.error_body(kind or _ANTHROPIC_TYPES.get(status, "api_error"), message)
     elif path.startswith("/v1/"):
         body = openai_wire.error_body(message, kind or _OPENAI_TYPES.get(status, "server_error"))
     else:
         body = {"error": {"type": kind or _OPENAI_TYPES.get(status, "server_error"), "message": message}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def reef_error_response(path: str, exc: ReefError) -> JSONResponse:
     status = status_of(exc)
     kind = exc.error_type if isinstance(exc, RuntimeFailure) and status < 500 else None
-    return error_response(path, status, str(exc), kind)
+    return error_response(path, status, str(exc), kind, exc.headers or None)
 
 
 async def reef_error_handler(request: Request, exc: Exception) -> JSONResponse:
