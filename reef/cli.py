@@ -36,12 +36,13 @@ def inspect(state_dir: Path, as_json: bool) -> None:
     """Open a state directory (running recovery) and show every scenario's head.
 
     Exits 1 with the file and line when the state is damaged, or with the release id when an
-    artifact the commit log names is missing.
+    artifact the commit log names is missing (every release is checked, not only the heads).
     """
     if not state_dir.exists():
         raise click.ClickException(f"no state directory at {state_dir}")
     try:
         with ReefState.open(state_dir) as state:
+            state.verify_artifacts()
             rows = [_scenario_row(state, name) for name in state.scenarios()]
     except ReefError as exc:
         raise click.ClickException(str(exc)) from None
@@ -127,6 +128,7 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
     from reef.config import load_config
     from reef.runtimes.factory import build_runtime
     from reef.serve.app import create_app
+    from reef.serve.connection_timeouts import timed_protocol
 
     try:
         config = load_config(config_path, host=host, port=port, state_dir=state_dir, tokens=list(tokens) or None,
@@ -141,7 +143,10 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
     auth = f"{len(config.tokens)} token(s)" if config.tokens else "no token (loopback only)"
     click.echo(f"reef: serving {built.name} runtime on http://{config.host}:{config.port} "
                f"(state {config.state_dir}, auth: {auth})", err=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False, ws="none",
+                http=timed_protocol(config.header_timeout, config.body_timeout),
+                timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # a float works
+                timeout_graceful_shutdown=config.shutdown_timeout)  # type: ignore[arg-type]
 
 
 # -- talking to a running server -------------------------------------------------------------

@@ -5,9 +5,13 @@
     <state>/commits/<key>.jsonl   one commit log per scenario (key: urlsafe base64 of the name)
 
 Opening it is recovery: every log is read (a torn last line truncated, other damage an error
-naming file and line), every release it names must have its artifact (else `MissingArtifact`
+naming file and line), each scenario's head must have its artifact (else `MissingArtifact`
 naming it), each scenario's git ref is repaired from its log, and logged compactions are
 applied again (a crash may have come between the log line and the delete).
+
+Older releases are checked when their content is read (`ArtifactStore.files` refuses a missing
+or corrupted artifact, naming the release), not at open: checking them all made every restart
+as slow as the chain was long. `verify_artifacts` checks them all (`reef inspect` runs it).
 """
 
 from __future__ import annotations
@@ -71,6 +75,13 @@ class ReefState:
 
     def head(self, scenario: str) -> ReleaseRef:
         return self.chain(scenario).head().ref
+
+    def verify_artifacts(self) -> None:
+        """Every release of every scenario has its commit, manifest and LFS objects, else
+        `MissingArtifact` naming the first that does not."""
+        for name in self.scenarios():
+            for release in self.chain(name).releases():
+                self.artifacts.verify(release.release_id)
 
     def create(
         self,
@@ -137,16 +148,16 @@ class ReefState:
                 log.close()
                 raise Corruption(str(path), 1, "the first line must be the creation of the scenario the file is named for")
             log.scenario = scenario
-            for entry in entries:
-                if entry.publishes_release:
-                    self.artifacts.verify(entry.release.release_id)
+            chain = ReleaseChain(scenario, log, self.artifacts)
             logged = last_artifact_release(entries)
+            for release_id in {chain.head().release_id, logged}:  # served, and mirrored by the git ref
+                self.artifacts.verify(release_id)
             if self.artifacts.scenario_head(scenario) != logged:
                 self.artifacts.reset_scenario_head(scenario, logged)
             compacted = [rid for entry in entries for rid in entry.compacted_ids]
             if compacted:
                 self.store.compact(scenario, compacted)
-            self._chains[scenario] = ReleaseChain(scenario, log, self.artifacts)
+            self._chains[scenario] = chain
 
 
 def _check_binding(scenario: str, bound: dict, asked: dict) -> None:

@@ -6,7 +6,7 @@ makes the importance ratio exactly 1 on-policy mirrors `reef.runtimes.embedded`:
 weights, left padding with position ids `cumsum(mask) - 1`, logits divided by the rollout's
 temperature (greedy rollouts record temperature-1 log-probs, so 0 counts as 1). Completion
 tokens are found by position, never by id: the pad id is the EOS id (2), which also ends every
-ChatML turn inside the prompt. See EMBEDDED_MODEL.md, "Reinforcement learning on it".
+ChatML turn inside the prompt. See docs/learning.md, "Measured before Reef".
 
 Each key (a scenario) keeps its adapter resident in one peft model and its AdamW state in
 memory, so consecutive steps continue the same optimiser; any other starting point (a rollback,

@@ -79,6 +79,11 @@ class ExperienceStore(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def health(self) -> str | None:
+        """None while the store can take writes when asked; else why it cannot (a stopped
+        writer). A full disk is not a health problem: writes fail with 503 and recover."""
+        return None
+
     # The server awaits these; a backend with its own async path overrides them.
 
     async def aput_record(self, record: Record) -> Record:

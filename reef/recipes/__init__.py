@@ -1,1 +1,8 @@
-"""recipes: arrives with later issues (see DESIGN.md section 1)."""
+"""recipes: the methods a scenario learns by, one file each.
+
+`sao` (weights: single-rollout policy optimisation of a LoRA adapter) and `skills` (the
+harness: rules and skills from reported feedback, through the proposers in `proposers/`). A
+recipe decides which records are eligible (counting why the others are dropped), how they form a
+batch and how a batch becomes a candidate. A scenario is bound to one recipe for life
+(`recipes:` in the config). See docs/learning.md.
+"""
