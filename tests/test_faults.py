@@ -163,4 +163,4 @@ def test_an_upstream_4xx_is_relayed_with_a_receipt_that_can_be_reported(reef: Re
     assert refused.value.response.headers["x-reef-agent-record-id"] == receipt
     record = client.record(receipt)["record"]
     assert record["status"] == "incomplete" and "prompt refused by the provider" in record["error"]
-    assert client.report([receipt], score=0.0, feedback="the context overflowed")["references"] == [receipt]
+    assert client.report(receipt, score=0.0, feedback="the context overflowed")["references"] == [receipt]

@@ -215,8 +215,8 @@ def test_the_store_checks_a_report_of_many_receipts_in_chunks(tmp_path: Path) ->
         ids = [f"many-{i}" for i in range(1200)]
         for i in ids:
             store.put_record(_record(i))
-        stored = store.put_report(Report(id="r1", scenario="s", references=tuple(ids * 30), score=1.0))
-        assert len(stored.references) == 36_000  # 36,000 bound variables was "too many SQL variables"
+        stored = store.put_report(Report(id="r1", scenario="s", references=tuple(ids * 220), score=1.0))
+        assert len(stored.references) == 264_000  # past SQLite's 250,000 bound variables: "too many SQL variables"
 
 
 # -- 3 and 4. nesting: never a record that cannot be read back, never a 500 -------------------
@@ -282,7 +282,7 @@ def test_ten_thousand_nested_arrays_are_a_400_in_the_clients_dialect(http: httpx
 # -- 5. a client that stops reading cannot hold its stream ------------------------------------
 
 
-def test_a_stalled_reader_that_hangs_up_releases_its_stream(reef: ReefServer, http: httpx.Client,
+def test_a_client_that_stops_reading_loses_its_stream_within_the_send_timeout(reef: ReefServer, http: httpx.Client,
                                                             upstream: ScriptedUpstream) -> None:
     upstream.script(mode="huge", size=12 * 1024 * 1024)  # far more than the socket buffers hold
     body = json.dumps({**CHAT, "stream": True}).encode()
@@ -295,7 +295,6 @@ def test_a_stalled_reader_that_hangs_up_releases_its_stream(reef: ReefServer, ht
         reader.sendall(head + body)
         first = reader.recv(4096).decode("latin-1")
         receipt = first.split("x-reef-agent-record-id: ", 1)[1].split("\r\n", 1)[0]
-        reader.shutdown(socket.SHUT_WR)  # hang up our side, never read again
         record = poll(lambda: (r := record_of(http, receipt))["status"] != "in_progress" and r,
                       "the stalled stream's record is still in_progress", SEND_TIMEOUT + 15)
         assert record["status"] == "incomplete" and "stream_send_timeout" in record["error"]

@@ -8,11 +8,12 @@ own 4xx is relayed with its status and message, anything else (refused, reset, t
 malformed, cut short, 5xx) is 502. The api key is only ever a request header and is scrubbed
 from every message this module produces.
 
-Redirects are never followed: one would re-send the whole prompt (and the api key) wherever the
-provider points, or turn the POST into a GET; a 3xx is a 502 naming it. An answer (a whole
-body, or a stream in all) is read as it arrives and refused once it passes
-`max_response_bytes`, never buffered whole first. A relayed error keeps the provider's
-`Retry-After` (and OpenAI's `retry-after-ms`), so the client's SDK waits as the provider asked.
+Redirects are never followed: one would re-send the whole prompt wherever the provider points
+(with an Anthropic key: aiohttp drops only `Authorization` across hosts, not `x-api-key`), or
+turn the POST into a GET; a 3xx is a 502 naming it. An answer (a whole body, or a stream in
+all) is read as it arrives and refused once it passes `max_response_bytes`, never buffered
+whole first. A relayed error keeps the provider's `Retry-After` (and OpenAI's
+`retry-after-ms`), so the client's SDK waits as the provider asked.
 
 The connection pool is aiohttp's (measured here: about 0.34 ms of CPU per request against
 1.9 ms for httpx's async client, which dominated Reef's added latency). `timeout` bounds each

@@ -158,7 +158,9 @@ class SSEParser:
     chunk completes. Lines split on LF (CRLF tolerated) only, as the SSE spec says, so U+2028
     and friends inside JSON text cannot break a line; comments and fields other than
     event/data are ignored. One event (its data lines, and the line still arriving) may hold
-    at most `max_event_bytes`: past that, `AnswerTooLarge`, without buffering the rest."""
+    at most `max_event_bytes`: past that, `AnswerTooLarge`, without buffering the rest (a
+    line that arrived whole in one chunk is decoded before it is counted: the chunk is
+    already in memory, and the runtime bounds the stream as a whole)."""
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         self._max_event_bytes = max_event_bytes
@@ -169,20 +171,21 @@ class SSEParser:
         self._data_size = 0
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
-        if b"\n" not in chunk:  # mid-line: keep the piece; joining on every read would copy quadratically
-            self._hold(chunk)
+        *lines, rest = chunk.split(b"\n")
+        if not lines:  # mid-line: keep the piece; joining on every read would copy quadratically
+            self._hold(rest)
             return []
         if self._partial:
-            chunk = b"".join(self._partial) + chunk
+            lines[0] = b"".join(self._partial) + lines[0]
             self._partial, self._partial_size = [], 0
         out: list[tuple[str | None, str]] = []
-        *lines, rest = chunk.split(b"\n")
         for raw in lines:
             line = raw[:-1] if raw.endswith(b"\r") else raw
             if not line:
                 if self._data:
                     out.append((self._event, "\n".join(self._data)))
-                self._event, self._data, self._data_size = None, [], 0
+                    self._data, self._data_size = [], 0
+                self._event = None
             elif not line.startswith(b":"):
                 self._field(line)
         if rest:
@@ -201,22 +204,20 @@ class SSEParser:
 
     def _hold(self, piece: bytes) -> None:
         self._partial_size += len(piece)
-        self._check(self._partial_size)
+        if self._data_size + self._partial_size > self._max_event_bytes:
+            raise AnswerTooLarge("one server-sent event", self._max_event_bytes)
         self._partial.append(piece)
 
-    def _check(self, line_size: int) -> None:
-        if self._data_size + line_size > self._max_event_bytes:
-            raise AnswerTooLarge("one server-sent event", self._max_event_bytes)
-
     def _field(self, line: bytes) -> None:
-        name, _, value = line.partition(b":")
-        value = value[1:] if value.startswith(b" ") else value
-        if name == b"data":
-            self._check(len(value))
-            self._data_size += len(value)
-            self._data.append(value.decode("utf-8", "replace"))
-        elif name == b"event":
-            self._event = value.decode("utf-8", "replace")
+        name, _, value = line.decode("utf-8", "replace").partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            self._data_size += len(line)
+            if self._data_size > self._max_event_bytes:
+                raise AnswerTooLarge("one server-sent event", self._max_event_bytes)
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
 
 
 async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str | None, str]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reef.core.errors import ReefError
@@ -41,7 +41,11 @@ class HotRoutes:
         dialect, route = hot
         request = Request(scope, receive)
         try:
-            response = await self.service.handle(dialect, await request.body(), request.headers, route)
+            body = await request.body()
+        except ClientDisconnect:  # the client left (or body_timeout closed it) before its body arrived
+            return
+        try:
+            response = await self.service.handle(dialect, body, request.headers, route)
         except ReefError as exc:
             response = reef_error_response(scope["path"], exc)
         except Exception as exc:  # noqa: BLE001 - the client gets its dialect's 500, the log the detail

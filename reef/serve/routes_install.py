@@ -28,7 +28,9 @@ def build_router() -> APIRouter:
     @router.get("/install")
     async def install(request: Request, adapter: str | None = None, scenario: str = "default",
                       url: str | None = None) -> Response:
-        base = server_url(url, request.app.state.reef.config.public_url, str(request.base_url))
+        # the raw Host header, not request.base_url: Starlette swaps an invalid Host for the socket's address
+        base = server_url(url, request.app.state.reef.config.public_url, request.url.scheme,
+                          request.headers.get("host"))
         script = install_script(adapter_named(adapter), base, check_scenario_name(scenario))
         return Response(script, media_type="text/x-shellscript; charset=utf-8")
 

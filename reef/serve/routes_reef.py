@@ -119,8 +119,9 @@ def build_router() -> APIRouter:
         body: RollbackBody = validated(RollbackBody, await request.body())
         app = request.app.state.reef
         chain = app.state.chain(check_scenario_name(name))
-        expected = body.expected_head or chain.head().release_id
-        release = await asyncio.to_thread(chain.rollback, check_id(body.release_id, "release_id"), expected)
+        # no expected_head: the chain stacks it on the head of the moment, read under the log's lock
+        release = await asyncio.to_thread(chain.rollback, check_id(body.release_id, "release_id"),
+                                          body.expected_head or None)
         serving = await app.scenarios.serve_release(chain, release)
         return {"release": release.to_json(), "serving": serving.to_json()}
 

@@ -47,7 +47,7 @@ def _plain_parts(m: re.Match[str]) -> bool:
     return m["path"] is None or ("//" not in m["path"] and ".." not in m["path"])
 
 
-def server_url(asked: str | None, public_url: str | None, request_base_url: str) -> str:
+def server_url(asked: str | None, public_url: str | None, scheme: str, host_header: str | None) -> str:
     """The URL an install script names: the `url` the client asked for, else the configured
     `public_url`, else the address the request came to (its Host header, so checked as strictly)."""
     if asked:
@@ -55,9 +55,9 @@ def server_url(asked: str | None, public_url: str | None, request_base_url: str)
     if public_url:
         return public_url
     try:
-        return checked_url(request_base_url)
+        return checked_url(f"{scheme}://{host_header}")
     except InvalidInput:
-        raise InvalidInput(f"the request's Host header does not make a plain URL ({request_base_url!r}); "
+        raise InvalidInput(f"the request's Host header ({host_header!r}) is not a plain host[:port]; "
                            "pass url=http://host[:port], or set public_url in Reef's settings") from None
 
 
