@@ -144,7 +144,7 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
     click.echo(f"reef: serving {built.name} runtime on http://{config.host}:{config.port} "
                f"(state {config.state_dir}, auth: {auth})", err=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
-                http=timed_protocol(config.header_timeout, config.body_timeout),
+                http=timed_protocol(config.header_timeout, config.body_timeout, config.limits.max_header_bytes),
                 ws="none",  # Reef serves no websockets, and the timed protocol hands no upgrade over
                 timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # a float works
                 timeout_graceful_shutdown=config.shutdown_timeout)  # type: ignore[arg-type]

@@ -12,7 +12,12 @@ ASGI task) for as long as the client likes. This subclass adds two deadlines:
   itself has paused reading because the app is not taking the body yet). The request's task
   then sees the client disconnect.
 
-`timed_protocol(header_timeout, body_timeout)` makes the class for `uvicorn.run(http=...)`.
+It also bounds the request head's size (`limits.max_header_bytes`, 431): httptools itself
+accepts any number of headers of any size, and an ASGI-level check would run only once the
+whole head is in memory.
+
+`timed_protocol(header_timeout, body_timeout, max_header_bytes)` makes the class for
+`uvicorn.run(http=...)`.
 """
 
 from __future__ import annotations
@@ -26,9 +31,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 logger = logging.getLogger("reef.serve")
 
 
+class _HeadTooLarge(Exception):
+    pass
+
+
 class TimedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout: float = 10.0
     body_timeout: float = 30.0
+    max_header_bytes: int = 64 * 1024
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -36,6 +46,8 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         self._head_started = False
         self._body_watch: asyncio.TimerHandle | None = None
         self._body_progress_at = 0.0
+        self._head_bytes = 0
+        self._head_too_large = False
 
     # -- the head ---------------------------------------------------------------------------
 
@@ -51,6 +63,31 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_started = True
+        self._head_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
+        super().on_header(name, value)
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > self.max_header_bytes:
+            self._head_too_large = True
+            raise _HeadTooLarge  # httptools stops parsing; uvicorn then calls send_400_response
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._head_too_large:
+            super().send_400_response(msg)
+            return
+        body = (f"request headers are larger than the limit of {self.max_header_bytes} bytes "
+                "(limits.max_header_bytes)").encode("ascii")
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; "
+                             b"charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.transport.close()
 
     def on_headers_complete(self) -> None:
         self._cancel_head_deadline()
@@ -116,6 +153,8 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
 
-def timed_protocol(header_timeout: float, body_timeout: float) -> type[TimedHttpToolsProtocol]:
+def timed_protocol(header_timeout: float, body_timeout: float,
+                   max_header_bytes: int = 64 * 1024) -> type[TimedHttpToolsProtocol]:
     return type("TimedHttpToolsProtocol", (TimedHttpToolsProtocol,),
-                {"header_timeout": header_timeout, "body_timeout": body_timeout})
+                {"header_timeout": header_timeout, "body_timeout": body_timeout,
+                 "max_header_bytes": max_header_bytes})

@@ -3,7 +3,9 @@
 Plain responses are recorded once, complete (or incomplete with the reason), before the
 response goes out: the receipt names a durable record (invariant 1). A stream's record is
 written `in_progress` before its first byte, so the receipt in its headers is valid at once,
-and finished when the stream ends, fails, or the client goes away. The release is frozen when
+and finished when the stream ends, fails, or the client goes away or stops reading (a whole
+answer is recorded `complete` even if its client left). Every answer that stored a record,
+errors included, carries its receipt. The release is frozen when
 the request is admitted and pinned until it ends (invariant 8); every generated token carries
 the load that produced it, and the record says whether those spans match the frozen release
 (invariant 2).
