@@ -66,7 +66,7 @@ def expected_after_refusal(reef: ReefServer, before: dict[str, Any], receipt: st
 def bounded(case: schemathesis.Case) -> None:
     """Cap generation lengths so a fuzzed request finishes in milliseconds on the tiny model."""
     if isinstance(case.body, dict):
-        for key in ("max_tokens", "max_completion_tokens"):
+        for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             if isinstance(case.body.get(key), int) and not isinstance(case.body.get(key), bool) and case.body[key] > 0:
                 case.body[key] = min(case.body[key], MAX_GENERATED_TOKENS)
 

@@ -19,12 +19,12 @@ import time
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Collection, Iterator, Sequence, TypeVar
 
 from reef.core.errors import NotFound, RecordConflict, StorageUnavailable
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
 from reef.observe import rules
-from reef.observe.store import ExperienceStore
+from reef.observe.store import ExperienceStore, StoredRecord
 
 T = TypeVar("T")
 Write = Callable[[sqlite3.Connection], Any]
@@ -275,6 +275,54 @@ class SQLiteStore(ExperienceStore):
         )
         return [rules.record_from_row(body, seq) for body, seq in rows]
 
+    def iter_records(
+        self,
+        scenario: str,
+        *,
+        release_id: str | None = None,
+        statuses: Collection[RecordStatus] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        reported_only: bool = False,
+        after_seq: int = 0,
+        page_size: int = 500,
+    ) -> Iterator[StoredRecord]:
+        if page_size < 1:
+            raise ValueError("page_size must be at least 1")
+        clauses: list[str] = ["scenario = ?", "seq > ?"]
+        params: list[Any] = []
+        if statuses is not None:
+            values = sorted({RecordStatus(s).value for s in statuses})
+            clauses.append(f"status IN ({','.join('?' * len(values))})" if values else "0")
+            params += values
+        if since is not None:
+            clauses.append("created_at >= ?")
+            params.append(since)
+        if until is not None:
+            clauses.append("created_at < ?")
+            params.append(until)
+        if reported_only:
+            clauses.append("EXISTS (SELECT 1 FROM report_refs f WHERE f.record_id = records.id)")
+        query = (f"SELECT body, seq, created_at, finished_at FROM records WHERE {' AND '.join(clauses)}"
+                 " ORDER BY seq LIMIT ?")
+        cursor = after_seq
+        while True:
+            conn = self._reader()
+            conn.execute("BEGIN")  # one snapshot for a page and its reports; none held between pages
+            try:
+                rows = conn.execute(query, (scenario, cursor, *params, page_size)).fetchall()
+                page = [(rules.record_from_row(body, seq), created, finished) for body, seq, created, finished in rows]
+                if release_id is not None:
+                    page = [p for p in page if p[0].release is not None and p[0].release.release_id == release_id]
+                reports = _reports_naming(conn, [record.id for record, _, _ in page])
+            finally:
+                conn.execute("COMMIT")
+            for record, created, finished in page:
+                yield StoredRecord(record, created, finished, tuple(reports.get(record.id, ())))
+            if len(rows) < page_size:
+                return
+            cursor = rows[-1][1]
+
     def compact(self, scenario: str, record_ids: Sequence[str]) -> int:
         def write(conn: sqlite3.Connection) -> int:
             deleted = 0
@@ -429,6 +477,23 @@ def _known_ids(conn: sqlite3.Connection, scenario: str, ids: Sequence[str]) -> s
             rows = conn.execute(f"SELECT id FROM {table} WHERE scenario = ? AND id IN ({marks})", (scenario, *chunk))
             known.update(row[0] for row in rows)
     return known
+
+
+def _reports_naming(conn: sqlite3.Connection, record_ids: Sequence[str]) -> dict[str, list[Report]]:
+    """The reports that name each record, oldest first (a report naming several is parsed once)."""
+    out: dict[str, list[Report]] = {}
+    parsed: dict[int, Report] = {}
+    for start in range(0, len(record_ids), _IDS_PER_QUERY):
+        chunk = list(record_ids[start:start + _IDS_PER_QUERY])
+        rows = conn.execute(
+            "SELECT DISTINCT f.record_id, r.body, r.seq FROM report_refs f JOIN reports r ON r.seq = f.report_seq"
+            f" WHERE f.record_id IN ({','.join('?' * len(chunk))}) ORDER BY r.seq",
+            chunk,
+        )
+        for record_id, body, seq in rows:
+            report = parsed.get(seq) or parsed.setdefault(seq, rules.report_from_row(body, seq))
+            out.setdefault(record_id, []).append(report)
+    return out
 
 
 def _count(conn: sqlite3.Connection, table: str, scenario: str | None) -> int:

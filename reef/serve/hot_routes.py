@@ -1,6 +1,6 @@
-"""The two routes every agent request takes, dispatched without FastAPI's routing.
+"""The routes every agent request takes, dispatched without FastAPI's routing.
 
-`POST /v1/chat/completions` and `POST /v1/messages` go straight from the ASGI scope to
+`POST /v1/chat/completions`, `POST /v1/messages` and `POST /v1/responses` go straight from the ASGI scope to
 `InferenceService.handle`. FastAPI's route matching, dependency solving and exception
 middleware cost about a fifth of Reef's CPU per proxied request (py-spy, bench/proxy.py); this
 layer sits inside the token and body-limit guards, so they still apply, and answers errors
@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reef.core.errors import ReefError
-from reef.serve.dialects import ANTHROPIC, OPENAI, Dialect
+from reef.serve.dialects import ANTHROPIC, OPENAI, RESPONSES, Dialect
 from reef.serve.http_errors import error_response, reef_error_response
 from reef.serve.inference import InferenceService
 
@@ -25,6 +25,7 @@ log = logging.getLogger("reef.serve")
 HOT: dict[str, tuple[Dialect, str]] = {
     "/v1/chat/completions": (OPENAI, "chat_completions"),
     "/v1/messages": (ANTHROPIC, "messages"),
+    "/v1/responses": (RESPONSES, "responses"),
 }
 
 
@@ -41,11 +42,9 @@ class HotRoutes:
         dialect, route = hot
         request = Request(scope, receive)
         try:
-            body = await request.body()
+            response = await self.service.handle(dialect, await request.body(), request.headers, route)
         except ClientDisconnect:  # the client left (or body_timeout closed it) before its body arrived
             return
-        try:
-            response = await self.service.handle(dialect, body, request.headers, route)
         except ReefError as exc:
             response = reef_error_response(scope["path"], exc)
         except Exception as exc:  # noqa: BLE001 - the client gets its dialect's 500, the log the detail

@@ -140,7 +140,7 @@ class InferenceService:
         done = _finished(record, result, release, self.runtime, started)
         await self._save(done)
         self._count(route, record.scenario, 200, started, result)
-        return JSONResponse(dialect.response(result, record.id, request.model), headers=_receipt(record, release))
+        return JSONResponse(_body(dialect, result, done, request.model), headers=_receipt(record, release))
 
     # -- streams -----------------------------------------------------------------------------
 
@@ -250,7 +250,7 @@ class InferenceService:
         result = _result_from(stored)
         headers = _receipt(stored, stored.release)
         if not request.stream:
-            return JSONResponse(dialect.response(result, stored.id, request.model), headers=headers)
+            return JSONResponse(_body(dialect, result, stored, request.model), headers=headers)
         encoder = dialect.stream({}, stored.id, request.model, result.usage.prompt_tokens)
         events = [TextDelta(result.text), *(ToolCallDelta(c, i) for i, c in enumerate(result.tool_calls)),
                   Finish(result.finish_reason, result.usage, result.model)]
@@ -348,6 +348,14 @@ def _finished(record: Record, result: ChatResult, release: ReleaseRef, runtime: 
         error=error,
         timings={**record.timings, "duration_s": round(time.monotonic() - started, 6)},
     )
+
+
+def _body(dialect: Dialect, result: ChatResult, record: Record, model: str) -> dict[str, Any]:
+    """A plain response body, with the receipt under `reef` where the dialect carries one there."""
+    body = dialect.response(result, record.id, model)
+    if dialect.receipt_in_body and record.release is not None:
+        body["reef"] = {"agent_record_id": record.id, "release_id": record.release.release_id, "verified": verified(record)}
+    return body
 
 
 def _receipt(record: Record, release: ReleaseRef) -> dict[str, str]:
