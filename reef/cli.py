@@ -372,7 +372,8 @@ def export() -> None:
 @click.option("--release", "release_id", metavar="ID", help="Only records served by this release (id or prefix).")
 @click.option("--min-score", type=float, help="Only records whose score (mean of their reports) is at least this.")
 @click.option("--max-score", type=float, help="Only records whose score (mean of their reports) is at most this.")
-@click.option("--since", metavar="TIME", help="Only records stored at or after TIME (ISO 8601, UTC unless it says, or epoch seconds).")
+@click.option("--since", metavar="TIME",
+              help="Only records stored at or after TIME (ISO 8601, UTC unless it says otherwise, or epoch seconds).")
 @click.option("--until", metavar="TIME", help="Only records stored before TIME.")
 @click.option("--status", type=click.Choice(["complete", "incomplete", "any"]), default="complete", show_default=True,
               help="Which records: finished normally, ended by an error (partial answers), or all (in progress too).")

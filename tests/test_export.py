@@ -3,6 +3,7 @@ PEFT folder that peft loads onto the base model and that answers exactly as Reef
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from datetime import datetime, timezone
@@ -15,9 +16,10 @@ from click.testing import CliRunner, Result
 from reef.cli import main
 from reef.commit.release_chain import Candidate
 from reef.commit.state import ReefState
-from reef.core.chat import ChatRequest, Message, Tool, ToolCall
+from reef.core.chat import ChatRequest, ChatResult, Message, Tool
 from reef.core.types import ArtifactKind, Record, RecordStatus, Release, ReleaseRef, Report, Verdict
 from reef.surfaces.harness import HarnessTree
+from tests.pg import postgres_dsn  # noqa: F401  (session fixture of the PostgreSQL test)
 
 SCENARIO = "coding"
 INJECTED = "Answer in one word."
@@ -213,59 +215,77 @@ def test_an_adapter_of_the_embedded_model_names_its_hub_base(tmp_path: Path) -> 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 def test_exported_adapter_answers_as_reef_served_it(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """A release with an adapter and a harness, served by `reef serve` on the tiny model; the
-    exported folder, loaded with peft onto the base its config names, continues the served
-    prompt with the same greedy tokens, and the served record exports as a chat line."""
-    import openai
+    """A release with an adapter and a harness, served by Reef's embedded runtime on the tiny
+    model (loaded from the release's content, as `reef serve` loads it); the folder exported
+    while the state is open, loaded with peft onto the base its config names, continues the
+    served prompt with the same greedy tokens."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from reef.client import ReefClient
+    from reef.runtimes.embedded import EmbeddedRuntime
     from tests.helpers.lora import lora_files
-    from tests.helpers.reef_server import ReefServer
 
     adapter = lora_files(tiny_model_dir, tmp_path / "lora", seed=7)
     harness = HarnessTree(system="You are terse.").to_files()
-    state_root = tmp_path / "work" / "state"
-    with ReefState.open(state_root) as state:
+    question = ChatRequest(model="m", messages=(Message("user", "Name a colour."),), dialect="openai",
+                           max_tokens=6, temperature=0)
+
+    async def serve(files: dict[str, bytes], release: Release) -> ChatResult:
+        runtime = EmbeddedRuntime(tiny_model_dir)
+        await runtime.start()
+        try:
+            load = await runtime.load(release.content_id, files)
+            result = ChatResult()
+            async for delta in runtime.generate(question, ReleaseRef(release.release_id, release.content_id, load)):
+                result.add(delta)
+            return result
+        finally:
+            await runtime.close()
+
+    dest = tmp_path / "exported"
+    with ReefState.open(tmp_path / "state") as state:  # open, as a running server holds it
         chain = state.create("tuned", "sao")
         release = chain.publish(Candidate({**adapter, **harness}, ArtifactKind.BOTH), chain.head().release_id,
                                 verdict=Verdict("select"))
-    settings = {"embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 8, "threads": 1},
-                "learner": {"enabled": False}}
-    with ReefServer(tmp_path / "work", settings) as reef:
-        oai = openai.OpenAI(base_url=reef.base_url, api_key="unused", max_retries=0, timeout=60)
-        raw = oai.chat.completions.with_raw_response.create(
-            model="m", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=6, temperature=0,
-            extra_headers={"x-reef-scenario": "tuned"})
-        assert raw.headers["x-reef-release-id"] == release.release_id
-        with ReefClient(reef.url) as client:
-            record = client.record(raw.headers["x-reef-agent-record-id"])["record"]
-        # while it serves: the export reads the state directory beside it
-        served = lines(run("records", "tuned", "--state-dir", str(state_root)))
-        dest = tmp_path / "exported"
-        result = run("release", "tuned", release.release_id, str(dest), "--state-dir", str(state_root))
+        served = asyncio.run(serve(state.artifacts.files(release.release_id), release))
+        result = run("release", "tuned", release.release_id, str(dest), "--state-dir", str(tmp_path / "state"))
         assert result.exit_code == 0, result.output
-    assert [row["metadata"]["record_id"] for row in served] == [record["id"]]
-    assert served[0]["messages"][0] == {"role": "system", "content": "You are terse."}  # as the model saw it
-    assert served[0]["messages"][-1] == {"role": "assistant", "content": record["response"]["text"]}
     assert (dest / "harness" / "system.md").read_text() == "You are terse."
+    assert len(served.token_ids) == 6 and served.prompt_token_ids
 
     config = json.loads((dest / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(tiny_model_dir)
     base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"], dtype=torch.float32)
     model = PeftModel.from_pretrained(base, str(dest)).eval()
-    prompt = torch.tensor([record["response"]["prompt_token_ids"]])
-    served_ids = record["token_ids"]
-    assert len(served_ids) == 6
+    prompt = torch.tensor([served.prompt_token_ids])
 
     def greedy() -> list[int]:
         with torch.no_grad():
             out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                                 max_new_tokens=len(served_ids), pad_token_id=2)
+                                 max_new_tokens=len(served.token_ids), pad_token_id=2)
         return out[0, prompt.shape[1]:].tolist()
 
-    assert greedy() == served_ids
+    assert greedy() == served.token_ids
     with model.disable_adapter():
-        assert greedy() != served_ids  # the adapter is what made the answer
+        assert greedy() != served.token_ids  # the adapter is what made the answer
+
+
+@pytest.mark.postgres
+def test_records_export_reads_a_postgres_store(postgres_dsn: str, tmp_path: Path) -> None:  # noqa: F811
+    from psycopg.conninfo import conninfo_to_dict
+
+    from reef.observe.postgres_store import PostgresStore
+
+    info = conninfo_to_dict(postgres_dsn)
+    url = f"postgresql://{info['user']}@{info['host']}:{info['port']}/{info['dbname']}"
+    with ReefState.open(tmp_path, store=PostgresStore(url)) as state:
+        chain = state.create("pg", "skills")
+        state.store.put_record(Record("pg-1", "pg", chain.head().ref, request("Hi?"), status=RecordStatus.COMPLETE,
+                                      response=answer("hello")))
+        state.store.put_report(Report("pg-p", "pg", ("pg-1",), 1.0, feedback="fine"))
+    assert not (tmp_path / "experience.db").exists()
+    (row,) = lines(run("records", "pg", "--state-dir", str(tmp_path), "--store", url))
+    assert row["messages"][-1] == {"role": "assistant", "content": "hello"} and row["feedback"] == ["fine"]
+    missing = run("records", "pg", "--state-dir", str(tmp_path))
+    assert missing.exit_code == 1 and "--store" in missing.output

@@ -249,3 +249,35 @@ def test_every_sdk_field_is_decided_and_documented() -> None:
     section = text[text.index("## OpenAI Responses"):]
     for name in decided:
         assert f"| `{name}`" in section, f"{name} is missing from the Responses section of docs/wire.md"
+
+
+def test_the_openapi_schema_declares_the_route(reef: ReefServer) -> None:
+    schema = httpx.get(f"{reef.url}/openapi.json", headers={"authorization": f"Bearer {TOKEN}"}).json()
+    body = schema["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body["required"] == ["model", "input"] and "tools" in body["properties"]
+
+
+def test_input_items_become_one_conversation() -> None:
+    """Parsing alone: roles, parts, dropped reasoning, and parallel calls joined into one
+    assistant turn ahead of their outputs (what a chat-completions runtime needs)."""
+    request = responses_wire.parse_responses_request({"model": "m", "instructions": "Be brief.", "input": [
+        {"role": "developer", "content": "Use tools."},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Oslo"},
+                                                        {"type": "input_text", "text": "and Bergen?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
+        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+         "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": '{"city": "Bergen"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "rain"},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "snow"}]},
+    ], "tools": TOOLS, "tool_choice": "required", "max_output_tokens": 9, "stream": True,
+        "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low"}, "store": False,
+        "text": {"format": {"type": "text"}, "verbosity": "low"}, "previous_response_id": None, "newer_field": 1})
+    assert request.dialect == "responses" and request.stream and request.max_tokens == 9
+    assert [(m.role, m.content) for m in request.messages] == [
+        ("system", "Be brief."), ("system", "Use tools."), ("user", "Oslo\nand Bergen?"), ("assistant", "Checking."),
+        ("tool", "rain"), ("tool", "snow")]
+    assert [c.id for c in request.messages[3].tool_calls] == ["c1", "c2"]
+    assert [m.tool_call_id for m in request.messages[4:]] == ["c1", "c2"]
+    assert request.tools[0].parameters == WEATHER and request.tool_choice == "required"

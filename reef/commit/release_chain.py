@@ -2,7 +2,9 @@
 
 Every change is one commit-log step, appended while the log is held exclusively, after the
 artifact (if any) is committed to git. So the log is the truth and the scenario's git ref is
-only its mirror (repaired from the log on open, never the reverse).
+only its mirror (repaired from the log on open, never the reverse). The chain does not know
+which `CommitLog` it has (a JSONL file, or a table shared by front ends on PostgreSQL): holding
+the log is what makes check-head, commit-artifact, append one compare-and-swap either way.
 
 - `publish` adds a release on top of `expected_parent` (the head), or a pending one that
   waits for `promote` when the gate said `review`.

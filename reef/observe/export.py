@@ -9,8 +9,9 @@ format, `datasets.load_dataset("json", data_files=...)`):
      "metadata": {"record_id", "scenario", "release_id", "session", "tags", "created_at", "status"}}
 
 - `messages` are the request as the runtime saw it (in inject mode, with the harness in front of
-  the system prompt), unless the caller passes `client_messages`, which restores the client's
-  own request (`reef.surfaces.inject.client_request`). The answer is appended as one assistant
+  the system prompt), unless the caller passes `request_of` (`reef export records
+  --client-messages` passes one built on `reef.surfaces.inject.client_request`, which restores
+  the client's own request). The answer is appended as one assistant
   message (its text, and its tool calls); an `in_progress` record has none, an `incomplete`
   one has what was generated before it failed.
 - `score` is the mean of the scores of every report naming the record (null when none), and

@@ -1,7 +1,7 @@
 """The routes every agent request takes, dispatched without FastAPI's routing.
 
-`POST /v1/chat/completions`, `POST /v1/messages` and `POST /v1/responses` go straight from the ASGI scope to
-`InferenceService.handle`. FastAPI's route matching, dependency solving and exception
+`POST /v1/chat/completions`, `POST /v1/messages` and `POST /v1/responses` go straight from the
+ASGI scope to `InferenceService.handle`. FastAPI's route matching, dependency solving and exception
 middleware cost about a fifth of Reef's CPU per proxied request (py-spy, bench/proxy.py); this
 layer sits inside the token and body-limit guards, so they still apply, and answers errors
 exactly as the FastAPI handlers do. The same routes stay declared in `routes_v1` for the
