@@ -166,6 +166,13 @@ class TracesConfig(Strict):
         return self.enabled or self.otlp_endpoint is not None
 
 
+class ArtifactsConfig(Strict):
+    """Where release contents are shared between front ends (docs/deploy.md)."""
+
+    remote: str | None = Field(None, description="A git URL or the path of a bare repository every front end "
+                                                 "publishes to and fetches from; default: none (one node)")
+
+
 class RequestLimits(Strict):
     """What one request may ask of the server beyond its body size (docs/RELIABILITY.md)."""
 
@@ -188,6 +195,7 @@ class ServeConfig(Strict):
     limits: RequestLimits = Field(default_factory=RequestLimits)
     runtime: Literal["embedded", "upstream"] | None = Field(None, description="Default: upstream if a URL is set")
     store: str = Field("sqlite", description="'sqlite' (in the state dir) or a postgresql:// DSN")
+    artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field("text", description="text: key=value lines; json: one object a line")
     public_url: str | None = Field(None, description="The URL the agent install script names; default: the Host asked")

@@ -3,8 +3,8 @@
 Each `ReefState` here is one front end: its own `PostgresStore` (its own connections) on one
 schema of a throwaway cluster (tests/pg.py; skipped, saying why, without the binaries). Front
 ends on one machine share the state directory (and so the artifacts); front ends with their own
-state directories cannot read each other's artifacts yet (a shared artifact store is a later
-part of issue 15) and must fail naming what is missing.
+state directories and no artifact remote cannot read each other's artifacts and must fail
+naming what is missing (with a remote they fetch them: tests/test_deployment.py).
 """
 
 from __future__ import annotations

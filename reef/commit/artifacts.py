@@ -13,6 +13,20 @@ git suffices here, and a user with git-lfs can push the repository to any LFS re
 
 A commit's sha is the `release_id`; `content_id` hashes the content alone, so equal content has
 equal ids whatever git or LFS do. Refs move only by compare-and-swap (`git update-ref NEW OLD`).
+
+With a remote (`artifacts.remote`: a git URL, or the path of a bare repository every front end
+reaches), the store is shared by every front end of a deployment:
+
+    remote refs/reef/scenarios/<key>   the scenario's latest published release, as locally
+    remote refs/reef/lfs/<oid>         one ref per LFS object, pointing at a blob of its bytes
+
+`commit` publishes before it returns: one `git push --atomic` of the scenario ref, with the
+expected old value as a lease (`--force-with-lease=ref:old`, git's compare-and-swap), and of a
+ref per LFS object of the release. The caller appends the commit-log step only after that, so a
+release the log names is always on the remote. A read of a release this clone lacks (commit or
+LFS object) fetches it first (`refs/reef/scenarios/*` into `refs/reef/fetched/*`; an LFS object
+by its ref, written into `lfs/objects/` as git-lfs would); what the remote lacks too is named in
+the `MissingArtifact` error.
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,6 +55,12 @@ LFS_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 GITATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in LFS_PATTERNS).encode()
 LFS_VERSION = "version https://git-lfs.github.com/spec/v1"
 REF_PREFIX = "refs/reef/scenarios/"
+FETCHED_PREFIX = "refs/reef/fetched/"  # the remote's scenario refs as of the last fetch
+LFS_REF_PREFIX = "refs/reef/lfs/"  # on the remote: one ref per LFS object, at a blob of its bytes
+REMOTE_TIMEOUT_S = 120.0  # one push or fetch; past it, StorageUnavailable rather than a hang
+# Remote calls keep these from the environment (ssh keys, askpass); user config stays out.
+_REMOTE_ENV = ("GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS", "SSH_AUTH_SOCK")
+_REMOTE_FLAGS = ("-c", "gc.auto=0", "-c", "maintenance.auto=false", "-c", "protocol.version=2")
 _ZERO = "0" * 40
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 _POINTER = re.compile(rf"^{re.escape(LFS_VERSION)}\noid sha256:([0-9a-f]{{64}})\nsize ([0-9]+)\n$")
@@ -138,7 +159,7 @@ def _check_sha(value: object, what: str) -> str:
 
 
 class ArtifactStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, remote: str | Path | None = None) -> None:
         self.root = Path(root).absolute()
         self._env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         # User and system config (hooks, lfs filters, signing, templates) stay out of every call.
@@ -146,22 +167,29 @@ class ArtifactStore:
         self._env.update(GIT_TERMINAL_PROMPT="0", LC_ALL="C", GIT_AUTHOR_NAME="reef", GIT_COMMITTER_NAME="reef")
         self._env.update(GIT_AUTHOR_EMAIL="reef@localhost", GIT_COMMITTER_EMAIL="reef@localhost")
         if not (self.root / "HEAD").is_file():
-            self._init()
+            self._init(self.root)
         (self.root / "lfs" / "tmp").mkdir(parents=True, exist_ok=True)
+        self._remote_env = {**self._env, **{k: os.environ[k] for k in _REMOTE_ENV if k in os.environ}}
+        self._fetch_lock = threading.Lock()
+        self.remote: str | None = None
+        if remote is not None and str(remote).strip():
+            self.remote = remote_location(remote)
+            if not _is_url(self.remote) and not (Path(self.remote) / "HEAD").is_file():
+                self._init(Path(self.remote))  # a shared path: the first front end creates it
 
-    def _init(self) -> None:
-        """Build the repository beside root, then rename it into place: a crash leaves none or all."""
-        self.root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{self.root.name}.init-", dir=self.root.parent)
+    def _init(self, root: Path) -> None:
+        """Build a bare repository beside root, then rename it into place: a crash leaves none or all."""
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{root.name}.init-", dir=root.parent)
         try:
             self._git("init", "--bare", "--quiet", "--template=", env={"GIT_DIR": tmp})
             for key, value in _CONFIG.items():
                 self._git("config", key, value, env={"GIT_DIR": tmp})
             try:
-                os.rename(tmp, self.root)  # replaces an empty directory, fails on a non-empty one
+                os.rename(tmp, root)  # replaces an empty directory, fails on a non-empty one
             except OSError:
-                if not (self.root / "HEAD").is_file():  # not merely another process that won
-                    raise StorageUnavailable(f"cannot create an artifact repository at {self.root}") from None
+                if not (root / "HEAD").is_file():  # not merely another process that won
+                    raise StorageUnavailable(f"cannot create an artifact repository at {root}") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -215,6 +243,8 @@ class ArtifactStore:
         for attempt in range(5):
             r = self._run(["update-ref", "-m", "reef: commit", ref, new, expected_parent or _ZERO])
             if r.returncode == 0:
+                if self.remote is not None:
+                    self.publish(scenario, new, expected_parent)
                 return new
             self._raise_if_stale(scenario, expected_parent)
             error = r.stderr.decode(errors="replace").strip()
@@ -228,8 +258,8 @@ class ArtifactStore:
             self._git("update-ref", "-m", "reef: reset", "-d", ref)
             return
         _check_sha(release_id, "release id")
-        if self._run(["cat-file", "-e", f"{release_id}^{{commit}}"]).returncode != 0:
-            raise MissingArtifact(f"release {release_id} is not in the artifact store")
+        if not self._has_commit(release_id):
+            raise MissingArtifact(f"release {release_id} is not in the artifact store{self._nor_remote()}")
         self._git("update-ref", "-m", "reef: reset", ref, release_id)
 
     def _raise_if_stale(self, scenario: str, expected_parent: str | None) -> None:
@@ -285,27 +315,30 @@ class ArtifactStore:
     def verify(self, release_id: str) -> None:
         """The commit, its manifest and every LFS object it points to exist."""
         _, pointers = self._read(release_id)
+        self._fetch_missing_lfs(pointers)
         for path, (oid, size) in pointers.items():
             obj = self.lfs_path(oid)
             if not obj.is_file() or obj.stat().st_size != size:
-                raise _missing_lfs(release_id, path, oid, obj)
+                raise self._missing_lfs(release_id, path, oid, obj)
 
     def manifest(self, release_id: str) -> ArtifactManifest:
         blob = f"{_check_release(release_id)}^{{commit}}:{MANIFEST_NAME}"
+        self._has_commit(release_id)  # fetched first, if a remote has it
         r = self._run(["cat-file", "blob", blob])
         if r.returncode != 0:
-            raise MissingArtifact(f"release {release_id} is not in the artifact store or has no manifest")
+            raise MissingArtifact(f"release {release_id} is not in the artifact store or has no manifest{self._nor_remote()}")
         return self._parse_manifest(release_id, r.stdout)
 
     def files(self, release_id: str) -> dict[str, bytes]:
         """The content (no manifest, no .gitattributes), LFS pointers resolved to their bytes."""
         blobs, pointers = self._read(release_id)
+        self._fetch_missing_lfs(pointers)
         for path, (oid, size) in pointers.items():
             obj = self.lfs_path(oid)
             try:
                 data = obj.read_bytes()
             except FileNotFoundError:
-                raise _missing_lfs(release_id, path, oid, obj) from None
+                raise self._missing_lfs(release_id, path, oid, obj) from None
             if len(data) != size or hashlib.sha256(data).hexdigest() != oid:
                 raise Corruption(str(obj), None, f"LFS object does not hash to {oid} (release {release_id})")
             blobs[path] = data
@@ -325,6 +358,7 @@ class ArtifactStore:
     def diff(self, old_release_id: str, new_release_id: str) -> str:
         """`git diff` between two releases; LFS files show as pointer changes."""
         old, new = _check_release(old_release_id), _check_release(new_release_id)
+        self._has_commit(old), self._has_commit(new)
         r = self._run(["diff", "--no-color", "--no-ext-diff", "--no-textconv",
                        f"{old}^{{commit}}", f"{new}^{{commit}}"])
         if r.returncode != 0:
@@ -335,6 +369,9 @@ class ArtifactStore:
         """The content paths that changed and their unified diff, without Reef's own files (the
         manifest, .gitattributes); `None` for old diffs against nothing. LFS files show as
         pointer changes (oid and size), never as binary bytes."""
+        for release in (old_release_id, new_release_id):
+            if release:
+                self._has_commit(_check_release(release))
         new = _check_release(new_release_id) + "^{commit}"
         old = _check_release(old_release_id) + "^{commit}" if old_release_id else self._empty_tree()
         args = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", old, new,
@@ -354,8 +391,11 @@ class ArtifactStore:
         """The content blobs of a release (pointers unresolved) and its LFS pointers by path."""
         sha = _check_release(release_id)
         r = self._run(["ls-tree", "-r", "-z", "--full-tree", f"{sha}^{{commit}}"])
+        if r.returncode != 0 and self.remote is not None:
+            self.fetch()  # published by another front end: the remote has it
+            r = self._run(["ls-tree", "-r", "-z", "--full-tree", f"{sha}^{{commit}}"])
         if r.returncode != 0:
-            raise MissingArtifact(f"release {release_id} is not in the artifact store")
+            raise MissingArtifact(f"release {release_id} is not in the artifact store{self._nor_remote()}")
         entries: list[tuple[str, str]] = []
         for item in r.stdout.split(b"\0"):
             if item:
@@ -391,6 +431,134 @@ class ArtifactStore:
         except (ValueError, InvalidInput, TypeError) as exc:
             raise Corruption(f"{self.root}@{release_id}:{MANIFEST_NAME}", None, str(exc)) from None
 
+    # -- the shared remote ---------------------------------------------------------------------
+
+    def publish(self, scenario: str, release_id: str, expected_old: str | None,
+                lfs_of: tuple[str, ...] = ()) -> None:
+        """Push a release and its LFS objects (and those of `lfs_of`) to the remote, moving the
+        scenario's remote ref from `expected_old` by compare-and-swap (`--force-with-lease`),
+        all in one atomic push. The caller holds the scenario's commit log, so a remote ref at
+        any other value is either a release pushed by a publisher that died before logging it
+        (its parent is `expected_old`: replaced, it was never logged), absent (a remote added
+        later: pushed whole), or moved by a writer that does not share this commit log
+        (`StaleHead`, nothing changes)."""
+        assert self.remote is not None
+        ref = REF_PREFIX + scenario_key(check_scenario_name(scenario))
+        refspecs = [*self._lfs_refspecs((release_id, *lfs_of)), f"{release_id}:{ref}"]
+        lease = expected_old
+        for attempt in range(2):
+            r = self._remote_git("push", "--porcelain", "--atomic", "--quiet",
+                                 f"--force-with-lease={ref}:{lease or ''}", self.remote, *refspecs)
+            if r.returncode == 0:
+                self._run(["update-ref", FETCHED_PREFIX + scenario_key(scenario), release_id])
+                return
+            actual = self._remote_ref(ref)
+            if actual == release_id:
+                return  # an earlier attempt got through
+            if attempt == 0 and actual != lease and (actual is None or self._orphan_of(actual, expected_old)):
+                lease = actual
+                continue
+            if actual != lease:
+                raise StaleHead(f"scenario {scenario!r}: the artifact remote {self.remote} is at {actual}, not at "
+                                f"{lease}: another writer that does not share this commit log moved it")
+            error = (r.stderr or r.stdout).decode(errors="replace").strip()
+            raise StorageUnavailable(f"cannot publish release {release_id} to the artifact remote {self.remote}: {error}")
+
+    def remote_has(self, scenario: str, release_id: str) -> bool:
+        """As of the last fetch: the remote's scenario ref is at `release_id` or past it."""
+        fetched = FETCHED_PREFIX + scenario_key(check_scenario_name(scenario))
+        return self._run(["merge-base", "--is-ancestor", release_id, fetched]).returncode == 0
+
+    def fetched_head(self, scenario: str) -> str | None:
+        """The remote's scenario ref as of the last fetch or push."""
+        r = self._run(["rev-parse", "--verify", "--quiet", FETCHED_PREFIX + scenario_key(check_scenario_name(scenario))])
+        return (r.stdout.decode().strip() or None) if r.returncode == 0 else None
+
+    def fetch(self) -> None:
+        """Every scenario ref of the remote (into refs/reef/fetched/*) with the commits behind it."""
+        if self.remote is None:
+            return
+        with self._fetch_lock:
+            r = self._remote_git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--prune",
+                                 self.remote, f"+{REF_PREFIX}*:{FETCHED_PREFIX}*")
+        if r.returncode != 0:
+            error = r.stderr.decode(errors="replace").strip()
+            raise StorageUnavailable(f"cannot fetch from the artifact remote {self.remote}: {error}")
+
+    def _has_commit(self, release_id: str) -> bool:
+        """Whether the commit is here, fetching from the remote first if it is not."""
+        if self._run(["cat-file", "-e", f"{release_id}^{{commit}}"]).returncode == 0:
+            return True
+        if self.remote is None:
+            return False
+        self.fetch()
+        return self._run(["cat-file", "-e", f"{release_id}^{{commit}}"]).returncode == 0
+
+    def _fetch_missing_lfs(self, pointers: Mapping[str, tuple[str, int]]) -> None:
+        """LFS objects of a release that are not here, from the remote (one ref each); what the
+        remote lacks stays missing, and the caller names it."""
+        if self.remote is None:
+            return
+        for oid, size in sorted(set(pointers.values())):
+            obj = self.lfs_path(oid)
+            if obj.is_file() and obj.stat().st_size == size:
+                continue
+            ref = LFS_REF_PREFIX + oid
+            r = self._remote_git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", self.remote, f"+{ref}:{ref}")
+            if r.returncode != 0:
+                continue
+            data = self._run(["cat-file", "blob", ref]).stdout
+            if hashlib.sha256(data).hexdigest() == oid:
+                self._store_lfs(oid, data)
+
+    def _lfs_refspecs(self, release_ids: tuple[str, ...]) -> list[str]:
+        """`<blob>:refs/reef/lfs/<oid>` for every LFS object of the releases (blobs written here)."""
+        oids = sorted({oid for rid in release_ids for oid, _ in self._read(rid)[1].values()})
+        if not oids:
+            return []
+        for oid in oids:
+            if not self.lfs_path(oid).is_file():
+                raise self._missing_lfs(release_ids[0], "?", oid, self.lfs_path(oid))
+        listing = "".join(f"{self.lfs_path(oid)}\n" for oid in oids).encode()
+        blobs = self._git("hash-object", "-w", "--no-filters", "--stdin-paths", input=listing).decode().split()
+        return [f"{blob}:{LFS_REF_PREFIX}{oid}" for blob, oid in zip(blobs, oids)]
+
+    def _remote_ref(self, ref: str) -> str | None:
+        assert self.remote is not None
+        r = self._remote_git("ls-remote", self.remote, ref)
+        if r.returncode != 0:
+            raise StorageUnavailable(f"cannot read the artifact remote {self.remote}: "
+                                     f"{r.stderr.decode(errors='replace').strip()}")
+        for line in r.stdout.decode().splitlines():
+            sha, name = line.split("\t", 1)
+            if name == ref:
+                return sha
+        return None
+
+    def _orphan_of(self, release_id: str, parent: str | None) -> bool:
+        """A commit pushed on top of `parent` (None: a creation) that no log step names."""
+        if not self._has_commit(release_id):
+            return False
+        r = self._run(["rev-parse", "--verify", "--quiet", f"{release_id}^1"])
+        return (r.stdout.decode().strip() or None) == parent if r.returncode == 0 else parent is None
+
+    def _nor_remote(self) -> str:
+        return f" nor on the artifact remote {self.remote}" if self.remote else ""
+
+    def _missing_lfs(self, release_id: str, path: str, oid: str, obj: Path) -> MissingArtifact:
+        return MissingArtifact(f"release {release_id}: LFS object {oid} for {path!r} is missing at {obj}"
+                               f"{self._nor_remote()}")
+
+    def _remote_git(self, *args: str) -> subprocess.CompletedProcess[bytes]:
+        try:
+            return subprocess.run(["git", *_REMOTE_FLAGS, *args], capture_output=True, env=self._remote_env,
+                                  check=False, timeout=REMOTE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise StorageUnavailable(f"git {args[0]} with the artifact remote {self.remote} took over "
+                                     f"{REMOTE_TIMEOUT_S:.0f} s") from None
+        except OSError as exc:
+            raise StorageUnavailable(f"cannot run git: {exc}") from None
+
     # -- git -----------------------------------------------------------------------------------
 
     def _run(
@@ -410,8 +578,15 @@ class ArtifactStore:
         return r.stdout
 
 
-def _missing_lfs(release_id: str, path: str, oid: str, obj: Path) -> MissingArtifact:
-    return MissingArtifact(f"release {release_id}: LFS object {oid} for {path!r} is missing at {obj}")
+def remote_location(remote: str | Path) -> str:
+    """A git URL as given; a path (anything else) made absolute."""
+    text = str(remote).strip()
+    return text if _is_url(text) else str(Path(text).expanduser().absolute())
+
+
+def _is_url(remote: str) -> bool:
+    """`scheme://...`, or git's scp-like `[user@]host:path` (a colon before any slash)."""
+    return "://" in remote or bool(re.match(r"^[^/:]+:", remote)) and not re.match(r"^[A-Za-z]:[\\/]", remote)
 
 
 def _check_release(release_id: object) -> str:

@@ -38,6 +38,13 @@ a hang. Recovery reads every scenario's rows in one snapshot and checks them: st
 without a gap, each row's body parses and names its own scenario and step, the first is a
 creation, and `commit_heads` agrees; any other damage is `Corruption` naming the database,
 schema, scenario and step.
+
+Following the head: `append` also sends `NOTIFY reef_commit_log, '<schema>\t<scenario>\t<step>'`
+inside its transaction, so PostgreSQL delivers it when (and only if) the step commits.
+`PgCommitLogs.watch()` LISTENs on a connection of its own and wakes a front end's follower
+(`reef.serve.scenarios.HeadFollower`), which reads `heads()` (one query: every scenario's last
+step) and serves what moved; the follower also reads `heads()` every second, so a lost
+notification or a lost listening connection delays a front end by a second, not for ever.
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ LOCK_TIMEOUT_MS = 60_000  # a writer waits this long for another front end's hol
 IDLE_TIMEOUT_MS = 300_000  # a holder idle this long (a hung front end) loses its hold
 _ATTEMPTS = 3
 _SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+NOTIFY_CHANNEL = "reef_commit_log"  # payload: schema, scenario, step (tab-separated)
 
 # Runs with search_path set to the schema, so the names below live there.
 SCHEMA = """
@@ -94,6 +102,8 @@ CREATE OR REPLACE TRIGGER commit_log_no_truncate BEFORE TRUNCATE ON commit_log
 
 class PgCommitLogs:
     """Every scenario's commit log in one PostgreSQL schema (`CommitLogs`)."""
+
+    shared = True  # every front end on the database appends to these logs: follow their heads
 
     def __init__(self, dsn: str, *, schema: str = "reef", pool_size: int = 8) -> None:
         self.dsn = dsn
@@ -194,6 +204,16 @@ class PgCommitLogs:
                 return True
         finally:
             log.close()
+
+    def heads(self) -> dict[str, int]:
+        """Every scenario's last step, in one query (what a follower compares)."""
+        rows = self.run(lambda cur: cur.execute("SELECT scenario, last_step FROM commit_heads WHERE last_step > 0")
+                        .fetchall())
+        return {scenario: int(step) for scenario, step in rows}
+
+    def watch(self) -> PgHeadWatch:
+        """A listener woken by every step committed in this schema."""
+        return PgHeadWatch(self.dsn, self.schema)
 
     def close(self) -> None:
         self.pool.close()
@@ -373,6 +393,8 @@ class PgCommitLog:
                 if cur.rowcount != 1:
                     self._abort()
                     raise StaleHead(f"{self.where}: the last step is no longer {expected}")
+                cur.execute("SELECT pg_notify(%s, %s)",  # delivered at COMMIT, and only if it commits
+                            (NOTIFY_CHANNEL, f"{self._logs.schema}\t{self.scenario}\t{entries[-1].step}"))
                 try:
                     cur.execute("COMMIT")
                 except psycopg.Error as exc:
@@ -404,6 +426,61 @@ class PgCommitLog:
         stack, self._stack, self._conn = self._stack, None, None
         if stack is not None:
             stack.close()
+
+
+class PgHeadWatch:
+    """`LISTEN reef_commit_log` on a connection of its own. `wait(timeout)` returns True when a
+    step of this schema committed (or the connection was just made, and one may have been
+    missed), False after `timeout` without one. A lost connection is made again on the next
+    wait; meanwhile the caller's polling carries on. Used from one thread at a time."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+        self._waiting = False
+        self._closed = False
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            if self._closed:
+                return False
+            self._waiting = True
+        try:
+            if self._conn is None:
+                self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=max(2, int(timeout) + 1))
+                self._conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                return True
+            while (left := deadline - time.monotonic()) > 0:
+                for note in self._conn.notifies(timeout=left, stop_after=1):
+                    if note.payload.split("\t", 1)[0] == self.schema:
+                        return True
+            return False
+        except psycopg.Error:
+            self._drop()
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return False
+        finally:
+            with self._lock:
+                self._waiting = False
+                if self._closed:
+                    self._drop()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if not self._waiting:
+                self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:
+                pass
 
 
 def _parse(where: str, scenario: str, expected_step: int, step: int, body: str) -> CommitEntry:

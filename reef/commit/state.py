@@ -7,9 +7,11 @@
 The commit logs follow the store: with a PostgreSQL experience store they live in the same
 database and schema (`reef/commit/pg_commit_log.py`), shared by every front end, and the JSONL
 files are not used (a scenario the database does not know yet is imported from them once, when
-the state directory is opened). Artifacts stay in the state directory either way, so with a
-shared log every front end must be able to read every release's objects; one that cannot
-fails with `MissingArtifact` naming the release and the missing object.
+the state directory is opened). Artifacts live in the state directory either way; with an
+artifact remote (`artifacts_remote`, the `artifacts.remote` setting) every release is pushed to
+it before its step is logged and fetched from it by any front end that lacks it, so every front
+end can read every release the shared log names. One that cannot (no remote, or the remote
+lacks it too) fails with `MissingArtifact` naming the release and the missing object.
 
 Opening it is recovery: every log is read (a torn last line truncated, other damage an error
 naming file and line), each scenario's head must have its artifact (else `MissingArtifact`
@@ -41,7 +43,8 @@ EMPTY = Candidate({}, ArtifactKind.EMPTY, {"kind": "empty"})
 
 class ReefState:
     def __init__(
-        self, root: Path | str, store: ExperienceStore | None = None, commit_logs: CommitLogs | None = None
+        self, root: Path | str, store: ExperienceStore | None = None, commit_logs: CommitLogs | None = None,
+        artifacts_remote: str | None = None,
     ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -51,7 +54,7 @@ class ReefState:
         self._chains: dict[str, ReleaseChain] = {}
         try:
             self.commit_logs = commit_logs if commit_logs is not None else commit_logs_for(self.store, self.commits_dir)
-            self.artifacts = ArtifactStore(self.root / "artifacts.git")
+            self.artifacts = ArtifactStore(self.root / "artifacts.git", remote=artifacts_remote)
             self._recover()
         except BaseException:
             self._close_logs()
@@ -61,11 +64,13 @@ class ReefState:
 
     @classmethod
     def open(
-        cls, root: Path | str, store: ExperienceStore | None = None, commit_logs: CommitLogs | None = None
+        cls, root: Path | str, store: ExperienceStore | None = None, commit_logs: CommitLogs | None = None,
+        artifacts_remote: str | None = None,
     ) -> ReefState:
         """Open the state directory. The commit logs follow the store (`commit_logs_for`)
-        unless given."""
-        return cls(root, store, commit_logs)
+        unless given; `artifacts_remote` (a git URL or a bare repository's path) shares the
+        artifacts with every front end that names it."""
+        return cls(root, store, commit_logs, artifacts_remote)
 
     def close(self) -> None:
         self._close_logs()
@@ -98,6 +103,21 @@ class ReefState:
         if chain is None:
             raise NotFound(f"unknown scenario {scenario!r}")
         return chain
+
+    def discover(self, scenario: str) -> ReleaseChain | None:
+        """A scenario another front end created on the shared commit log: its chain, now known
+        here too (None while its log has no step)."""
+        check_scenario_name(scenario)
+        with self._lock:
+            chain = self._chains.get(scenario)
+            if chain is not None:
+                return chain
+            log = self.commit_logs.open(scenario)
+            if not log.entries():
+                log.close()
+                return None
+            chain = self._chains[scenario] = ReleaseChain(scenario, log, self.artifacts)
+            return chain
 
     def head(self, scenario: str) -> ReleaseRef:
         return self.chain(scenario).head().ref
@@ -164,6 +184,8 @@ class ReefState:
     def _recover(self) -> None:
         self._adopt_local_logs()
         logs = self.commit_logs.recover()
+        if self.artifacts.remote is not None:
+            self.artifacts.fetch()
         try:
             for log in list(logs):
                 entries = log.entries()
@@ -176,6 +198,8 @@ class ReefState:
                     self._verify(scenario, release_id)
                 if self.artifacts.scenario_head(scenario) != logged:
                     self.artifacts.reset_scenario_head(scenario, logged)
+                if self.artifacts.remote is not None and logged and not self.artifacts.remote_has(scenario, logged):
+                    self._publish_to_remote(chain)
                 compacted = [rid for entry in entries for rid in entry.compacted_ids]
                 if compacted:
                     self.store.compact(scenario, compacted)
@@ -183,11 +207,23 @@ class ReefState:
             for log in logs:
                 log.close()
 
+    def _publish_to_remote(self, chain: ReleaseChain) -> None:
+        """Releases the log names that the remote lacks (a state directory from before the
+        remote, or imported from JSONL): pushed, with every logged release's LFS objects, while
+        the log is held, so no publisher is between its push and its log step meanwhile."""
+        with chain.log.transaction():
+            entries = chain.log.entries()
+            logged = last_artifact_release(entries)
+            if logged is None or self.artifacts.remote_has(chain.scenario, logged):
+                return
+            older = tuple(sorted({e.release.release_id for e in entries if e.publishes_release} - {logged}))
+            self.artifacts.publish(chain.scenario, logged, self.artifacts.fetched_head(chain.scenario), lfs_of=older)
+
     def _verify(self, scenario: str, release_id: str) -> None:
         try:
             self.artifacts.verify(release_id)
         except MissingArtifact as exc:
-            if isinstance(self.commit_logs, JsonlCommitLogs):
+            if isinstance(self.commit_logs, JsonlCommitLogs) or self.artifacts.remote is not None:
                 raise
             raise MissingArtifact(
                 f"scenario {scenario!r}: {exc} (the commit log in {self.commit_logs.where} names it, but this front "

@@ -29,7 +29,7 @@ from reef.serve.inference import InferenceService
 from reef.serve.learning import Learning
 from reef.serve.logs import RequestLog
 from reef.serve.metrics import Metrics
-from reef.serve.scenarios import ScenarioDirectory
+from reef.serve.scenarios import HeadFollower, ScenarioDirectory
 from reef.serve.tracing import build as build_tracing
 from reef.ui import Dashboard
 
@@ -60,10 +60,12 @@ def open_store(config: ServeConfig) -> ExperienceStore | None:
 
 def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     tracing = build_tracing(config.traces, runtime)  # None when off: then opentelemetry is never imported
-    state = ReefState.open(config.state_dir, store=open_store(config))
+    state = ReefState.open(config.state_dir, store=open_store(config), artifacts_remote=config.artifacts.remote)
     metrics = Metrics()
     scenarios = ScenarioDirectory(state, runtime, config.recipes, config.harness)
     learning = Learning(config.learner, state, runtime, scenarios)
+    # a commit log other front ends append to (PostgreSQL): serve whatever head they publish
+    follower = HeadFollower(state, scenarios) if getattr(state.commit_logs, "shared", False) else None
     metrics.watch_runtime(runtime)
     metrics.watch_learning(learning.status)
     reef = ReefApp(config, state, state.store, runtime, scenarios,
@@ -74,9 +76,13 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
         await runtime.start()
         await scenarios.start()
         await learning.start()
+        if follower is not None:
+            follower.start()
         try:
             yield
         finally:
+            if follower is not None:
+                await follower.close()
             await learning.close()
             await runtime.close()
             state.close()

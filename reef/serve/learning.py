@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from reef.commit.gate import WeightsGate
 from reef.commit.harness_gate import HarnessGate
@@ -23,6 +24,7 @@ from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
 from reef.config import LearnerConfig
 from reef.core.errors import InvalidInput
+from reef.core.types import Verdict
 from reef.grow.harness_learner import HarnessLearner
 from reef.grow.learner import WeightsLearner
 from reef.grow.worker import TrainingWorker
@@ -73,6 +75,8 @@ class Learning:
         reason = self._can_train()
         if reason:
             self.idle[scenario] = reason
+            log.info("no learner", extra={"reef": {"event": "learner_idle", "scenario": scenario, "recipe": SAO,
+                                                    "reason": reason}})
             return
         if self.worker is None:
             threads = self.config.train_threads or max(1, (os.cpu_count() or 2) // 2)  # the other half of the cores
@@ -84,14 +88,17 @@ class Learning:
         gate = self.config.gate
         # held-out records feed only the offline check; with evaluation tasks every record trains
         recipe = SAORecipe(self.config.sao, holdout_fraction=0.0 if gate.tasks else gate.holdout_fraction)
-        learner = WeightsLearner(chain, self.state.store, recipe, self.worker, publisher.decide, publisher.head_files,
-                                 poll_interval=self.config.poll_interval)
+        learner = WeightsLearner(chain, self.state.store, recipe, self.worker, _logged(chain, SAO, publisher.decide),
+                                 publisher.head_files, poll_interval=self.config.poll_interval)
         self.learners[scenario] = learner
         self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"learner:{scenario}")
+        log.info("learner started", extra={"reef": {"event": "learner_started", "scenario": scenario, "recipe": SAO}})
 
     def _ensure_harness(self, scenario: str) -> None:
         if not self.config.enabled:
             self.idle[scenario] = "learning is disabled (learner.enabled: false)"
+            log.info("no learner", extra={"reef": {"event": "learner_idle", "scenario": scenario, "recipe": SKILLS,
+                                                    "reason": self.idle[scenario]}})
             return
         skills, chain = self.config.skills, self.state.chain(scenario)
         try:
@@ -106,10 +113,12 @@ class Learning:
                                      self.scenarios.admit, skills.gate.publish)
         # held-out records serve the gate only when it has no task file
         recipe = SkillsRecipe(skills, proposer, holdout_fraction=0.0 if skills.gate.tasks else skills.gate.holdout_fraction)
-        learner = HarnessLearner(chain, self.state.store, recipe, publisher.decide, publisher.head_harness,
-                                 poll_interval=self.config.poll_interval)
+        learner = HarnessLearner(chain, self.state.store, recipe, _logged(chain, SKILLS, publisher.decide),
+                                 publisher.head_harness, poll_interval=self.config.poll_interval)
         self.learners[scenario] = learner
         self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"harness-learner:{scenario}")
+        log.info("learner started", extra={"reef": {"event": "learner_started", "scenario": scenario, "recipe": SKILLS,
+                                                     "proposer": skills.proposer}})
 
     async def close(self) -> None:
         for task in self.tasks.values():
@@ -127,3 +136,30 @@ class Learning:
         return {"learners": [learner.status() for learner in self.learners.values()],
                 "idle": [{"scenario": s, "reason": r} for s, r in self.idle.items()],
                 "training_queue": self.worker.pending() if self.worker else {}}
+
+
+def _logged(chain: Any, recipe: str, decide: Callable[[Any], Awaitable[Verdict]]) -> Callable[[Any], Awaitable[Verdict]]:
+    """The publisher's `decide` (gate, then publish or reject), with one info line per candidate:
+    the decision, the gate's numeric metrics (never a task's prompt or answer), the chain's head
+    after it (the new release when published) and how long it took."""
+
+    async def decide_and_log(candidate: Any) -> Verdict:
+        started = time.monotonic()
+        fields: dict[str, Any] = {"event": "gate", "scenario": chain.scenario, "recipe": recipe,
+                                  "batch_id": getattr(candidate, "batch_id", None)}
+        try:
+            verdict = await decide(candidate)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("gate failed", extra={"reef": {**fields, "error": type(exc).__name__,
+                                                        "seconds": round(time.monotonic() - started, 3)}})
+            raise
+        numbers = {f"gate_{k}": v for k, v in verdict.metrics.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        seconds = round(time.monotonic() - started, 3)
+        log.info("gate verdict", extra={"reef": {**fields, "decision": verdict.decision, **numbers,
+                                                  "head_release_id": chain.head().release_id, "seconds": seconds}})
+        return verdict
+
+    return decide_and_log

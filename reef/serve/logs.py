@@ -153,7 +153,7 @@ class RequestLog:
         if hot is not None:  # refused before it was recorded: no receipt, no release
             scenario = next((v for k, v in scope["headers"] if k == b"x-reef-scenario"), b"default")
             fields = {"receipt": None, "scenario": scenario.decode("latin-1"), "release_id": None,
-                      "dialect": hot[0].name, "route": hot[1], **fields}
+                      "dialect": hot[0].name, "route": hot[1], **fields, "prompt_tokens": 0, "completion_tokens": 0}
         level = logging.INFO if _loud(scope) else logging.DEBUG
         REQUEST_LOG.log(level, "request" if hot is not None else "http", extra={"reef": fields})
 

@@ -8,7 +8,9 @@ a diff between any two of its releases.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+import weakref
 from collections import deque
 from typing import Any
 
@@ -83,7 +85,8 @@ def build_router() -> APIRouter:
         store = request.app.state.reef.store
         stored = store.get_record(check_id(record_id, "record id"))
         # JSONResponse, not a returned dict: FastAPI's encoder refuses JSON deeper than ~250 levels
-        return JSONResponse({"record": stored.to_json(), "reports": [r.to_json() for r in store.reports_for(stored.id)]})
+        return JSONResponse({"record": stored.to_json(), "reports": [r.to_json() for r in store.reports_for(stored.id)],
+                             "verified": verified(stored)})
 
     @router.get("/scenarios")
     async def scenarios(request: Request) -> dict[str, Any]:
@@ -270,6 +273,40 @@ def _kind(app: Any, release_id: str) -> str | None:
     return _KINDS[release_id]
 
 
+class _Tally:
+    """Per release of one scenario: records served and the reports on them, read incrementally
+    (reports after `report_cursor`, records after `record_seq`), so a dashboard polling the curve
+    does not reread the whole store each time."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.report_cursor = 0
+        self.record_seq = 0
+        self.score_sum: dict[str, float] = {}
+        self.reports: dict[str, int] = {}
+        self.records: dict[str, int] = {}
+
+    def update(self, store: Any, scenario: str) -> None:
+        while True:
+            page = store.reported_since(scenario, self.report_cursor, limit=1000)
+            for reported in page:
+                for rid in {r.release.release_id for r in reported.records if r.release is not None}:
+                    self.score_sum[rid] = self.score_sum.get(rid, 0.0) + reported.report.score
+                    self.reports[rid] = self.reports.get(rid, 0) + 1
+                self.report_cursor = reported.cursor
+            if len(page) < 1000:
+                break
+        for stored in store.iter_records(scenario, after_seq=self.record_seq):
+            if stored.record.release is not None:
+                rid = stored.record.release.release_id
+                self.records[rid] = self.records.get(rid, 0) + 1
+            self.record_seq = max(self.record_seq, stored.record.seq or 0)
+
+
+_TALLIES: weakref.WeakKeyDictionary[Any, dict[str, _Tally]] = weakref.WeakKeyDictionary()
+_TALLIES_LOCK = threading.Lock()
+
+
 def _curve(app: Any, chain: Any) -> list[dict[str, Any]]:
     """Each published (not pending) release, oldest first: `gate_score` is the gate's mean score
     of its content (its own verdict's `candidate_score`, else the `current_score` a later verdict
@@ -290,27 +327,22 @@ def _curve(app: Any, chain: Any) -> list[dict[str, Any]]:
             measured[incumbent] = metrics["current_score"]
         if candidate:
             measured[candidate] = metrics["candidate_score"]
+    with _TALLIES_LOCK:
+        tally = _TALLIES.setdefault(app.store, {}).setdefault(chain.scenario, _Tally())
+    with tally.lock:
+        tally.update(app.store, chain.scenario)
+        sums, reports, records = dict(tally.score_sum), dict(tally.reports), dict(tally.records)
     published = [e for e in history if e.publishes_release and not e.pending]
-    live: dict[str, dict[str, float]] = {}  # release id -> report id -> score
-    served: dict[str, int] = {}
-    for stored in app.store.iter_records(chain.scenario):
-        if stored.record.release is None:
-            continue
-        rid = stored.record.release.release_id
-        served[rid] = served.get(rid, 0) + 1
-        for report in stored.reports:
-            live.setdefault(rid, {})[report.id] = report.score
     rows = []
     for i, e in enumerate(published):
         rid = e.release.release_id
-        own = (e.verdict.metrics.get("candidate_score") if e.verdict else None)
-        scores = live.get(rid, {})
+        own = e.verdict.metrics.get("candidate_score") if e.verdict else None
         rows.append({"release_id": rid, "step": e.step, "operation": e.operation.value, "kind": _kind(app, rid),
                      "content_id": e.release.content_id, "recorded_at": e.recorded_at,
                      "served_until": published[i + 1].recorded_at if i + 1 < len(published) else None,
                      "gate_score": own if own is not None else measured.get(e.release.content_id),
-                     "records": served.get(rid, 0), "reports": len(scores),
-                     "live_mean": sum(scores.values()) / len(scores) if scores else None})
+                     "records": records.get(rid, 0), "reports": reports.get(rid, 0),
+                     "live_mean": sums[rid] / reports[rid] if reports.get(rid) else None})
     return rows
 
 

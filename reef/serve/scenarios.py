@@ -5,11 +5,18 @@ the scenario on first use (bound for life to the recipe the config names for it,
 contradicting `x-reef-recipe` / `x-reef-release-id` with 409 before anything is created), makes
 sure its serving release is loaded in the runtime, and returns the release the request is
 frozen to, pinned so that a swap never unloads it while the request runs.
+
+`HeadFollower` keeps a front end on the head of a commit log it shares with others (PostgreSQL):
+woken by the log's notifications, and every second regardless, it reads every scenario's last
+step, and for each that moved it serves the new head (`follow_head`: fetch the content if this
+front end lacks it, load it, move the serving pointer; the previous load is unloaded once no
+request of this front end pins it). Scenarios another front end created become known here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable
@@ -18,11 +25,14 @@ from reef.commit.release_chain import ReleaseChain
 from reef.commit.state import ReefState
 from reef.config import HarnessConfig, RecipeConfig
 from reef.core.canonical import check_scenario_name
-from reef.core.errors import Conflict, NotFound
+from reef.core.errors import Conflict, NotFound, ReefError
 from reef.core.types import Release, ReleaseRef
 from reef.runtimes.base import Runtime
 from reef.surfaces.inject import HarnessInjector
 from reef.surfaces.seed import HarnessSeeds
+
+log = logging.getLogger("reef.follow")
+FOLLOW_INTERVAL_S = 1.0  # a follower reads the heads this often even without a notification
 
 
 class ScenarioDirectory:
@@ -99,17 +109,42 @@ class ScenarioDirectory:
 
     async def serve_release(self, chain: ReleaseChain, release: Release) -> ReleaseRef:
         """Load a release's content and move the serving pointer to it (a swap); the previous
-        load is unloaded once no request pins it."""
+        load is unloaded once no request pins it. A release already served, or one the serving
+        pointer has passed (the follower served a later step first), is not loaded again."""
         async with self._lock(chain.scenario):
             previous = await self._load_serving(chain)
-            files = await asyncio.to_thread(self.state.artifacts.files, release.release_id)
-            load_id = await self.runtime.load(release.content_id, files)
-            self.harness.remember(release.content_id, files)
-            ref = ReleaseRef(release.release_id, release.content_id, load_id)
-            chain.advance(previous.release_id, ref)
-        if previous.runtime_load_id and previous.runtime_load_id != load_id:
-            asyncio.get_running_loop().create_task(self._unload_when_free(previous.runtime_load_id))
+            if previous.release_id == release.release_id or await asyncio.to_thread(
+                    lambda: chain.release(previous.release_id).step > release.step):
+                return previous
+            ref = await self._swap(chain, previous, release)
+        self._retire(previous, ref)
         return ref
+
+    async def follow_head(self, chain: ReleaseChain) -> ReleaseRef | None:
+        """Serve the chain's head if this front end serves an older release (another front end
+        published, rolled back or promoted); the new ref, or None if it served the head already."""
+        async with self._lock(chain.scenario):
+            previous = await self._load_serving(chain)
+            head = await asyncio.to_thread(chain.head)
+            if head.release_id == previous.release_id:
+                return None
+            ref = await self._swap(chain, previous, head)
+        self._retire(previous, ref)
+        return ref
+
+    async def _swap(self, chain: ReleaseChain, previous: ReleaseRef, release: Release) -> ReleaseRef:
+        """With the scenario's lock held: load `release` (fetched first if this front end lacks
+        it) and move the serving pointer from `previous` to it."""
+        files = await asyncio.to_thread(self.state.artifacts.files, release.release_id)
+        load_id = await self.runtime.load(release.content_id, files)
+        self.harness.remember(release.content_id, files)
+        ref = ReleaseRef(release.release_id, release.content_id, load_id)
+        await asyncio.to_thread(chain.advance, previous.release_id, ref)
+        return ref
+
+    def _retire(self, previous: ReleaseRef, ref: ReleaseRef) -> None:
+        if previous.runtime_load_id and previous.runtime_load_id != ref.runtime_load_id:
+            asyncio.get_running_loop().create_task(self._unload_when_free(previous.runtime_load_id))
 
     async def _unload_when_free(self, runtime_load_id: str) -> None:
         while self.pinned(runtime_load_id):
@@ -137,6 +172,74 @@ class ScenarioDirectory:
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
+
+
+class HeadFollower:
+    """Keeps one front end serving the head of every scenario of a shared commit log."""
+
+    def __init__(self, state: ReefState, scenarios: ScenarioDirectory, interval: float = FOLLOW_INTERVAL_S) -> None:
+        self.state = state
+        self.scenarios = scenarios
+        self.interval = interval
+        self.seen: dict[str, int] = {}  # scenario -> last step this front end has followed
+        self._failing: dict[str, str] = {}  # scenario -> the error last logged for it
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="head-follower")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def run(self) -> None:
+        logs = self.state.commit_logs
+        watch = logs.watch() if hasattr(logs, "watch") else None
+        try:
+            while True:
+                if watch is not None:
+                    await asyncio.to_thread(watch.wait, self.interval)
+                else:
+                    await asyncio.sleep(self.interval)
+                await self.catch_up()
+        finally:
+            if watch is not None:
+                watch.close()
+
+    async def catch_up(self) -> None:
+        """Serve the head of every scenario whose last step moved since the last look."""
+        try:
+            heads: dict[str, int] = await asyncio.to_thread(self.state.commit_logs.heads)  # type: ignore[attr-defined]
+        except ReefError as exc:
+            self._note("*", f"cannot read the heads: {exc}")
+            return
+        self._failing.pop("*", None)
+        for name, step in heads.items():
+            if self.seen.get(name) == step:
+                continue
+            try:
+                known = name in self.state.scenarios()
+                chain = await asyncio.to_thread(self.state.discover, name)
+                if chain is None:
+                    continue
+                ref = await self.scenarios.follow_head(chain)
+            except ReefError as exc:  # e.g. MissingArtifact naming what the remote lacks: tried again next time
+                self._note(name, str(exc))
+                continue
+            self.seen[name] = step
+            self._failing.pop(name, None)
+            if ref is not None:
+                log.info("following the head", extra={"reef": {"event": "head_followed", "scenario": name,
+                                                                 "release_id": ref.release_id, "step": step}})
+            if not known:
+                for hook in self.scenarios.on_created:
+                    await hook(name)
+
+    def _note(self, name: str, problem: str) -> None:
+        if self._failing.get(name) != problem:  # once per distinct problem, not once a second
+            self._failing[name] = problem
+            log.warning("cannot follow the head of %s: %s", name, problem)
 
 
 def _check_request_binding(name: str, binding: dict, recipe: str | None, release_id: str | None) -> None:

@@ -3,14 +3,16 @@
 Off by default, and then free: nothing imports `opentelemetry` (this module imports it only in
 `build`), and the request path checks one attribute. On (`traces.enabled: true`, or
 `traces.otlp_endpoint` set), each request to `/v1/chat/completions`, `/v1/messages` or
-`/v1/responses` gets one SERVER span named `chat {model}` that follows the OpenTelemetry GenAI
+`/v1/responses` gets one span named `chat {model}` that follows the OpenTelemetry GenAI
 semantic conventions (`gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.*`,
 `gen_ai.response.model`, `gen_ai.response.finish_reasons`, `gen_ai.usage.input_tokens`,
 `gen_ai.usage.output_tokens`, `gen_ai.conversation.id`, `error.type`) plus Reef's own
 (`reef.record_id`, `reef.release_id`, `reef.scenario`, `reef.runtime_load_id`, `reef.dialect`,
 `reef.route`, `reef.stream`, `reef.verified`, `reef.time_to_first_token_s`) and
-`http.response.status_code`. A `traceparent` header from the agent makes it a child of the
-agent's trace. Prompts and answers are never put on a span.
+`http.response.status_code`. Prompts and answers are never put on a span. Its kind is SERVER
+(a `traceparent` header from the agent makes it a child of the agent's span), or INTERNAL when
+an HTTP server span is already current: FastAPI makes one on its own for every request when the
+process's global tracer provider is configured, and then that span is the server side.
 
 Export: OTLP over HTTP to `traces.otlp_endpoint`, else to `OTEL_EXPORTER_OTLP_ENDPOINT` /
 `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` when set (the exporter reads them), through a batching
@@ -41,12 +43,16 @@ class Tracing:
         self.provider_name = provider_name
         self.processor = processor  # owned here (OTLP): flushed and shut down by `close`
         self._extract = propagate.extract
-        self._server = trace.SpanKind.SERVER
+        self._current = trace.get_current_span
+        self._server, self._internal = trace.SpanKind.SERVER, trace.SpanKind.INTERNAL
         self._error = trace.Status(trace.StatusCode.ERROR)
 
     def start(self, route: str, dialect: str, headers: Mapping[str, str]) -> RequestSpan:
-        context = self._extract(headers) if "traceparent" in headers else None
-        span = self.tracer.start_span("chat", context=context, kind=self._server, attributes={
+        if self._current().is_recording():  # inside an HTTP server span (FastAPI's, on a global provider)
+            kind, context = self._internal, None
+        else:  # Reef's span is the server side of the agent's call
+            kind, context = self._server, (self._extract(headers) if "traceparent" in headers else None)
+        span = self.tracer.start_span("chat", context=context, kind=kind, attributes={
             "gen_ai.operation.name": "chat", "gen_ai.provider.name": self.provider_name,
             "reef.route": route, "reef.dialect": dialect})
         return RequestSpan(span, self._error)
@@ -101,6 +107,7 @@ class RequestSpan:
             attributes["reef.verified"] = verified
         if error is not None or status >= 500:
             attributes["error.type"] = error or str(status)
+        if status >= 500:  # a client's own mistake (4xx) is no error of a server span
             span.set_status(self._error)
         span.set_attributes(attributes)
         span.end()

@@ -52,7 +52,9 @@
 
   const short = (id) => (id ? String(id).slice(0, 10) : "—");
   const fmtNum = (x, digits = 3) =>
-    x === null || x === undefined ? "—" : Number.isInteger(x) ? String(x) : Number(x).toFixed(digits);
+    x === null || x === undefined ? "—" : typeof x !== "number" || Number.isInteger(x) ? String(x) : x.toFixed(digits);
+  const fmtScore = (x) => (x === null || x === undefined ? "—" : Number(x).toFixed(3));
+  const SCORE_KEYS = new Set(["current_score", "candidate_score", "gain", "p_value", "candidate_success"]);
   function fmtTime(t) {
     if (!t) return "—";
     const d = new Date(t * 1000);
@@ -220,11 +222,12 @@
     return { state: "none", reason: "its recipe does not learn" };
   }
 
-  function verdictText(verdict) {
+  // a verdict as the chain keeps it ({decision, metrics}) or as a learner's status flattens it
+  function verdictText(verdict, withDecision = true) {
     if (!verdict) return "—";
-    const m = verdict.metrics || {};
-    const parts = [verdict.decision];
-    if (m.candidate_score !== undefined) parts.push(`${fmtNum(m.current_score)} → ${fmtNum(m.candidate_score)}`);
+    const m = verdict.metrics || verdict;
+    const parts = withDecision ? [verdict.decision] : [];
+    if (m.candidate_score !== undefined) parts.push(`${fmtScore(m.current_score)} → ${fmtScore(m.candidate_score)}`);
     if (m.wins !== undefined) parts.push(`W${m.wins}/L${m.losses}/T${m.ties ?? 0}`);
     return parts.join(" · ");
   }
@@ -281,7 +284,7 @@
         card("Serving", short(sc.serving.release_id), `step ${sc.head.step} · ${sc.head.operation}`),
         card("Learner", l.state, learner ? `${learner.published} published · ${learner.rejected} rejected · ${learner.candidates} candidates` : (l.reason || "")),
         card("Last verdict", learner && learner.last_verdict ? learner.last_verdict.decision : (sc.head.verdict ? sc.head.verdict.decision : "—"),
-          verdictText((learner && learner.last_verdict) || sc.head.verdict)),
+          verdictText((learner && learner.last_verdict) || sc.head.verdict, false)),
         card("Records", sc.records, `${sc.reports} reports`),
         card("Commit log", `step ${sc.step}`, `learner cursor ${sc.learner.high_water}${sc.learner.open_batches.length ? ` · ${sc.learner.open_batches.length} open batch(es)` : ""}`)),
       tabs, body);
@@ -307,7 +310,7 @@
     const keys = ["gate", "current_score", "candidate_score", "gain", "p_value", "wins", "losses", "ties", "n", "candidate_success"];
     const shown = keys.filter((k) => m[k] !== undefined && m[k] !== null);
     if (!shown.length) return null;
-    return h("dl", { class: "metrics" }, shown.map((k) => [h("dt", { text: k }), h("dd", { text: fmtNum(m[k]) })]));
+    return h("dl", { class: "metrics" }, shown.map((k) => [h("dt", { text: k }), h("dd", { text: SCORE_KEYS.has(k) ? fmtScore(m[k]) : fmtNum(m[k]) })]));
   }
 
   async function chainTab(name, sc) {
@@ -364,7 +367,7 @@
     const curve = await api(`reef/scenarios/${enc(name)}/curve`);
     const points = curve.releases;
     return h("section", {},
-      h("p", { class: "muted", text: "Gate score of each published release (dots) and the mean reported score of the traffic it served (bars over the time it served)." }),
+      h("p", { class: "muted", text: "Gate score of each published release (blue dots, dashed while it serves) and the mean reported score of the traffic it served (orange bars over the time it served)." }),
       curveSvg(points),
       h("table", { class: "grid", testid: "curve-table" },
         h("thead", {}, h("tr", {}, ["Step", "Release", "Operation", "Kind", "Published", "Gate score", "Live mean", "Reports", "Records"].map((t) => h("th", { text: t })))),
@@ -373,12 +376,12 @@
           h("td", {}, h("a", { class: "mono", href: `#/s/${enc(name)}/release/${enc(p.release_id)}`, text: short(p.release_id) })),
           h("td", {}, pill(p.operation)), h("td", { text: p.kind || "—" }),
           h("td", { text: fmtTime(p.recorded_at) }),
-          h("td", { class: "num", text: fmtNum(p.gate_score) }), h("td", { class: "num", text: fmtNum(p.live_mean) }),
+          h("td", { class: "num", text: fmtScore(p.gate_score) }), h("td", { class: "num", text: fmtScore(p.live_mean) }),
           h("td", { class: "num", text: p.reports }), h("td", { class: "num", text: p.records }))))));
   }
 
   function curveSvg(points) {
-    const W = 860, H = 300, L = 52, R = 16, T = 16, B = 40;
+    const W = 860, H = 320, L = 52, R = 16, T = 40, B = 40;
     const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "curve", role: "img", "aria-label": "learning curve", "data-testid": "curve" });
     if (!points.length) return svg;
     const now = Date.now() / 1000;
@@ -407,17 +410,17 @@
       if (p.live_mean === null || p.live_mean === undefined) continue;
       const end = p.served_until || t1;
       svg.append(s("line", { x1: x(p.recorded_at), x2: Math.max(x(end), x(p.recorded_at) + 3), y1: y(p.live_mean), y2: y(p.live_mean), class: "live-bar" },
-        s("title", {}, `step ${p.step}: live mean ${fmtNum(p.live_mean)} over ${p.reports} reports`)));
+        s("title", {}, `step ${p.step}: live mean ${fmtScore(p.live_mean)} over ${p.reports} reports`)));
     }
     const gated = points.filter((p) => p.gate_score !== null && p.gate_score !== undefined);
-    if (gated.length > 1) {
-      svg.append(s("polyline", { points: gated.map((p) => `${x(p.recorded_at)},${y(p.gate_score)}`).join(" "), class: "gate-line" }));
+    for (const p of gated) { // the gate's score holds while the release serves
+      svg.append(s("line", { x1: x(p.recorded_at), x2: x(p.served_until || t1), y1: y(p.gate_score), y2: y(p.gate_score), class: "gate-line" }));
     }
     for (const p of gated) {
       svg.append(s("circle", { cx: x(p.recorded_at), cy: y(p.gate_score), r: 5, class: "gate-dot" },
-        s("title", {}, `step ${p.step} (${p.operation}): gate score ${fmtNum(p.gate_score)}`)));
+        s("title", {}, `step ${p.step} (${p.operation}): gate score ${fmtScore(p.gate_score)}`)));
     }
-    svg.append(s("g", { transform: `translate(${W - R - 250}, ${T + 4})` },
+    svg.append(s("g", { transform: `translate(${W - R - 250}, 8)` },
       s("rect", { x: 0, y: 0, width: 250, height: 22, class: "legend-bg" }),
       s("circle", { cx: 12, cy: 11, r: 5, class: "gate-dot" }), s("text", { x: 22, y: 15, class: "axis" }, "gate score"),
       s("line", { x1: 112, x2: 132, y1: 11, y2: 11, class: "live-bar" }), s("text", { x: 138, y: 15, class: "axis" }, "live mean score")));
@@ -439,7 +442,7 @@
         h("td", {}, h("code", { text: short(r.release_id) })),
         h("td", { class: "small", text: r.session || "—" }),
         h("td", { class: "small clip" }, h("span", { text: r.prompt }), h("span", { class: "muted", text: " → " }), h("span", { text: r.error || r.answer })),
-        h("td", { class: "num", text: r.score === null ? "—" : fmtNum(r.score) }),
+        h("td", { class: "num", text: fmtScore(r.score) }),
         h("td", { class: "small clip", text: feedbackText(r.feedback) }),
         h("td", { class: "num", text: r.latency_s === null ? "—" : `${(r.latency_s * 1000).toFixed(0)} ms` }),
         h("td", {}, r.verified ? pill("verified", "ok") : pill("unverified", "muted"))))));
@@ -464,7 +467,8 @@
         card("Release", short(r.release && r.release.release_id), r.release ? `load ${r.release.runtime_load_id || "—"}` : ""),
         card("Session", r.session || "—", Object.entries(r.tags || {}).map(([k, v]) => `${k}=${v}`).join(" ")),
         card("Latency", latency === undefined ? "—" : `${(latency * 1000).toFixed(1)} ms`, req.dialect ? `${req.dialect} dialect · model ${req.model}` : ""),
-        card("Tokens", r.token_ids ? r.token_ids.length : "—", r.token_ids ? `${r.spans.length} span(s)` : "the runtime gives no token ids")),
+        card("Tokens", data.verified ? "verified" : "unverified", r.token_ids
+          ? `${r.token_ids.length} tokens in ${r.spans.length} span(s)` : "the runtime gave no token ids")),
       h("h2", { text: "Request" }),
       req.tools && req.tools.length ? h("p", { class: "small muted", text: `tools: ${req.tools.map((t) => t.name).join(", ")}` }) : null,
       h("div", { class: "conversation", testid: "conversation" }, messages),
@@ -481,7 +485,7 @@
           h("thead", {}, h("tr", {}, ["Report", "When", "Score", "Feedback", "Metadata"].map((t) => h("th", { text: t })))),
           h("tbody", {}, data.reports.map((p) => h("tr", {},
             h("td", { class: "mono", text: short(p.id) }), h("td", { class: "small", text: fmtTime(p.created_at) }),
-            h("td", { class: "num", text: fmtNum(p.score) }), h("td", { text: feedbackText(p.feedback) }),
+            h("td", { class: "num", text: fmtScore(p.score) }), h("td", { text: feedbackText(p.feedback) }),
             h("td", { class: "small mono", text: Object.keys(p.metadata || {}).length ? JSON.stringify(p.metadata) : "" })))))
         : h("p", { class: "muted", text: "No report names this record yet." }),
       h("details", {}, h("summary", { text: "The whole record as JSON" }), h("pre", { class: "small", text: JSON.stringify(data, null, 2) })));
@@ -526,7 +530,7 @@
       if (cur) cur.lines.push(line);
     }
     return h("div", { testid: "diff" }, files.map((f) => {
-      const lfs = f.lines.some((l) => /^[+-]version https:\/\/git-lfs/.test(l));
+      const lfs = f.lines.some((l) => /^[ +-]version https:\/\/git-lfs/.test(l));
       const head = h("div", { class: "file-head mono", text: f.path });
       if (lfs) {
         const get = (sign, key) => { const l = f.lines.find((x) => x.startsWith(`${sign}${key} `)); return l ? l.slice(key.length + 2) : null; };
@@ -583,8 +587,10 @@
       } catch (err) {
         if (err instanceof ApiError && err.status === 409) {
           conflict.hidden = false;
-          conflict.textContent = `Conflict: someone moved the head of ${name} since this preview (it is no longer ${short(expectedHead)}). ` +
-            `Nothing was changed. Close this, look at the chain again, and retry if you still want to. Server: ${err.message}`;
+          conflict.replaceChildren(
+            h("strong", { text: `Conflict: someone moved the head of ${name} since this preview.` }),
+            h("span", { text: ` Nothing was changed: the head is no longer ${short(expectedHead)}. Close this, look at the chain again, and retry if you still want to.` }),
+            h("span", { class: "detail", text: `Server (409): ${err.message}` }));
           ok.hidden = true;
           $("confirm-cancel").textContent = "Close";
         } else if (!(err instanceof ApiError && err.status === 401)) {

@@ -1,0 +1,369 @@
+"""The dashboard at `/ui`, driven in a real headless Chromium (Debian's `chromium` package under
+Playwright; no browser is ever downloaded) against a real `reef serve` in front of the scripted
+upstream, whose `fmt` scenario learns its harness with the `skills` recipe in a few seconds.
+
+Checked: a wrong token is refused with a message and the token never lands in a URL, the
+server's log or localStorage; a scenario and a newly learned release appear without reloading;
+a record opens in full; a rollback through the confirmation dialog grows the chain; a conflict
+(someone moved the head after the preview) is shown plainly and changes nothing; the static
+files need no token, every data call does.
+
+`REEF_UI_SCREENSHOTS=1` (or `scripts/ui_screenshots`) also writes the pages to docs/ui-*.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+import openai
+import pytest
+
+from reef.client import ReefClient
+from tests.helpers.reef_server import ReefServer
+from tests.scripted_upstream import ScriptedUpstream
+
+CHROMIUM = os.environ.get("REEF_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TOKEN = "ui-token-7c1e93a0b5"
+SCENARIO = "fmt"
+RULE_MARKER = "single word"
+GOOD, CHATTY = "4", "Sure! The answer is 4."
+FEEDBACK = ["Answer with a single word only.", "Only a single word answer, please.", "Answer with a single word only!"]
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+SCREENSHOTS = os.environ.get("REEF_UI_SCREENSHOTS") == "1"
+WAIT_MS = 30_000
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install '.[test]')")
+if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+    pytest.skip(f"no chromium at {CHROMIUM}: `apt-get install -y chromium` (.ci/run does)", allow_module_level=True)
+
+
+def exact_answer(task: dict[str, Any], text: str) -> float:
+    """The gate's scorer, loaded by dotted path: the answer and nothing else."""
+    return 1.0 if text.strip() == task["expected"] else 0.0
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[ScriptedUpstream]:
+    """A stand-in model that answers tersely only when a rule in its system prompt asks."""
+    with ScriptedUpstream() as upstream:
+        upstream.answer_by_system({RULE_MARKER: GOOD}, otherwise=CHATTY)
+        yield upstream
+
+
+def serve(model: ScriptedUpstream, work: Path, publish: str = "auto") -> ReefServer:
+    """`reef serve` whose `fmt` scenario learns a rule after three failures with the same feedback."""
+    tasks = work / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"prompt": f"What is {i}+{4 - i}?", "expected": "4"}) + "\n" for i in range(4)))
+    settings = {"tokens": [TOKEN], "log_level": "info",
+                "upstream": {"url": model.base_url, "model": "scripted"},
+                "recipes": {"scenarios": {SCENARIO: "skills"}},
+                "learner": {"poll_interval": 0.05, "skills": {
+                    "proposer": "distill", "min_recurrence": 3, "batch_size": 8, "successes": 0,
+                    "gate": {"tasks": str(tasks), "scorer": "tests.test_dashboard:exact_answer", "margin": 1,
+                             "publish": publish}}}}
+    return ReefServer(work, settings)
+
+
+@pytest.fixture(scope="module")
+def reef(model: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+    with serve(model, tmp_path_factory.mktemp("reef-ui")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 860}, device_scale_factor=1)
+    context.set_default_timeout(WAIT_MS)
+    tab = context.new_page()
+    tab.seen = []  # (url, authorization header) of every request the page made
+    tab.on("request", lambda r: tab.seen.append((r.url, r.headers.get("authorization"))))
+    tab.errors = []
+    tab.on("pageerror", lambda e: tab.errors.append(str(e)))
+    yield tab
+    context.close()
+    assert not tab.errors, f"JavaScript errors on the page: {tab.errors}"
+
+
+def client(reef: ReefServer) -> ReefClient:
+    return ReefClient(reef.url, TOKEN)
+
+
+def ask(reef: ReefServer, text: str = "What is 2+2?", session: str | None = None) -> tuple[str, str, str]:
+    """One request of the scenario: (receipt, release id, answer)."""
+    oai = openai.OpenAI(base_url=reef.base_url, api_key=TOKEN, max_retries=0, timeout=30)
+    headers = {"x-reef-scenario": SCENARIO, **({"x-reef-session": session} if session else {})}
+    raw = oai.chat.completions.with_raw_response.create(
+        model="any", messages=[{"role": "user", "content": text}], extra_headers=headers)
+    return raw.headers["x-reef-agent-record-id"], raw.headers["x-reef-release-id"], raw.parse().choices[0].message.content or ""
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def releases(reef: ReefServer) -> list[dict[str, Any]]:
+    with client(reef) as c:
+        return c.releases(SCENARIO)["releases"]
+
+
+def sign_in(page: Any, reef: ReefServer, token: str = TOKEN, where: str = "") -> None:
+    page.goto(f"{reef.url}/ui/{where}")
+    page.get_by_test_id("token").fill(token)
+    page.get_by_test_id("sign-in").click()
+
+
+def shot(page: Any, name: str) -> None:
+    if SCREENSHOTS:
+        page.wait_for_timeout(300)  # let the last poll's render settle
+        page.screenshot(path=str(DOCS / f"ui-{name}.png"), full_page=True)
+
+
+def test_static_files_need_no_token_but_every_data_call_does(reef: ReefServer) -> None:
+    index = httpx.get(f"{reef.url}/ui/")
+    assert index.status_code == 200 and "text/html" in index.headers["content-type"]
+    assert "default-src 'none'" in index.headers["content-security-policy"]
+    assert "http" not in index.text.replace("http-equiv", ""), "the page loads nothing from elsewhere"
+    for name, kind in [("app.js", "javascript"), ("style.css", "text/css")]:
+        asset = httpx.get(f"{reef.url}/ui/{name}")
+        assert asset.status_code == 200 and kind in asset.headers["content-type"]
+        assert "https://" not in asset.text and "http://" not in asset.text.replace("http://www.w3.org/2000/svg", "")
+    redirect = httpx.get(f"{reef.url}/ui")
+    assert redirect.status_code == 308 and redirect.headers["location"] == "ui/"
+    assert httpx.get(f"{reef.url}/ui/../reef/status").status_code == 401  # httpx normalises: /reef/status
+    assert httpx.get(f"{reef.url}/ui/nothing.js").status_code == 404
+    assert httpx.post(f"{reef.url}/ui/", data={"token": "x"}).status_code == 405
+    for path in ("/reef/status", "/reef/scenarios", f"/reef/scenarios/{SCENARIO}/records",
+                 f"/reef/scenarios/{SCENARIO}/curve", f"/reef/scenarios/{SCENARIO}/compare?base=a&target=b"):
+        assert httpx.get(f"{reef.url}{path}").status_code == 401, path
+
+
+def test_a_wrong_token_is_refused_with_a_message_and_the_token_stays_out_of_urls(page: Any, reef: ReefServer) -> None:
+    sign_in(page, reef, "not-the-token")
+    error = page.get_by_test_id("login-error")
+    sync_api.expect(error).to_be_visible()
+    sync_api.expect(error).to_contain_text("Refused")
+    assert page.evaluate("sessionStorage.getItem('reef-token')") is None
+    shot(page, "login")
+
+    page.get_by_test_id("token").fill(TOKEN)
+    page.get_by_test_id("sign-in").click()
+    sync_api.expect(page.get_by_test_id("login-form")).to_be_hidden()
+    sync_api.expect(page.locator("h1", has_text="Scenarios")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('reef-token')") == TOKEN
+    assert page.evaluate("localStorage.length") == 0 and page.evaluate("document.cookie") == ""
+    page.reload()  # the session keeps the token: no second sign-in
+    sync_api.expect(page.locator("h1", has_text="Scenarios")).to_be_visible()
+    page.get_by_test_id("logout").click()
+    sync_api.expect(page.get_by_test_id("login-form")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('reef-token')") is None
+
+    assert all(TOKEN not in url for url, _ in page.seen)
+    data_calls = [(url, header) for url, header in page.seen if "/reef/" in url]
+    assert data_calls and all(header in (f"Bearer {TOKEN}", "Bearer not-the-token") for _, header in data_calls)
+    assert TOKEN not in reef.logs() and "not-the-token" not in reef.logs()
+
+
+def test_a_learned_release_appears_without_reloading_and_a_record_opens_in_full(
+        page: Any, reef: ReefServer) -> None:
+    first_receipt, first_release, answer = ask(reef, session="ui-demo")
+    assert answer == CHATTY
+    sign_in(page, reef)
+    row = page.get_by_test_id(f"scenario-{SCENARIO}")
+    sync_api.expect(row).to_be_visible()
+    sync_api.expect(row).to_contain_text("skills")
+    sync_api.expect(row.get_by_test_id("records")).to_have_text("1")
+    ask(reef)  # new traffic shows up by itself
+    sync_api.expect(row.get_by_test_id("records")).to_have_text("2")
+
+    row.get_by_role("link", name=SCENARIO).click()
+    chain = page.get_by_test_id("chain")
+    sync_api.expect(chain.get_by_test_id("release")).to_have_count(1)
+    url_before = page.url
+    with client(reef) as c:  # clients report failures with the same complaint: the learner writes a rule
+        c.report(first_receipt, score=0.0, feedback=FEEDBACK[0])
+        for text in FEEDBACK[1:]:
+            receipt, _, _ = ask(reef)
+            c.report(receipt, score=0.0, feedback=text)
+    learned = chain.locator("[data-testid=release].training")
+    sync_api.expect(learned).to_have_count(1, timeout=WAIT_MS)  # no reload: the page polls
+    assert page.url == url_before
+    sync_api.expect(learned).to_contain_text("select")
+    sync_api.expect(learned).to_contain_text("serving")
+    learned_id = learned.get_attribute("data-release")
+    assert learned_id and learned_id != first_release
+
+    with client(reef) as c:  # the new harness answers well; its traffic is scored well
+        for i in range(3):
+            receipt, release_id, answer = ask(reef, f"What is {i}+{4 - i}?", session="ui-demo")
+            assert release_id == learned_id and answer == GOOD
+            c.report(receipt, score=1.0, feedback="right")
+    page.get_by_test_id("tab-curve").click()
+    sync_api.expect(page.get_by_test_id("curve").locator("circle.gate-dot")).to_have_count(3)  # 2 releases + legend
+    sync_api.expect(page.get_by_test_id("curve-table")).to_contain_text("1.000")
+    shot(page, "curve")
+
+    page.get_by_test_id("tab-records").click()
+    rows = page.get_by_test_id("record-row")
+    sync_api.expect(rows).to_have_count(7)
+    newest = rows.first
+    sync_api.expect(newest).to_contain_text("right")
+    sync_api.expect(newest).to_contain_text("unverified")  # an upstream provider gives no token ids
+    shot(page, "records")
+    newest.get_by_role("link").click()
+    record = page.get_by_test_id("record")
+    sync_api.expect(record).to_be_visible()
+    sync_api.expect(page.get_by_test_id("conversation")).to_contain_text("Answer with a single word only")  # injected rule
+    sync_api.expect(page.get_by_test_id("conversation")).to_contain_text("What is 2+2?")
+    sync_api.expect(page.get_by_test_id("response-text")).to_have_text(GOOD)
+    sync_api.expect(page.get_by_test_id("reports")).to_contain_text("right")
+    sync_api.expect(record).to_contain_text("unverified")
+    shot(page, "record")
+
+    page.goto(f"{reef.url}/ui/#/s/{SCENARIO}/release/{learned_id}")
+    diff = page.get_by_test_id("diff")
+    sync_api.expect(diff).to_contain_text("rules/fb-single-word-only.md")
+    sync_api.expect(diff.locator(".add", has_text="Answer with a single word only")).to_have_count(1)
+    shot(page, "diff")
+
+
+def test_rollback_asks_for_confirmation_grows_the_chain_and_a_conflict_is_shown_plainly(
+        page: Any, reef: ReefServer) -> None:
+    before = wait_for(lambda: (r := releases(reef)) and any(x["operation"] == "training" for x in r) and r,
+                      what="the learned release (the previous test)")
+    first = before[-1]  # the creation
+    sign_in(page, reef, where=f"#/s/{SCENARIO}/chain")
+    chain = page.get_by_test_id("chain")
+    nodes = chain.get_by_test_id("release")
+    sync_api.expect(nodes).to_have_count(len(before))
+
+    creation = chain.locator(f"[data-release='{first['release_id']}']")
+    creation.get_by_test_id("rollback").click()
+    dialog = page.get_by_test_id("confirm-dialog")
+    sync_api.expect(dialog).to_be_visible()
+    sync_api.expect(page.get_by_test_id("preview")).to_contain_text("rules/fb-single-word-only.md")  # the rule goes
+    sync_api.expect(page.get_by_test_id("preview").locator(".del")).not_to_have_count(0)
+    shot(page, "rollback-confirm")
+    page.get_by_test_id("confirm-cancel").click()  # cancelling changes nothing
+    sync_api.expect(dialog).to_be_hidden()
+    assert len(releases(reef)) == len(before)
+
+    creation.get_by_test_id("rollback").click()
+    sync_api.expect(page.get_by_test_id("confirm-ok")).to_be_enabled()
+    page.get_by_test_id("confirm-ok").click()
+    sync_api.expect(dialog).to_be_hidden()
+    sync_api.expect(nodes).to_have_count(len(before) + 1)
+    top = nodes.first
+    sync_api.expect(top).to_contain_text("rollback")
+    sync_api.expect(top).to_contain_text("head")
+    after = releases(reef)
+    assert len(after) == len(before) + 1 and after[0]["operation"] == "rollback"
+    assert after[0]["content_id"] == first["content_id"]
+    assert ask(reef)[2] == CHATTY  # served at once: the rule is gone
+
+    # a conflict: the preview was made against a head someone else then moved
+    learned = next(r for r in after if r["operation"] == "training")
+    chain.locator(f"[data-release='{learned['release_id']}']").get_by_test_id("rollback").click()
+    sync_api.expect(page.get_by_test_id("confirm-ok")).to_be_enabled()
+    with client(reef) as c:
+        moved = c.rollback(SCENARIO, first["release_id"])["release"]  # another operator, through the API
+    page.get_by_test_id("confirm-ok").click()
+    conflict = page.get_by_test_id("conflict")
+    sync_api.expect(conflict).to_be_visible()
+    sync_api.expect(conflict).to_contain_text("Conflict: someone moved the head")
+    sync_api.expect(conflict).to_contain_text("Nothing was changed")
+    shot(page, "conflict")
+    final = releases(reef)
+    assert len(final) == len(after) + 1 and final[0]["release_id"] == moved["release_id"]  # only theirs
+    page.get_by_test_id("confirm-cancel").click()
+    sync_api.expect(nodes).to_have_count(len(final))  # the page catches up with the moved head
+    sync_api.expect(nodes.first).to_contain_text("head")
+    sync_api.expect(nodes.first).to_have_attribute("data-release", moved["release_id"])
+    page.mouse.move(0, 0)
+    shot(page, "chain")
+
+    page.get_by_role("link", name="Scenarios").click()
+    sync_api.expect(page.get_by_test_id(f"scenario-{SCENARIO}")).to_contain_text("rollback")
+    shot(page, "scenarios")
+    assert TOKEN not in reef.logs()
+
+
+def test_a_release_held_for_review_appears_and_is_promoted_through_the_confirmation(
+        page: Any, model: ScriptedUpstream, tmp_path: Path) -> None:
+    with serve(model, tmp_path, publish="review") as reef:
+        first_receipt, first_release, _ = ask(reef)
+        sign_in(page, reef, where=f"#/s/{SCENARIO}/chain")
+        nodes = page.get_by_test_id("chain").get_by_test_id("release")
+        sync_api.expect(nodes).to_have_count(1)
+        with client(reef) as c:
+            c.report(first_receipt, score=0.0, feedback=FEEDBACK[0])
+            for text in FEEDBACK[1:]:
+                c.report(ask(reef)[0], score=0.0, feedback=text)
+        pending = page.locator("[data-testid=release].pending")
+        sync_api.expect(pending).to_have_count(1)  # appears by itself
+        sync_api.expect(pending).to_contain_text("pending review")
+        assert ask(reef)[1] == first_release  # held: not served
+        pending.get_by_test_id("promote").click()
+        sync_api.expect(page.get_by_test_id("preview")).to_contain_text("rules/fb-single-word-only.md")
+        page.get_by_test_id("confirm-ok").click()
+        sync_api.expect(page.get_by_test_id("confirm-dialog")).to_be_hidden()
+        top = nodes.first
+        sync_api.expect(top).to_contain_text("promote")
+        sync_api.expect(top).to_contain_text("serving")
+        sync_api.expect(pending).to_contain_text("promoted")
+        sync_api.expect(pending.get_by_test_id("promote")).to_have_count(0)
+        _, release_id, answer = ask(reef)
+        assert release_id == top.get_attribute("data-release") and answer == GOOD
+
+
+LFS_DIFF = """diff --git a/adapter_model.safetensors b/adapter_model.safetensors
+index 1111111..2222222 100644
+--- a/adapter_model.safetensors
++++ b/adapter_model.safetensors
+@@ -1,3 +1,3 @@
+ version https://git-lfs.github.com/spec/v1
+-oid sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
+-size 2048
++oid sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb
++size 4096
+"""
+
+
+def test_an_adapter_diff_is_summarised_never_dumped(page: Any, reef: ReefServer) -> None:
+    """Weights change as LFS pointers; the page names size and hash, never the bytes. (The
+    scripted upstream cannot load weights, so the diff route's answer is played here.)"""
+    release = releases(reef)[-1]["release_id"]
+    body = {"scenario": SCENARIO, "release_id": release, "parent_release_id": None, "operation": "training",
+            "changed": ["adapter_model.safetensors"], "diff": LFS_DIFF}
+    page.route("**/reef/scenarios/*/releases/*/diff", lambda route: route.fulfill(json=body))
+    sign_in(page, reef, where=f"#/s/{SCENARIO}/release/{release}")
+    diff = page.get_by_test_id("diff")
+    sync_api.expect(diff).to_contain_text("adapter weights (LFS): 2.0 KiB (aaaaaaaaaaaa) → 4.0 KiB (bbbbbbbbbbbb)")
+    sync_api.expect(diff.locator("pre")).to_have_count(0)
+
+
+def test_screenshots_exist_when_asked() -> None:
+    if not SCREENSHOTS:
+        pytest.skip("REEF_UI_SCREENSHOTS=1 writes docs/ui-*.png")
+    for name in ("login", "scenarios", "chain", "curve", "records", "record", "diff", "rollback-confirm", "conflict"):
+        assert (DOCS / f"ui-{name}.png").stat().st_size > 10_000, name
