@@ -1,6 +1,7 @@
 """Bearer-token authentication as plain ASGI middleware.
 
-Every route but `/healthz` needs a token when any is configured: `Authorization: Bearer T`
+Every route but `/healthz` (and the dashboard's static files under `/ui`, which hold no data)
+needs a token when any is configured: `Authorization: Bearer T`
 (OpenAI clients) or `x-api-key: T` (Anthropic clients). Several tokens may be valid at once,
 for rotation. Tokens are compared in constant time against every configured token, and never
 logged or echoed.
