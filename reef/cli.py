@@ -9,6 +9,7 @@ import base64
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -140,6 +141,7 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
         handler = logs.configure(config.log_level, config.log_format)  # Reef's, uvicorn's and every library's lines
         say = logs.announcer(config.log_format, handler)
         config.check_exposure()
+        _check_install(config)  # git, and the extras the settings need, before a minute of model loading
         built = build_runtime(config, progress=say)
         app = create_app(config, built)
     except (ReefError, ValueError) as exc:
@@ -152,6 +154,24 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
                 ws="none",  # Reef serves no websockets, and the timed protocol hands no upgrade over
                 timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # a float works
                 timeout_graceful_shutdown=config.shutdown_timeout)  # type: ignore[arg-type]
+
+
+if TYPE_CHECKING:
+    from reef.config import ServeConfig
+
+
+def _check_install(config: ServeConfig) -> None:
+    """What `reef serve` needs beyond the core, checked before anything starts: git, and the
+    extras the settings ask for (each missing one named with the pip command that installs it)."""
+    from reef.commit.artifacts import require_git
+    from reef.extras import require
+    from reef.runtimes.factory import require_embedded
+
+    require_git()
+    if config.store != "sqlite":
+        require("a postgresql:// store (the PostgreSQL experience store)", "postgres")
+    if config.runtime_kind == "embedded":
+        require_embedded(config)
 
 
 # -- talking to a running server -------------------------------------------------------------
@@ -348,6 +368,12 @@ def _open_state(state_dir: Path, store_dsn: str | None) -> ReefState:
     if store_dsn and store_dsn != "sqlite":
         if not store_dsn.startswith(("postgresql://", "postgres://")):
             raise click.ClickException("--store must be a postgresql:// DSN (or 'sqlite')")
+        from reef.extras import require
+
+        try:
+            require("--store postgresql:// (the PostgreSQL store)", "postgres")
+        except ReefError as exc:
+            raise click.ClickException(str(exc)) from None
         from reef.observe.postgres_store import PostgresStore
 
         store = PostgresStore(store_dsn)

@@ -55,3 +55,92 @@ def test_every_setting_is_documented() -> None:
     for key in keys(ServeConfig):
         leaf = key.split(".")[-1]
         assert re.search(rf"^\s*{leaf}:", documented, re.M), f"setting {key} is missing from docs/configuration.md"
+
+
+# -- every setting from the environment ----------------------------------------------------------
+
+
+def test_any_setting_from_the_environment_with_nested_keys() -> None:
+    config = load_config(None, env={
+        "REEF_UPSTREAM__TIMEOUT": "30", "REEF_LEARNER__SAO__LR": "1e-4", "REEF_LIMITS__MAX_TAGS": "8",
+        "REEF_LEARNER__ENABLED": "false", "REEF_PORT": "9100", "REEF_EMBEDDED__THREADS": "null",
+        "REEF_TOKENS": '["one", "two"]',  # JSON for a list
+        "REEF_RECIPES__SCENARIOS__CODING": "skills",  # a key of a mapping
+        "REEF_HARNESS__SCENARIOS": '{"review": {"mode": "pull"}}',  # a whole mapping
+        "REEF_LEARNER__SKILLS__GATE__JUDGE__MODEL": "gpt-4o-mini",  # inside an optional section
+        "REEF_UPSTREAM__API_KEY": "12345",  # text stays text, even when it looks like a number
+        "REEF_UPSTREAM__MODEL": "1.5", "REEF_PUBLIC_URL": "null",
+        "REEF_LOG_FORMAT": "",  # empty: unset
+    })
+    assert config.upstream.timeout == 30.0 and config.learner.sao.lr == 1e-4 and config.limits.max_tags == 8
+    assert config.learner.enabled is False and config.port == 9100 and config.embedded.threads is None
+    assert config.tokens == ["one", "two"] and config.recipes.scenarios == {"coding": "skills"}
+    assert config.harness.scenarios["review"].mode == "pull"
+    assert config.learner.skills.gate.judge is not None and config.learner.skills.gate.judge.model == "gpt-4o-mini"
+    assert config.upstream.api_key == "12345" and config.upstream.model == "1.5" and config.public_url is None
+    assert config.log_format == "text"
+
+
+def test_the_five_older_names_are_kept(tmp_path: Path) -> None:
+    config = load_config(None, env={"REEF_TOKEN": "a,b", "REEF_STATE_DIR": str(tmp_path), "REEF_UPSTREAM_URL": "http://u/v1",
+                                    "REEF_UPSTREAM_API_KEY": "sk-1", "REEF_UPSTREAM_MODEL": "m"})
+    assert config.tokens == ["a", "b"] and config.state_dir == tmp_path
+    assert (config.upstream.url, config.upstream.api_key, config.upstream.model) == ("http://u/v1", "sk-1", "m")
+    assert load_config(None, env={"REEF_UPSTREAM__URL": "http://n/v1"}).upstream.url == "http://n/v1"
+
+
+def test_every_setting_has_a_variable_that_sets_it() -> None:
+    """Each setting's default, written as its variable, reads back as itself."""
+    import json
+
+    from pydantic import BaseModel
+
+    def leaves(model: type[BaseModel], name: str, attrs: tuple[str, ...]) -> list[tuple[str, tuple[str, ...], object]]:
+        out = []
+        for key, field in model.model_fields.items():
+            sub = field.annotation
+            options = [a for a in getattr(sub, "__args__", ()) if a is not type(None)] or [sub]
+            inner = options[0] if len(options) == 1 else None
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                out += leaves(inner, f"{name}{key.upper()}__", attrs + (key,))
+            else:
+                out.append((f"{name}{key.upper()}", attrs + (key,), field.get_default(call_default_factory=True)))
+        return out
+
+    found = leaves(ServeConfig, "REEF_", ())
+    assert len(found) > 80 and ("REEF_LEARNER__SAO__LR", ("learner", "sao", "lr"), 5e-4) in found
+    for name, attrs, default in found:
+        written = str(default) if isinstance(default, (str, Path)) else json.dumps(default)
+        value: object = load_config(None, env={name: written})
+        for attr in attrs:
+            value = getattr(value, attr)
+        assert value == default, name
+
+
+def test_an_unknown_variable_is_named_and_a_single_underscore_gets_a_hint() -> None:
+    with pytest.raises(InvalidInput) as info:
+        load_config(None, env={"REEF_PROT": "1", "REEF_UPSTREAM_TIMEOUT": "3", "REEF_PORT__X": "1"})
+    message = str(info.value)
+    assert "REEF_PROT names no setting" in message and "REEF_PORT__X names no setting" in message
+    assert "REEF_UPSTREAM_TIMEOUT names no setting (did you mean REEF_UPSTREAM__TIMEOUT?" in message
+
+
+def test_a_bad_value_names_its_variable_and_one_setting_is_set_once() -> None:
+    for env, expected in [({"REEF_UPSTREAM__TIMEOUT": "-1"}, "REEF_UPSTREAM__TIMEOUT: Input should be greater than 0"),
+                          ({"REEF_UPSTREAM__DIALECT": "grpc"}, "REEF_UPSTREAM__DIALECT: Input should be 'openai'"),
+                          ({"REEF_TOKENS": "[1"}, "REEF_TOKENS: not a YAML value"),
+                          ({"REEF_TOKEN": "a", "REEF_TOKENS": '["b"]'}, "REEF_TOKEN and REEF_TOKENS both set tokens"),
+                          ({"REEF_UPSTREAM_URL": "http://a", "REEF_UPSTREAM__URL": "http://b"}, "both set upstream.url")]:
+        with pytest.raises(InvalidInput) as info:
+            load_config(None, env=env)
+        assert expected in str(info.value), (env, str(info.value))
+
+
+def test_variables_that_are_not_settings_are_left_alone() -> None:
+    """The client commands', the agent wrapper's, the cache's and the tests' REEF_ variables."""
+    from reef.config import ENV_NOT_SETTINGS
+
+    env = {name: "x" for name in ENV_NOT_SETTINGS} | {"REEF_AGENT_HOME": "/tmp", "REEF_AGENT_COMMAND": "claude"}
+    assert load_config(None, env=env) == ServeConfig()
+    documented = DOCS.read_text()
+    assert all(f"`{name}`" in documented for name in ENV_NOT_SETTINGS), "docs/configuration.md lists them"

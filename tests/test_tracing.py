@@ -13,11 +13,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
-pytest.importorskip("opentelemetry.sdk", reason="the traces extra: pip install 'reef[traces]'")
+pytest.importorskip("opentelemetry.sdk", reason="the traces extra: pip install 'reef-serve[traces]'")
 
 from fastapi.testclient import TestClient  # noqa: E402
 from opentelemetry import trace  # noqa: E402
@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from reef.config import ServeConfig  # noqa: E402
 from reef.runtimes.upstream import UpstreamRuntime  # noqa: E402
 from reef.serve.app import create_app  # noqa: E402
+from reef.serve.tracing import Tracing  # noqa: E402
 from tests.scripted_upstream import ScriptedUpstream  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,21 +40,23 @@ TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 
 @pytest.fixture(scope="module")
 def exporter() -> InMemorySpanExporter:
-    """The process's tracer provider (set once): Reef uses it when no OTLP endpoint is configured."""
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    trace.set_tracer_provider(provider)
-    assert trace.get_tracer_provider() is provider, "another test set the global tracer provider first"
-    return memory
+    return InMemorySpanExporter()
 
 
 @pytest.fixture(scope="module")
 def client(exporter: InMemorySpanExporter, upstream: ScriptedUpstream,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    """The app with traces on, its tracer on a provider of the test's own: the process's global
+    provider stays unset (setting it would switch on FastAPI's own telemetry for every later
+    test in this process); the subprocess test below covers the global provider."""
     config = ServeConfig(state_dir=tmp_path_factory.mktemp("state"), traces={"enabled": True},
                          recipes={"default": "skills"}, learner={"enabled": False})
-    app = create_app(config, UpstreamRuntime(upstream.base_url, model="provider-model", timeout=5))
+    runtime = UpstreamRuntime(upstream.base_url, model="provider-model", timeout=5)
+    app = create_app(config, runtime)
+    assert isinstance(app.state.reef.inference.tracing, Tracing)  # built from the settings
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app.state.reef.inference.tracing = Tracing(provider.get_tracer("reef"), "openai")
     with TestClient(app) as test_client:
         yield test_client
 
@@ -64,16 +67,11 @@ def fresh(exporter: InMemorySpanExporter, upstream: ScriptedUpstream) -> None:
     upstream.clear()
 
 
-def reef_spans(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
-    """Reef's spans (FastAPI adds its own HTTP server span when a global provider is set)."""
-    return [s for s in exporter.get_finished_spans() if s.instrumentation_scope and s.instrumentation_scope.name == "reef"]
-
-
 def only_span(exporter: InMemorySpanExporter) -> ReadableSpan:
     deadline = time.monotonic() + 5
-    while not reef_spans(exporter) and time.monotonic() < deadline:
+    while not exporter.get_finished_spans() and time.monotonic() < deadline:
         time.sleep(0.01)
-    spans = reef_spans(exporter)
+    spans = exporter.get_finished_spans()
     assert len(spans) == 1, [s.name for s in spans]
     return spans[0]
 
@@ -92,10 +90,7 @@ def test_a_plain_request_has_one_server_span_with_genai_and_reef_attributes(
                                  "messages": [{"role": "user", "content": PROMPT}]})
     assert response.status_code == 200, response.text
     span = only_span(exporter)
-    assert span.name == "chat gpt-test"
-    http = [s for s in exporter.get_finished_spans() if s.kind is trace.SpanKind.SERVER]
-    assert len(http) == 1 and span.parent is not None and span.parent.span_id == http[0].context.span_id
-    assert span.kind is trace.SpanKind.INTERNAL  # FastAPI's HTTP span (global provider) is the server side
+    assert span.name == "chat gpt-test" and span.kind is trace.SpanKind.SERVER and span.parent is None
     assert span.status.status_code is trace.StatusCode.UNSET
     attributes = dict(span.attributes or {})
     assert attributes == {
@@ -122,7 +117,8 @@ def test_a_stream_span_ends_with_the_stream_and_joins_the_agents_trace(
     span = only_span(exporter)
     attributes = dict(span.attributes or {})
     assert span.name == "chat claude-test"
-    assert format(span.context.trace_id, "032x") == TRACE_ID  # in the agent's trace
+    assert format(span.context.trace_id, "032x") == TRACE_ID  # a child of the agent's span
+    assert span.parent is not None and format(span.parent.span_id, "016x") == "00f067aa0ba902b7"
     assert attributes["reef.stream"] is True and attributes["reef.dialect"] == "anthropic"
     assert attributes["gen_ai.usage.output_tokens"] == 6 and attributes["reef.time_to_first_token_s"] > 0
     assert attributes["reef.record_id"] == response.headers["x-reef-agent-record-id"]
@@ -154,10 +150,11 @@ def test_refused_and_failed_requests_say_why(client: TestClient, exporter: InMem
 
 def test_traces_off_import_no_sdk_and_an_otlp_endpoint_gets_the_spans(
         upstream: ScriptedUpstream, tmp_path: Path) -> None:
-    """In a fresh interpreter (no global tracer provider): with traces off, serving imports no
-    opentelemetry SDK; Reef's own provider makes a SERVER span, a child of the agent's
-    `traceparent`; with `traces.otlp_endpoint`, a request's span is posted to
-    `<endpoint>/v1/traces` (flushed at shutdown)."""
+    """In a fresh interpreter: with traces off, serving imports no opentelemetry SDK; with the
+    process's global tracer provider set (an application embedding Reef), FastAPI's own HTTP
+    span is the SERVER span and Reef's is its INTERNAL child, in the agent's trace; with
+    `traces.otlp_endpoint`, a request's span is posted to `<endpoint>/v1/traces` (flushed at
+    shutdown)."""
     script = f"""
 import sys
 from fastapi.testclient import TestClient
@@ -183,13 +180,16 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from reef.serve.tracing import Tracing
 memory, provider = InMemorySpanExporter(), TracerProvider()
 provider.add_span_processor(SimpleSpanProcessor(memory))
-serve({str(tmp_path / "own")!r}, Tracing(provider.get_tracer("reef"), "openai"))
-(span,) = memory.get_finished_spans()  # FastAPI made none: no global provider
-assert span.kind is trace.SpanKind.SERVER and span.name == "chat m", span
-assert format(span.context.trace_id, "032x") == {TRACE_ID!r} and format(span.parent.span_id, "016x") == "00f067aa0ba902b7"
+trace.set_tracer_provider(provider)
+serve({str(tmp_path / "global")!r}, enabled=True)
+ours = [s for s in memory.get_finished_spans() if s.instrumentation_scope.name == "reef"]
+http = [s for s in memory.get_finished_spans() if s.kind is trace.SpanKind.SERVER]
+assert len(ours) == 1 and len(http) == 1, memory.get_finished_spans()
+assert ours[0].kind is trace.SpanKind.INTERNAL and ours[0].name == "chat m"
+assert ours[0].parent.span_id == http[0].context.span_id
+assert format(ours[0].context.trace_id, "032x") == {TRACE_ID!r}
 
 serve({str(tmp_path / "on")!r}, otlp_endpoint={upstream.root_url!r})
 """

@@ -158,8 +158,17 @@ def _check_sha(value: object, what: str) -> str:
     return value
 
 
+def require_git() -> None:
+    """The artifact store is a git repository: without the `git` binary Reef cannot keep a
+    release, so `reef serve` and `ReefState.open` stop at once, naming what is missing."""
+    if shutil.which("git") is None:
+        raise StorageUnavailable("Reef needs the `git` program (its artifact store is a git repository) and none is "
+                                 "on PATH: install git (e.g. apt-get install git), then start again")
+
+
 class ArtifactStore:
     def __init__(self, root: Path, remote: str | Path | None = None) -> None:
+        require_git()
         self.root = Path(root).absolute()
         self._env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         # User and system config (hooks, lfs filters, signing, templates) stay out of every call.

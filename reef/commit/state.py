@@ -29,7 +29,7 @@ import sys
 import threading
 from pathlib import Path
 
-from reef.commit.artifacts import ArtifactManifest, ArtifactStore
+from reef.commit.artifacts import ArtifactManifest, ArtifactStore, require_git
 from reef.commit.commit_log import CommitLogs, JsonlCommitLogs
 from reef.commit.release_chain import Candidate, ReleaseChain, last_artifact_release
 from reef.core.canonical import check_scenario_name
@@ -46,6 +46,7 @@ class ReefState:
         self, root: Path | str, store: ExperienceStore | None = None, commit_logs: CommitLogs | None = None,
         artifacts_remote: str | None = None,
     ) -> None:
+        require_git()  # before anything is created: a state directory is no use without it
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.commits_dir = self.root / "commits"

@@ -45,6 +45,13 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
       reef demo                          # 15 minutes, curve in ./reef-demo/
       reef demo --minutes 5 --out-dir /tmp/curve
     """
+    from reef.core.errors import ReefError
+    from reef.extras import require
+
+    try:  # the embedded model it learns on, and the table and plot it draws
+        require("reef demo", "embedded", "demo")
+    except ReefError as exc:
+        raise click.ClickException(str(exc)) from None
     from reef.demo.run import run_demo
     from reef.demo.server import LEARNING_RATE, TRAFFIC_TEMPERATURE, DemoServerError
     from reef.demo.tasks import SHOWN_EXAMPLES

@@ -27,7 +27,7 @@ from reef.core.errors import NotFound
 from reef.core.types import Verdict
 from reef.observe.store import ExperienceStore
 from reef.recipes.sao import SAORecipe, ScoredSample
-from reef.grow.trainer import Sample
+from reef.grow.samples import Sample
 from reef.grow.loop import keep_stepping
 from reef.grow.worker import TrainingWorker
 

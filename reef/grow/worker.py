@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from reef.core.errors import ReefError
 
 if TYPE_CHECKING:  # the parent never needs torch; only the child imports the trainer for real
-    from reef.grow.trainer import Sample, TrainConfig
+    from reef.grow.samples import Sample, TrainConfig
 
 LOGPROBS_KEY = "_logprobs"  # the queue of log-prob jobs that name no scenario
 

@@ -20,6 +20,7 @@ def build_runtime(config: ServeConfig, progress: Callable[[str], None] | None = 
         return UpstreamRuntime(up.url, api_key=up.api_key, model=up.model, dialect=up.dialect,
                                pass_model_through=up.pass_model_through, timeout=up.timeout,
                                max_response_bytes=up.max_response_bytes)
+    require_embedded(config)
     from reef.runtimes.embedded import EmbeddedRuntime
     from reef.runtimes.model_files import default_cache_dir, ensure_embedded_model
 
@@ -27,6 +28,19 @@ def build_runtime(config: ServeConfig, progress: Callable[[str], None] | None = 
     model_dir: Path = emb.model_dir or ensure_embedded_model(emb.cache_dir or default_cache_dir(), progress)
     return EmbeddedRuntime(model_dir, threads=emb.threads or half_the_cores(config), max_batch=emb.max_batch,
                            default_max_tokens=emb.default_max_tokens)
+
+
+def require_embedded(config: ServeConfig) -> None:
+    """The embedded runtime needs the `embedded` extra; without it, say how to get it, or how to
+    serve without it, before anything starts."""
+    from reef.extras import require
+
+    if config.runtime == "embedded":
+        require("the embedded runtime (runtime: embedded)", "embedded")
+    else:
+        require("no upstream is configured, so reef serve would run the embedded model; it", "embedded",
+                otherwise="or serve in front of a provider: --upstream-url URL (or REEF_UPSTREAM_URL, "
+                          "upstream.url in the config)")
 
 
 def half_the_cores(config: ServeConfig) -> int | None:

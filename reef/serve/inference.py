@@ -35,7 +35,7 @@ from reef.runtimes.base import Runtime
 from reef.serve.dialects import Dialect
 from reef.serve.guarded_stream import GuardedStream
 from reef.serve.http_errors import status_of
-from reef.serve.logs import REQUEST_LOG
+from reef.serve.logs import REQUEST_LOG, emit
 from reef.serve.metrics import Metrics
 from reef.serve.scenarios import ScenarioDirectory
 from reef.surfaces.inject import client_request
@@ -358,7 +358,7 @@ class InferenceService:
             fields["error"] = error
         if replay:
             fields["replay"] = True
-        REQUEST_LOG.info("request", extra={"reef": fields})
+        emit(REQUEST_LOG, logging.INFO, "request", fields)
 
 
 async def _first_delta(deltas: AsyncIterator[Delta]) -> Delta | RuntimeFailure | None:

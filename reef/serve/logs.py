@@ -48,7 +48,15 @@ def configure(level: str = "info", fmt: str = "text", stream: Any = None) -> log
     for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(numeric)
     logging.captureWarnings(True)  # a library's warnings become log lines (JSON ones in json)
+    # no format prints threads or processes: do not look them up for every line
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     return handler
+
+
+def emit(logger: logging.Logger, level: int, message: str, fields: dict[str, Any]) -> None:
+    """A structured line, without the stack walk `logger.info` makes to find its caller (a
+    request line's file and line are always the same). The caller checks the level first."""
+    logger.handle(logger.makeRecord(logger.name, level, "", 0, message, (), None, extra={"reef": fields}))
 
 
 def announcer(fmt: str, handler: logging.Handler) -> Callable[[str], None]:
@@ -67,9 +75,15 @@ def fields_of(record: logging.LogRecord) -> dict[str, Any] | None:
     return getattr(record, "reef", None)
 
 
+_second: tuple[int, str] = (-1, "")  # the last second formatted: most lines share it
+
+
 def _timestamp(record: logging.LogRecord) -> str:
-    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-    return f"{seconds}.{int(record.msecs):03d}Z"
+    global _second
+    whole = int(record.created)
+    if _second[0] != whole:
+        _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+    return f"{_second[1]}.{int(record.msecs):03d}Z"
 
 
 def _text_value(value: Any) -> str:
@@ -155,7 +169,7 @@ class RequestLog:
             fields = {"receipt": None, "scenario": scenario.decode("latin-1"), "release_id": None,
                       "dialect": hot[0].name, "route": hot[1], **fields, "prompt_tokens": 0, "completion_tokens": 0}
         level = logging.INFO if _loud(scope) else logging.DEBUG
-        REQUEST_LOG.log(level, "request" if hot is not None else "http", extra={"reef": fields})
+        emit(REQUEST_LOG, level, "request" if hot is not None else "http", fields)
 
 
 def _loud(scope: Scope) -> bool:

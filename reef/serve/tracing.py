@@ -1,4 +1,4 @@
-"""OpenTelemetry spans, one per inference request (optional: `pip install 'reef[traces]'`).
+"""OpenTelemetry spans, one per inference request (optional: `pip install 'reef-serve[traces]'`).
 
 Off by default, and then free: nothing imports `opentelemetry` (this module imports it only in
 `build`), and the request path checks one attribute. On (`traces.enabled: true`, or
@@ -120,7 +120,7 @@ def build(settings: TracesConfig, runtime: Any) -> Tracing | None:
     try:
         from opentelemetry import trace
     except ImportError:
-        raise InvalidInput("traces are on, but OpenTelemetry is not installed: pip install 'reef[traces]'") from None
+        raise InvalidInput("traces are on, but OpenTelemetry is not installed: pip install 'reef-serve[traces]'") from None
     provider_name = _provider_name(runtime)
     endpoint = settings.otlp_endpoint or next((os.environ[k] for k in ENDPOINT_ENV if os.environ.get(k)), None)
     if endpoint is None:  # the embedding process's provider (a no-op one unless it set one)
@@ -129,7 +129,7 @@ def build(settings: TracesConfig, runtime: Any) -> Tracing | None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:
         raise InvalidInput(f"traces go to {endpoint}, but the OTLP exporter is not installed: "
-                           "pip install 'reef[traces]'") from None
+                           "pip install 'reef-serve[traces]'") from None
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
