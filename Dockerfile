@@ -15,7 +15,8 @@ ARG EXTRAS=""
 # The CPU build of torch (the embedded extra pins torch==2.13.0; PyPI's build of it pulls CUDA).
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
 
 # git: the artifact store is a git repository (reef serve checks for it at start).
 RUN apt-get update \
