@@ -103,12 +103,13 @@ def _scenario_row(state: ReefState, name: str) -> dict:
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), help="State directory  [default: .reef]")
 @click.option("--token", "tokens", multiple=True, help="Accepted bearer token (repeat for rotation). Prefer REEF_TOKEN.")
 @click.option("--insecure", is_flag=True, default=None, help="Allow a non-loopback address without a token.")
-@click.option("--runtime", type=click.Choice(["embedded", "upstream"]), help="Default: upstream when a URL is set.")
+@click.option("--runtime", type=click.Choice(["embedded", "upstream", "vllm"]),
+              help="Default: upstream when a URL is set. vllm: a vLLM server Reef starts (docs/engines.md).")
 @click.option("--upstream-url", help="OpenAI- or Anthropic-compatible provider base URL (REEF_UPSTREAM_URL).")
 @click.option("--upstream-model", help="Model sent upstream (REEF_UPSTREAM_MODEL).")
 @click.option("--upstream-dialect", type=click.Choice(["openai", "anthropic"]), help="The provider's API.")
 @click.option("--model-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="Embedded runtime: a transformers model folder instead of SmolLM2.")
+              help="Embedded or vLLM runtime: a transformers model folder instead of SmolLM2.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", type=click.Choice(["text", "json"]), help="text: key=value lines; json: one object a line.")
 def serve(config_path: Path | None, host: str | None, port: int | None, state_dir: Path | None, tokens: tuple[str, ...],

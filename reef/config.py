@@ -45,6 +45,27 @@ class EmbeddedConfig(Strict):
     threads: int | None = Field(None, ge=1)
 
 
+class VLLMConfig(Strict):
+    """The vLLM runtime (docs/engines.md): a vLLM OpenAI server Reef starts, or one it attaches to."""
+
+    url: str | None = Field(None, description="Attach to this running vLLM (same machine: it reads adapter "
+                                             "folders Reef writes); default: Reef starts its own")
+    model_dir: Path | None = Field(None, description="A Hugging Face model folder; default: embedded.model_dir, "
+                                                    "else SmolLM2 from the cache")
+    model_name: str | None = Field(None, description="The base model's name in /v1/models; default: the folder's")
+    env_dir: Path | None = Field(None, description="vLLM's own virtual environment; default <cache>/vllm-env")
+    dtype: str = Field("bfloat16", description="--dtype of the engine")
+    max_model_len: int = Field(2048, ge=16)
+    max_lora_rank: int = Field(16, ge=1, description="Largest adapter rank vLLM accepts (>= learner.sao.lora_r)")
+    max_loras: int = Field(4, ge=1, description="Adapters in one batch")
+    kv_cache_gb: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE: GiB of KV cache (CPU build)")
+    extra_args: list[str] = Field(default_factory=list, description="More vllm api_server flags")
+    startup_timeout: float = Field(600.0, gt=0, description="Seconds vLLM may take to become healthy")
+    load_timeout: float = Field(120.0, gt=0, description="Seconds an adapter load may take before it fails")
+    timeout: float = Field(120.0, gt=0, description="Seconds one read from vLLM may wait")
+    default_max_tokens: int = Field(256, ge=1)
+
+
 class RecipeConfig(Strict):
     default: str = Field("sao", description="Recipe a new scenario is bound to")
     scenarios: dict[str, str] = Field(default_factory=dict, description="Per-scenario recipe bindings")
@@ -195,7 +216,7 @@ class ServeConfig(Strict):
     insecure: bool = Field(False, description="Allow a non-loopback address without a token")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     limits: RequestLimits = Field(default_factory=RequestLimits)
-    runtime: Literal["embedded", "upstream"] | None = Field(None, description="Default: upstream if a URL is set")
+    runtime: Literal["embedded", "upstream", "vllm"] | None = Field(None, description="Default: upstream if a URL is set")
     store: str = Field("sqlite", description="'sqlite' (in the state dir) or a postgresql:// DSN")
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -207,6 +228,7 @@ class ServeConfig(Strict):
     shutdown_timeout: float = Field(15.0, ge=0, description="Seconds SIGTERM waits for running requests, then cancels")
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     embedded: EmbeddedConfig = Field(default_factory=EmbeddedConfig)
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     recipes: RecipeConfig = Field(default_factory=RecipeConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     harness: HarnessConfig = Field(default_factory=HarnessConfig)

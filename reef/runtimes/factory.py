@@ -20,6 +20,10 @@ def build_runtime(config: ServeConfig, progress: Callable[[str], None] | None = 
         return UpstreamRuntime(up.url, api_key=up.api_key, model=up.model, dialect=up.dialect,
                                pass_model_through=up.pass_model_through, timeout=up.timeout,
                                max_response_bytes=up.max_response_bytes)
+    if config.runtime_kind == "vllm":
+        from reef.runtimes.vllm import build_vllm_runtime
+
+        return build_vllm_runtime(config, progress)
     require_embedded(config)
     from reef.runtimes.embedded import EmbeddedRuntime
     from reef.runtimes.model_files import default_cache_dir, ensure_embedded_model

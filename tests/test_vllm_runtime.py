@@ -1,0 +1,212 @@
+"""`reef serve --runtime vllm` against a REAL vLLM (the CPU build) that Reef starts and supervises:
+both SDKs, plain and streaming, records with vLLM's token ids and log-probs verified against the
+frozen release; LoRA releases hot-loaded into the engine (served by the adapter, rolled back,
+unloaded; a corrupt adapter refused while the old release keeps serving); a kill -9 of vLLM
+answered with 503s until Reef has restarted it and loaded the serving adapter again.
+
+One vLLM for the module (it takes about 50 s to start and 25 s more for its first request here).
+It needs the vLLM environment (`scripts/setup --vllm`, or `.ci/run`); without it these tests skip.
+The model is a tiny random Llama with SmolLM2's tokenizer and head_dim 32 (vLLM's CPU attention
+takes no smaller head), so greedy output is gibberish but deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from reef.client import ReefClient, ReefClientError
+from reef.runtimes.vllm_env import default_env_dir, env_ready
+from tests.helpers.reef_server import ReefServer
+
+pytestmark = pytest.mark.slow
+USER = [{"role": "user", "content": "Name a colour."}]
+ENV = Path(os.environ["REEF_VLLM_ENV"]) if os.environ.get("REEF_VLLM_ENV") else default_env_dir()
+
+
+@pytest.fixture(scope="module")
+def releases(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """A state directory whose scenario `tuned` holds: the base (no weights), a good LoRA adapter,
+    a corrupt one, and a rollback to the base at its head (so serving starts on the base)."""
+    if not env_ready(ENV):
+        pytest.skip(f"no vLLM environment at {ENV}: run `scripts/setup --vllm` (or `python -m reef.runtimes.vllm_env`)")
+    from reef.commit.release_chain import Candidate
+    from reef.commit.state import ReefState
+    from reef.core.types import ArtifactKind, Verdict
+    from tests.helpers.lora import lora_files
+    from tests.helpers.vllm_model import build_vllm_tiny_model
+
+    work = tmp_path_factory.mktemp("reef-vllm")
+    model = build_vllm_tiny_model(tiny_model_dir, work / "model")
+    good = lora_files(model, work / "lora")
+    corrupt = {**good, "adapter_model.safetensors": b"\x00" * 64 + b"not a safetensors file"}
+    state = ReefState.open(work / "state")
+    try:
+        chain = state.create("tuned", "sao")
+        base = chain.head()
+        select = Verdict("select", {"wins": 3})
+        adapter = chain.publish(Candidate(good, ArtifactKind.WEIGHTS), base.release_id, verdict=select)
+        broken = chain.publish(Candidate(corrupt, ArtifactKind.WEIGHTS), adapter.release_id, verdict=select)
+        chain.rollback(base.release_id, broken.release_id)
+    finally:
+        state.close()
+    return {"work": work, "model": model, "base": base.release_id, "adapter": adapter.release_id,
+            "broken": broken.release_id}
+
+
+@pytest.fixture(scope="module")
+def reef(releases: dict[str, object]) -> Iterator[ReefServer]:
+    work = Path(str(releases["work"]))
+    settings = {"state_dir": str(work / "state"), "runtime": "vllm", "learner": {"enabled": False},
+                "vllm": {"model_dir": str(releases["model"]), "model_name": "tiny", "env_dir": str(ENV),
+                         "default_max_tokens": 8, "load_timeout": 60,
+                         "extra_args": ["--enforce-eager"]}}  # no compile: no 25 s warm-up
+    started = time.monotonic()
+    with ReefServer(work, settings, env={"REEF_CACHE_DIR": str(work / "cache")}, startup_timeout=300) as server:
+        print(f"\nvLLM runtime: reef serve healthy after {time.monotonic() - started:.1f}s")
+        yield server
+
+
+@pytest.fixture(scope="module")
+def oai(reef: ReefServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=reef.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def client(reef: ReefServer) -> Iterator[ReefClient]:
+    with ReefClient(reef.url, timeout=120) as c:
+        yield c
+
+
+def fetch(client: ReefClient, receipt: str) -> dict:
+    """The stored record, with `verified` (invariant 2) put into it."""
+    answer = client.record(receipt)
+    return {**answer["record"], "verified": answer["verified"]}
+
+
+def greedy(oai: openai.OpenAI, scenario: str = "tuned") -> tuple[str, str]:
+    """(text, receipt) of a greedy answer in `scenario`."""
+    raw = oai.chat.completions.with_raw_response.create(model="tiny", messages=USER, max_tokens=8, temperature=0,
+                                                        extra_headers={"x-reef-scenario": scenario})
+    return raw.parse().choices[0].message.content or "", raw.headers["x-reef-agent-record-id"]
+
+
+def test_a_plain_answer_is_recorded_with_vllms_token_ids_and_logprobs(oai: openai.OpenAI, client: ReefClient) -> None:
+    started = time.monotonic()
+    raw = oai.chat.completions.with_raw_response.create(model="tiny", messages=USER, max_tokens=8, temperature=0)
+    print(f"first request (vLLM warm-up) {time.monotonic() - started:.1f}s")
+    completion = raw.parse()
+    assert completion.choices[0].logprobs is None  # log-probs go to the record, not the client
+    record = fetch(client, raw.headers["x-reef-agent-record-id"])
+    tokens = record["token_ids"]
+    assert tokens and len(tokens) == len(record["logprobs"]) == completion.usage.completion_tokens == 8
+    assert all(lp <= 0 for lp in record["logprobs"])
+    assert record["verified"] is True
+    assert [(s["start"], s["end"], s["runtime_load_id"]) for s in record["spans"]] == [
+        (0, 8, record["release"]["runtime_load_id"])]
+    assert record["response"]["prompt_token_ids"][:2] == [1, 9690]  # <|im_start|>system: SmolLM2's template
+    started = time.monotonic()
+    oai.chat.completions.create(model="tiny", messages=USER, max_tokens=8, temperature=0)
+    print(f"a warm request (8 tokens) {time.monotonic() - started:.2f}s")
+
+
+def test_streams_in_both_dialects_are_recorded_and_verified(reef: ReefServer, oai: openai.OpenAI,
+                                                            client: ReefClient) -> None:
+    raw = oai.chat.completions.with_raw_response.create(model="tiny", messages=USER, max_tokens=6, stream=True, seed=7)
+    chunks = list(raw.parse())
+    reef_chunk = next(c for c in chunks if not c.choices and getattr(c, "reef", None))
+    assert reef_chunk.reef["verified"] is True
+    assert all(c.choices[0].logprobs is None for c in chunks if c.choices)
+    record = fetch(client, raw.headers["x-reef-agent-record-id"])
+    assert record["status"] == "complete" and len(record["token_ids"]) == len(record["logprobs"]) == 6
+
+    ant = anthropic.Anthropic(base_url=reef.url, api_key="unused", max_retries=0, timeout=120)
+    with ant.messages.stream(model="tiny", max_tokens=5, messages=USER) as stream:
+        "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert final.usage.output_tokens == 5
+    record = fetch(client, final.id.removeprefix("msg_"))
+    assert record["status"] == "complete" and record["verified"] is True and len(record["token_ids"]) == 5
+    plain = ant.messages.create(model="tiny", max_tokens=4, messages=USER)
+    assert fetch(client, plain.id.removeprefix("msg_"))["verified"] is True
+    assert ant.messages.count_tokens(model="tiny", messages=USER).input_tokens == len(record["response"]["prompt_token_ids"])
+
+
+def test_models_and_status_name_the_engine(oai: openai.OpenAI, client: ReefClient) -> None:
+    assert [m.id for m in oai.models.list()] == ["tiny"]
+    status = client.status()
+    assert status["serving"]["runtime"] == "vllm" and status["provenance"]["runtime_verifies_tokens"] is True
+    assert status["serving"]["adapters"] == []
+
+
+def test_an_adapter_release_is_served_rolled_back_and_unloaded(oai: openai.OpenAI, client: ReefClient,
+                                                               releases: dict[str, object]) -> None:
+    base_text, _ = greedy(oai)
+    swapped = client.rollback("tuned", str(releases["adapter"]))["serving"]
+    load = swapped["runtime_load_id"]
+    assert client.status()["serving"]["adapters"] == [load]
+    tuned_text, receipt = greedy(oai)
+    assert tuned_text != base_text  # the adapter's random B matrices change the greedy answer
+    stored = fetch(client, receipt)
+    assert stored["verified"] is True and {s["runtime_load_id"] for s in stored["spans"]} == {load}
+
+    # a corrupt adapter is refused; the adapter release keeps serving and nothing is left loaded
+    with pytest.raises(ReefClientError):
+        client.rollback("tuned", str(releases["broken"]))
+    assert greedy(oai)[0] == tuned_text
+    assert client.status()["serving"]["adapters"] == [load]
+
+    client.rollback("tuned", str(releases["base"]))
+    assert greedy(oai)[0] == base_text
+    deadline = time.monotonic() + 10
+    while client.status()["serving"]["adapters"] and time.monotonic() < deadline:
+        time.sleep(0.1)  # unloaded once no request pins it
+    assert client.status()["serving"]["adapters"] == []
+
+
+def _vllm_pid(reef_pid: int) -> int:
+    """The vLLM API server reef serve started (its child running vllm.entrypoints)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == reef_pid and b"vllm.entrypoints.openai.api_server" in command:
+            return int(entry.name)
+    raise AssertionError("no vLLM child of reef serve")
+
+
+def test_a_killed_vllm_is_restarted_with_the_serving_adapter(reef: ReefServer, oai: openai.OpenAI,
+                                                             client: ReefClient, releases: dict[str, object]) -> None:
+    load = client.rollback("tuned", str(releases["adapter"]))["serving"]["runtime_load_id"]
+    tuned_text, _ = greedy(oai)
+    assert reef.process is not None
+    os.kill(_vllm_pid(reef.process.pid), 9)
+    killed = time.monotonic()
+    refusals = 0
+    while True:
+        response = httpx.post(f"{reef.base_url}/chat/completions", timeout=120, headers={"x-reef-scenario": "tuned"},
+                              json={"model": "tiny", "messages": USER, "max_tokens": 8, "temperature": 0})
+        if response.status_code == 200:
+            break
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["message"] and response.headers.get("retry-after")
+        refusals += 1
+        ant = httpx.post(f"{reef.url}/v1/messages", timeout=30, json={"model": "tiny", "max_tokens": 4, "messages": USER})
+        assert ant.status_code in (503, 200) and (ant.status_code == 200 or ant.json()["type"] == "error")
+        assert time.monotonic() - killed < 240, "vLLM was not restarted"
+        time.sleep(1)
+    print(f"vLLM back {time.monotonic() - killed:.1f}s after kill -9 ({refusals} requests refused with 503)")
+    assert refusals >= 1
+    assert response.json()["choices"][0]["message"]["content"] == tuned_text  # the adapter is back, same name
+    assert client.status()["serving"]["adapters"] == [load]
