@@ -22,7 +22,7 @@ from reef.config import GateConfig
 from reef.core.chat import ChatRequest, ChatResult, Message
 from reef.core.errors import InvalidInput
 from reef.core.types import ReleaseRef, Verdict
-from reef.grow.trainer import Sample
+from reef.core.training import Sample
 from reef.grow.worker import TrainingWorker
 from reef.runtimes.base import Runtime
 

@@ -27,14 +27,13 @@ from reef.core.errors import NotFound
 from reef.core.types import Verdict
 from reef.observe.store import ExperienceStore
 from reef.recipes.sao import SAORecipe, ScoredSample
-from reef.grow.trainer import Sample
+from reef.core.training import Sample, checkpoint_part
 from reef.grow.loop import keep_stepping
 from reef.grow.worker import TrainingWorker
 
 log = logging.getLogger("reef.learner")
 HOLDOUT_KEEP = 64
 WORSE_P = 0.05  # a rejected candidate is trained on unless the gate is this sure it is worse
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 @dataclass
@@ -187,7 +186,7 @@ class WeightsLearner:
         self.judging = asyncio.get_running_loop().create_task(self._judge(candidate), name=f"gate:{self.scenario}")
 
     async def _train_steps(self, samples: list[Sample]) -> dict[str, bytes]:
-        files = self.working if self.working is not None else _adapter_only(await self.head_files())
+        files = self.working if self.working is not None else checkpoint_part(await self.head_files())
         self.stats.state = "training"
         started = time.monotonic()
         step_size = self.recipe.config.batch_size
@@ -265,8 +264,3 @@ def _promising(verdict: Verdict) -> bool:
     if p_worse is not None:
         return float(p_worse) > WORSE_P
     return int(verdict.metrics.get("wins", 0)) > int(verdict.metrics.get("losses", 0))
-
-
-def _adapter_only(files: dict[str, bytes]) -> dict[str, bytes]:
-    """A release's content as the trainer takes it: the adapter files, or nothing (the base)."""
-    return {name: data for name, data in files.items() if name in ADAPTER_FILES}

@@ -25,7 +25,7 @@ from typing import Any
 from reef.config import SAOConfig
 from reef.core.provenance import verified
 from reef.core.types import Record, RecordStatus, ReportedRecords
-from reef.grow.trainer import Sample, TrainConfig
+from reef.core.training import Sample, TrainConfig
 
 NAME = "sao"
 
