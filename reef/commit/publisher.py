@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
-from reef.commit.artifacts import content_id_of
+from reef.core.canonical import content_id_of
 from reef.commit.gate import WeightsGate
 from reef.commit.release_chain import Candidate, ReleaseChain
 from reef.core.types import Release, Verdict
