@@ -1,1 +1,7 @@
-"""grow: arrives with later issues (see DESIGN.md section 1)."""
+"""grow: experience in, candidates out.
+
+The generic learner loop (`learner.py`: cursor, batch log, gate hand-off, recovery), the
+`Recipe` protocol it drives (`recipe.py`), and the training primitives weights recipes use:
+`training_client.py` in the serving process, `worker.py` for the training process,
+`trainer.py`, `losses.py` and `checkpoint.py` inside it (the only modules that import torch).
+"""

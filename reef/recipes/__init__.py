@@ -1,1 +1,6 @@
-"""recipes: arrives with later issues (see DESIGN.md section 1)."""
+"""recipes: the methods of learning, one file each (docs/recipes.md).
+
+`sao` (weights: single-rollout policy gradient) and `skills` (harness: a proposer turns recurring
+failures into rules and skills, `proposers/`). `reef.config.RECIPES` names the built-in ones;
+any other recipe is named by its dotted path.
+"""
