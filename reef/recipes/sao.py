@@ -24,10 +24,10 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reef.core.provenance import verified
 from reef.core.training import Sample, TrainConfig
-from reef.core.types import JSON, Record, RecordStatus, ReportedRecords
+from reef.core.types import JSON, Record, ReportedRecords
 from reef.grow.recipe import Job, LearnerView, Made, RecipeContext, held_out, missing_records
+from reef.grow.rollouts import rollout_problem, sample_of, staleness_problem
 
 NAME = "sao"
 HOLDOUT_KEEP = 64
@@ -113,23 +113,10 @@ class SAORecipe:
                 (self.holdout if held_out(record.id, self.holdout_fraction) else self.pending).append(scored)
 
     def _ineligible(self, record: Record, view: LearnerView) -> str | None:
-        if record.id in view.consumed:
-            return "already_trained"
-        if record.status is not RecordStatus.COMPLETE:
-            return "not_complete"
-        response = record.response or {}
-        if not record.token_ids or not record.logprobs or not response.get("prompt_token_ids"):
-            return "no_tokens"
-        if record.release is None or not verified(record):
-            return "unverified"
-        if record.request.get("top_p") not in (None, 1, 1.0):
-            return "top_p"  # its log-probs are of a trimmed distribution the trainer does not reproduce
-        staleness = view.staleness_of(record.release.release_id)
-        if staleness is None:
-            return "unknown_release"
-        if staleness > self.config.max_staleness:
-            return "stale"
-        return None
+        problem = rollout_problem(record, view.consumed)
+        if problem is None and record.release is not None:
+            problem = staleness_problem(record.release.release_id, view, self.config.max_staleness)
+        return problem
 
     # -- batches ------------------------------------------------------------------------------
 
@@ -190,11 +177,3 @@ class SAORecipe:
     async def close(self) -> None:
         return None
 
-
-def sample_of(record: Record) -> Sample:
-    """The training sample a record holds (its advantage is set later)."""
-    response = record.response or {}
-    temperature = record.request.get("temperature")
-    return Sample(prompt_ids=list(response["prompt_token_ids"]), completion_ids=list(record.token_ids or []),
-                  rollout_logprobs=list(record.logprobs or []), advantage=0.0,
-                  temperature=1.0 if temperature in (None, 0) else float(temperature))
