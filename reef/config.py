@@ -43,7 +43,8 @@ class EmbeddedConfig(Strict):
 
 
 # The built-in recipes by name; any other recipe is named by its dotted path (docs/recipes.md).
-RECIPES = {"sao": "reef.recipes.sao:SAORecipe", "skills": "reef.recipes.skills:SkillsRecipe"}
+RECIPES = {"sao": "reef.recipes.sao:SAORecipe", "skills": "reef.recipes.skills:SkillsRecipe",
+           "ttt_discover": "reef.recipes.ttt_discover:TTTDiscoverRecipe"}
 RECIPE_PARTS = ("name", "surface", "Settings", "intake", "next_batch", "resume", "high_water", "candidate",
                 "status", "close")
 
