@@ -8,7 +8,7 @@ The packages, lowest layer first; a package imports only from layers below its o
     observe, runtimes     the experience store; the engines that serve a release
     surfaces              what a release holds besides weights (the harness) and how it is applied
     commit, grow          gate, release chain, publishers | learner loop, Recipe protocol, training primitives
-    recipes               one file per method of learning (sao, skills)
+    recipes               one file per method of learning (sao, ttt_discover, skills)
     serve                 the HTTP server: requests, scenarios, learners started per scenario
     demo, cli, __main__   the edges
 """
