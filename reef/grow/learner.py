@@ -74,7 +74,7 @@ class Learner:
         self.cursor = chain.high_water()
         self.consumed = batched_record_ids(chain)
         self.algorithm_state = dict(chain.algorithm_state() or {})  # ahead of the log while a candidate is judged
-        self.view = LearnerView(self.scenario, self.consumed, lambda release_id: None, chain.head, self._head_files,
+        self.view = LearnerView(self.scenario, self.consumed, self._staleness_of, chain.head, self._head_files,
                                 self.stats.dropped)
         self.working: dict[str, bytes] | None = None  # the last candidate, once training goes on from it
         self.working_head: str | None = None  # the head `working` continues from; a rollback resets it
@@ -82,6 +82,7 @@ class Learner:
         self.drop_reason = ""
         self.judging: asyncio.Task[None] | None = None  # the candidate at the gate, while the next one trains
         self._head: tuple[str, dict[str, bytes]] | None = None
+        self._positions: tuple[int, dict[str, int]] | None = None  # (log step, release id -> releases since)
 
     async def run(self) -> None:
         try:
@@ -114,8 +115,6 @@ class Learner:
             await self._judged()
         items = self.store.reported_since(self.scenario, self.cursor, limit=512)
         if items:
-            positions = {r.release_id: i for i, r in enumerate(self.chain.releases())}  # 0 = the head
-            self.view.staleness_of = positions.get
             self.recipe.intake(items, self.view)
             self.cursor = items[-1].cursor
         batch = await self.recipe.next_batch(self.view)
@@ -215,6 +214,13 @@ class Learner:
         with contextlib.suppress(NotFound):
             await asyncio.to_thread(self.chain.abandon_batch, batch_id, reason)
         self.stats.abandoned += 1
+
+    def _staleness_of(self, release_id: str) -> int | None:
+        """How many releases were published after `release_id` (None: not in this chain)."""
+        step = self.chain.last_step()
+        if self._positions is None or self._positions[0] != step:
+            self._positions = (step, {r.release_id: i for i, r in enumerate(self.chain.releases())})  # 0 = the head
+        return self._positions[1].get(release_id)
 
     async def _head_files(self) -> dict[str, bytes]:
         """The head's content, read once per head."""
