@@ -32,6 +32,8 @@ class UpstreamConfig(Strict):
     dialect: Literal["openai", "anthropic"] = "openai"
     pass_model_through: bool = False
     timeout: float = Field(120.0, gt=0, description="Seconds before an upstream call fails with 502")
+    max_response_bytes: int = Field(16 * 1024 * 1024, ge=1024,
+                                    description="Largest provider answer (a whole body, or a stream in all); past it, 502")
 
 
 class EmbeddedConfig(Strict):
@@ -188,6 +190,18 @@ class HarnessConfig(Strict):
         return (override.seed_dir if override and override.seed_dir else None) or self.seed_dir
 
 
+class RequestLimits(Strict):
+    """What one request may ask of the server beyond its body size (docs/RELIABILITY.md)."""
+
+    max_header_bytes: int = Field(64 * 1024, ge=4096, description="All request headers together; past it, 431")
+    max_tags: int = Field(32, ge=0, description="x-reef-tag-* headers on one request; past it, 400")
+    max_tag_bytes: int = Field(1024, ge=1, description="One x-reef-tag-* value; past it, 400")
+    max_json_depth: int = Field(64, ge=8, description="Nesting of arrays and objects in a body; past it, 400")
+    max_report_references: int = Field(1000, ge=1, description="Receipts one report may name; past it, 400")
+    stream_send_timeout: float = Field(30.0, gt=0,
+                                       description="Seconds a streaming client may read nothing before its stream is dropped")
+
+
 class ServeConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)
@@ -195,9 +209,15 @@ class ServeConfig(Strict):
     tokens: list[str] = Field(default_factory=list, description="Accepted bearer tokens (several for rotation)")
     insecure: bool = Field(False, description="Allow a non-loopback address without a token")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    limits: RequestLimits = Field(default_factory=RequestLimits)
     runtime: Literal["embedded", "upstream"] | None = Field(None, description="Default: upstream if a URL is set")
     store: str = Field("sqlite", description="'sqlite' (in the state dir) or a postgresql:// DSN")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    public_url: str | None = Field(None, description="The URL the agent install script names; default: the Host asked")
+    keep_alive_timeout: float = Field(5.0, gt=0, description="Seconds an idle connection stays open after an answer")
+    header_timeout: float = Field(10.0, gt=0, description="Seconds a client has to send a whole request head")
+    body_timeout: float = Field(30.0, gt=0, description="Seconds a request body may fall silent")
+    shutdown_timeout: float = Field(15.0, ge=0, description="Seconds SIGTERM waits for running requests, then cancels")
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     embedded: EmbeddedConfig = Field(default_factory=EmbeddedConfig)
     recipes: RecipeConfig = Field(default_factory=RecipeConfig)
@@ -210,6 +230,13 @@ class ServeConfig(Strict):
         if any(not t.strip() for t in tokens):
             raise ValueError("tokens must not be empty strings")
         return tokens
+
+    @field_validator("public_url")
+    @classmethod
+    def _plain_public_url(cls, url: str | None) -> str | None:
+        from reef.surfaces.agent_install import checked_url  # the rule every URL baked into a script meets
+
+        return None if url is None else checked_url(url)
 
     @property
     def runtime_kind(self) -> str:

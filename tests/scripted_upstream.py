@@ -12,6 +12,13 @@ system prompt contains (a stand-in model that follows a rule only when the rule 
 word chunks. A raw ASGI app (no framework) on uvicorn, so the default path stays cheap: it is
 also the fast local upstream for proxy benchmarks (`python -m tests.scripted_upstream --port N`,
 which does not record requests).
+
+Modes beyond a plain answer play faults: `hang`, `reset`, `malformed`, `stop_midstream`,
+`stall_midstream`, `slow`; `huge` (an answer of `size` bytes of text, sent in pieces until the
+client hangs up: `huge_sent` says how far it got), `huge_sse_line` (one `data:` line of `size`
+bytes with no newline), `redirect` (`status` 3xx to `location`; a queued redirect also answers
+count_tokens). `headers` go out with an error or redirect answer (e.g. `retry-after`). `hits`
+lists (method, path) of every request, even one no route answers.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ import uvicorn
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
-MODES = ("normal", "hang", "reset", "malformed", "stop_midstream", "slow", "stall_midstream")
+MODES = ("normal", "hang", "reset", "malformed", "stop_midstream", "slow", "stall_midstream",
+         "huge", "huge_sse_line", "redirect")
+HUGE_PIECE = 64 * 1024  # "huge" modes send their `size` bytes in pieces of this size
 _WORDS = re.compile(r"\s*\S+\s*$|\s*\S+")
 _OPENAI_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
 _ANTHROPIC_FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -56,6 +65,9 @@ class Step:
     delay: float = 0.0  # before the response head; in "slow" mode also between stream chunks
     usage: tuple[int, int] | None = None  # (prompt, completion); None: estimated
     model: str | None = None  # None: echo the request's model
+    size: int = 0  # "huge": bytes of answer text; "huge_sse_line": bytes of one data line without a newline
+    location: str | None = None  # "redirect": the Location header (status: the 3xx to answer)
+    headers: dict[str, str] = field(default_factory=dict)  # extra headers of an error or redirect answer
 
 
 @dataclass
@@ -177,6 +189,36 @@ def anthropic_whole(step: Step, text: str, model: str, usage: tuple[int, int]) -
             "usage": {"input_tokens": usage[0], "output_tokens": usage[1]}}
 
 
+def huge_whole(anthropic: bool, model: str) -> tuple[bytes, bytes, bytes]:
+    """(head, piece, tail) of a whole answer whose text is any number of pieces."""
+    whole = (anthropic_whole if anthropic else openai_whole)(_DEFAULT, "@TEXT@", model, (1, 1))
+    head, _, tail = json.dumps(whole).encode().partition(b"@TEXT@")
+    return head, b"x" * HUGE_PIECE, tail
+
+
+def huge_stream(anthropic: bool, model: str) -> tuple[bytes, bytes, bytes]:
+    """(head, piece, tail) of a stream whose text is any number of events of one piece each."""
+    text = "x" * HUGE_PIECE
+    if anthropic:
+        message = {"id": "msg_scripted", "type": "message", "role": "assistant", "model": model, "content": [],
+                   "stop_reason": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
+        head = (_sse({"type": "message_start", "message": message}, "message_start")
+                + _sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                       "content_block_start"))
+        piece = _sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+                     "content_block_delta")
+        tail = (_sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+                + _sse({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+                       "message_delta")
+                + _sse({"type": "message_stop"}, "message_stop"))
+        return head, piece, tail
+    chunk = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 0, "model": model}
+    head = _sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+    piece = _sse({**chunk, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+    tail = _sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}) + b"data: [DONE]\n\n"
+    return head, piece, tail
+
+
 def _finish(step: Step, table: dict[str, str]) -> str:
     finish = step.finish or ("tool_calls" if step.tool_calls else "stop")
     return table.get(finish, finish)
@@ -196,6 +238,8 @@ class ScriptedApp:
         self.closing = False
         self.by_system: list[tuple[str, str]] = []  # (marker in the system prompt, answer)
         self.by_system_otherwise: str | None = None
+        self.hits: list[tuple[str, str]] = []
+        self.huge_sent = 0  # bytes of the last "huge" answer sent before the client hung up (or all of them)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -208,6 +252,8 @@ class ScriptedApp:
                 break
         raw = b"".join(chunks)
         path, method = scope["path"], scope["method"]
+        if self.record:
+            self.hits.append((method, path))
         if method == "GET" and path == "/v1/models":
             return await self._json(send, 200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
         if method != "POST" or path not in ("/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens"):
@@ -220,6 +266,8 @@ class ScriptedApp:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             self.requests.append(RecordedRequest(path, headers, body))
         if path.endswith("/count_tokens"):
+            if self.queue and self.queue[0].mode == "redirect":  # a queued redirect answers count_tokens too
+                return await self._redirect(send, self.queue.popleft())
             return await self._json(send, 200, {"input_tokens": len(raw) // 4})
         await self._answer(path == "/v1/messages", body, len(raw), receive, send)
 
@@ -244,13 +292,19 @@ class ScriptedApp:
             return
         if step.mode == "reset":
             return await self._reset(receive, send)
+        if step.mode == "redirect":
+            return await self._redirect(send, step)
         if step.status >= 400:
             kind = step.error_type or _ERROR_TYPES.get(step.status, "api_error")
             message = step.error or f"scripted {step.status}"
             error = ({"type": "error", "error": {"type": kind, "message": message}} if anthropic
                      else {"error": {"message": message, "type": kind, "param": None, "code": None}})
-            return await self._json(send, step.status, error)
+            return await self._json(send, step.status, error, step.headers)
         model = step.model or str(body.get("model", "scripted"))
+        if step.mode == "huge":
+            return await self._huge(anthropic, bool(body.get("stream")), step, model, receive, send)
+        if step.mode == "huge_sse_line":
+            return await self._huge_sse_line(step, receive, send)
         usage = step.usage or (size // 4, len(_chunks(text)) + len(step.tool_calls))
         if not body.get("stream"):
             whole = (anthropic_whole if anthropic else openai_whole)(step, text, model, usage)
@@ -284,6 +338,34 @@ class ScriptedApp:
         else:
             await send({"type": "http.response.body", "body": b"".join(events)})
 
+    async def _redirect(self, send: Send, step: Step) -> None:
+        headers = {**step.headers, **({"location": step.location} if step.location else {})}
+        await self._json(send, step.status if 300 <= step.status < 400 else 307, {"moved": step.location}, headers)
+
+    async def _huge(self, anthropic: bool, stream: bool, step: Step, model: str, receive: Receive, send: Send) -> None:
+        """An answer of `step.size` bytes of text, sent piece by piece with no content-length,
+        until the client hangs up (`huge_sent` says how far it got)."""
+        head, piece, tail = (huge_stream if stream else huge_whole)(anthropic, model)
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD if stream else _JSON_HEAD})
+        await self._send_pieces(receive, send, head, piece, step.size // HUGE_PIECE, tail)
+
+    async def _huge_sse_line(self, step: Step, receive: Receive, send: Send) -> None:
+        """A stream whose second event is one `data:` line of `step.size` bytes with no newline."""
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
+        await self._send_pieces(receive, send, b": scripted upstream\n\ndata: ", b"x" * HUGE_PIECE,
+                                step.size // HUGE_PIECE, b"")
+
+    async def _send_pieces(self, receive: Receive, send: Send, head: bytes, piece: bytes, count: int, tail: bytes) -> None:
+        cycle = getattr(receive, "__self__", None)  # uvicorn's request cycle knows when the client has gone
+        self.huge_sent = 0
+        for data in (head, *([piece] * count), tail):
+            if getattr(cycle, "disconnected", False):
+                return
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            self.huge_sent += len(data)
+            await asyncio.sleep(0)  # a send need not yield, and the loop must run to notice the hang-up
+        await send({"type": "http.response.body", "body": b""})
+
     async def _stall(self) -> None:
         while not self.closing:
             await asyncio.sleep(0.05)
@@ -301,8 +383,9 @@ class ScriptedApp:
         await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEAD})
         raise ConnectionResetError("scripted reset")
 
-    async def _json(self, send: Send, status: int, body: Any) -> None:
-        await self._raw(send, status, _JSON_HEAD, json.dumps(body).encode())
+    async def _json(self, send: Send, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+        await self._raw(send, status, _JSON_HEAD + extra, json.dumps(body).encode())
 
     async def _raw(self, send: Send, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
         await send({"type": "http.response.start", "status": status,
@@ -338,12 +421,13 @@ class ScriptedUpstream:
     def script(self, text: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
                finish: str | None = None, status: int = 200, error: str | None = None, mode: str = "normal",
                delay: float = 0.0, *, error_type: str | None = None, usage: tuple[int, int] | None = None,
-               model: str | None = None) -> None:
+               model: str | None = None, size: int = 0, location: str | None = None,
+               headers: dict[str, str] | None = None) -> None:
         """Queue one answer (FIFO, shared by both dialects)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         self.app.queue.append(Step(text, list(tool_calls or ()), finish, status, error, error_type, mode, delay,
-                                   usage, model))
+                                   usage, model, size, location, dict(headers or {})))
 
     def answer_by_system(self, answers: dict[str, str], otherwise: str) -> None:
         """With no scripted answer queued, answer the first text of `answers` whose marker the
@@ -355,6 +439,7 @@ class ScriptedUpstream:
         """Forget queued answers and recorded requests."""
         self.app.queue.clear()
         self.app.requests.clear()
+        self.app.hits.clear()
 
     def __enter__(self) -> ScriptedUpstream:
         self._thread.start()

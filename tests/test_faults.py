@@ -150,14 +150,17 @@ def test_the_server_stays_healthy_after_every_fault(reef: ReefServer, client: Re
 
 
 @pytest.mark.parametrize("dialect", sorted(CALLS))
-def test_an_upstream_4xx_is_relayed_and_stores_nothing(reef: ReefServer, client: ReefClient,
-                                                       upstream: ScriptedUpstream, dialect: str) -> None:
-    before = client.status()["storage"]["records"]
+def test_an_upstream_4xx_is_relayed_with_a_receipt_that_can_be_reported(reef: ReefServer, client: ReefClient,
+                                                                        upstream: ScriptedUpstream, dialect: str) -> None:
+    """A provider's refusal (a context overflow, say) is part of the agent's experience: the
+    client gets the provider's status and message, and a receipt to report on."""
     receipt = f"refused-{dialect}-{uuid.uuid4().hex[:8]}"
     upstream.script(status=400, error="prompt refused by the provider")
     call, _ = CALLS[dialect]
     with pytest.raises(openai.BadRequestError if dialect == "openai" else anthropic.BadRequestError,
-                       match="prompt refused by the provider"):
+                       match="prompt refused by the provider") as refused:
         call(reef, False, receipt)
-    assert httpx.get(f"{reef.url}/reef/records/{receipt}", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 404
-    assert client.status()["storage"]["records"] == before
+    assert refused.value.response.headers["x-reef-agent-record-id"] == receipt
+    record = client.record(receipt)["record"]
+    assert record["status"] == "incomplete" and "prompt refused by the provider" in record["error"]
+    assert client.report(receipt, score=0.0, feedback="the context overflowed")["references"] == [receipt]

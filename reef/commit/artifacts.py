@@ -127,7 +127,7 @@ def _check_files(files: Mapping[str, bytes]) -> dict[str, bytes]:
 
 
 def _check_sha(value: object, what: str) -> str:
-    if not isinstance(value, str) or not _SHA.match(value):
+    if not isinstance(value, str) or not _SHA.fullmatch(value):
         raise InvalidInput(f"{what} must be a 40-hex commit sha, got {value!r}")
     return value
 
@@ -375,7 +375,7 @@ class ArtifactStore:
         self._parse_manifest(release_id, blobs.pop(MANIFEST_NAME))
         pointers: dict[str, tuple[str, int]] = {}
         for path, data in blobs.items():  # git-lfs: only pattern paths, and a pointer is under 1 KiB
-            m = _POINTER.match(data.decode("ascii", "replace")) if is_lfs_path(path) and len(data) < 1024 else None
+            m = _POINTER.fullmatch(data.decode("ascii", "replace")) if is_lfs_path(path) and len(data) < 1024 else None
             if m:
                 pointers[path] = (m.group(1), int(m.group(2)))
         return blobs, pointers
@@ -411,6 +411,6 @@ def _missing_lfs(release_id: str, path: str, oid: str, obj: Path) -> MissingArti
 
 def _check_release(release_id: object) -> str:
     """A read of something that is not a commit sha finds nothing."""
-    if not isinstance(release_id, str) or not _SHA.match(release_id):
+    if not isinstance(release_id, str) or not _SHA.fullmatch(release_id):
         raise MissingArtifact(f"release {release_id!r} is not in the artifact store")
     return release_id

@@ -8,6 +8,12 @@ reads any lines another process added, so the expected-step check is a true comp
 Damage: a last line without its newline is a torn write (the writer died before the fsync
 that would have acknowledged it) and is truncated; anything else that does not parse, or a
 step out of sequence, raises `Corruption` naming the file and line.
+
+`CommitLog` and `CommitLogs` are the interface the release chain and the state directory use;
+`JsonlCommitLog` / `JsonlCommitLogs` (here: one file per scenario in `<state>/commits/`, the
+single-node default) and `PgCommitLog` / `PgCommitLogs` (`reef/commit/pg_commit_log.py`: one
+append-only table shared by every front end on a PostgreSQL database) implement it, and one
+contract suite (`tests/test_commit_log.py`) runs against both.
 """
 
 from __future__ import annotations
@@ -21,16 +27,124 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
+from typing import ContextManager, Iterator, Protocol, Sequence, runtime_checkable
 
-from reef.core.canonical import canonical_json
+from reef.core.canonical import canonical_json, check_scenario_name, scenario_key
 from reef.core.errors import Conflict, Corruption, InvalidInput, StaleHead, StorageUnavailable
 from reef.core.types import CommitEntry
 
 
-class CommitLog:
+@runtime_checkable
+class CommitLog(Protocol):
+    """One scenario's steps, append-only, numbered strictly +1 from 1.
+
+    - `entries()`, `last_step`, `last()` read the committed steps, including those another
+      thread, process or front end committed since the last read.
+    - `append(entry, expected_step)` is the commit point and a compare-and-swap: the step is
+      durable when it returns; a stale `expected_step` is `StaleHead`; an identical retry of a
+      committed step (ignoring `recorded_at`) returns the original; other content for a
+      committed step is `Conflict`.
+    - `transaction()` holds the log exclusively (threads, processes, front ends) across several
+      calls, so a caller can check the head, write an artifact and append as one
+      compare-and-swap. Appends inside it commit as they return, as outside.
+    """
+
+    scenario: str | None
+
+    def entries(self) -> list[CommitEntry]: ...
+
+    @property
+    def last_step(self) -> int: ...
+
+    def last(self) -> CommitEntry | None: ...
+
+    def append(self, entry: CommitEntry, expected_step: int) -> CommitEntry: ...
+
+    def transaction(self) -> ContextManager[CommitLog]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class CommitLogs(Protocol):
+    """Where every scenario's commit log lives (a directory of files, a database table)."""
+
+    where: str  # for error messages
+
+    def open(self, scenario: str) -> CommitLog:
+        """The log of `scenario` (empty until its creation step is appended)."""
+        ...
+
+    def recover(self) -> list[CommitLog]:
+        """The log of every scenario that has steps, read and checked (a torn last line is
+        truncated; other damage is `Corruption` naming where), each starting with a creation."""
+        ...
+
+    def adopt(self, scenario: str, entries: Sequence[CommitEntry]) -> bool:
+        """Take `entries` (a scenario's whole log, from another backend) as this scenario's
+        steps, all or nothing, if it has none yet; False if it already has steps."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class JsonlCommitLogs:
+    """One JSONL file per scenario under `directory` (`<key>.jsonl`, key = urlsafe base64)."""
+
+    def __init__(self, directory: Path | str) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.where = str(self.directory)
+
+    def path_of(self, scenario: str) -> Path:
+        return self.directory / f"{scenario_key(check_scenario_name(scenario))}.jsonl"
+
+    def open(self, scenario: str) -> JsonlCommitLog:
+        return JsonlCommitLog(self.path_of(scenario), scenario=scenario)
+
+    def recover(self) -> list[CommitLog]:
+        logs: list[CommitLog] = []
+        try:
+            for path in sorted(self.directory.glob("*.jsonl")):
+                log = JsonlCommitLog(path)
+                entries = log.entries()
+                if not entries:
+                    log.close()  # a creation that crashed before its first line
+                    continue
+                scenario = entries[0].scenario
+                if scenario_key(scenario) != path.stem or entries[0].operation.value != "creation":
+                    log.close()
+                    raise Corruption(str(path), 1,
+                                     "the first line must be the creation of the scenario the file is named for")
+                log.scenario = scenario
+                logs.append(log)
+        except BaseException:
+            for log in logs:
+                log.close()
+            raise
+        return logs
+
+    def adopt(self, scenario: str, entries: Sequence[CommitEntry]) -> bool:
+        log = self.open(scenario)
+        try:
+            with log.transaction():
+                if log.last_step:
+                    return False
+                log.append_all(entries)
+                return True
+        finally:
+            log.close()
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlCommitLog:
+    """One scenario's log as one fsynced JSONL file, locked across processes with `flock`."""
+
     def __init__(self, path: Path | str, scenario: str | None = None) -> None:
         self.path = Path(path)
+        self.where = str(self.path)
         self.scenario = scenario
         self._lock = threading.RLock()
         self._depth = 0  # re-entry count of _locked in the owning thread
@@ -91,6 +205,18 @@ class CommitLog:
             self._entries.append(entry)
             return entry
 
+    def append_all(self, entries: Sequence[CommitEntry]) -> None:
+        """Write a whole log (steps 1..n) into this empty one with one write and one fsync."""
+        with self._locked():
+            if self._entries:
+                raise Conflict(f"{self.path}: the log already has {len(self._entries)} steps")
+            for i, entry in enumerate(entries, 1):
+                if entry.step != i or (self.scenario is not None and entry.scenario != self.scenario):
+                    raise InvalidInput(f"{self.path}: cannot adopt step {entry.step} of {entry.scenario!r} as step {i}")
+            stamped = [e if e.recorded_at else _with_time(e) for e in entries]
+            self._write_line(b"".join(canonical_json(e.to_json()).encode("utf-8") + b"\n" for e in stamped))
+            self._entries.extend(stamped)
+
     def _write_line(self, line: bytes) -> None:
         start = self._offset
         try:
@@ -106,7 +232,7 @@ class CommitLog:
     # -- locking and parsing ---------------------------------------------------------------
 
     @contextmanager
-    def transaction(self) -> Iterator[CommitLog]:
+    def transaction(self) -> Iterator[JsonlCommitLog]:
         """Hold the log exclusively (threads and processes) across several calls, so that a
         caller can check the head, write an artifact and append as one compare-and-swap."""
         with self._locked():

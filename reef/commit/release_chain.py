@@ -2,13 +2,15 @@
 
 Every change is one commit-log step, appended while the log is held exclusively, after the
 artifact (if any) is committed to git. So the log is the truth and the scenario's git ref is
-only its mirror (repaired from the log on open, never the reverse).
+only its mirror (repaired from the log on open, never the reverse). The chain does not know
+which `CommitLog` it has (a JSONL file, or a table shared by front ends on PostgreSQL): holding
+the log is what makes check-head, commit-artifact, append one compare-and-swap either way.
 
 - `publish` adds a release on top of `expected_parent` (the head), or a pending one that
   waits for `promote` when the gate said `review`.
 - `reject` logs a refused candidate; the head stays.
 - `rollback` and `promote` republish existing content as a new release with the next step:
-  history is never rewritten.
+  history is never rewritten. Without an expected head they stack on the head of the moment.
 - `advance` moves the *serving* pointer (the release new requests are frozen to, with the
   runtime load that serves it) by compare-and-swap, only forward along the chain. It is
   process state, not logged: after a restart the serving pointer starts at the head.
@@ -167,9 +169,11 @@ class ReleaseChain:
             return self._append_on_head(head, Operation.REJECTION, verdict=verdict, metrics=extra,
                                         algorithm_state=algorithm_state, high_water=high_water)
 
-    def rollback(self, target_release_id: str, expected_head: str) -> Release:
+    def rollback(self, target_release_id: str, expected_head: str | None) -> Release:
+        """`expected_head` None: on top of whatever the head is once the log is held, so
+        concurrent rollbacks each get their own step instead of a `StaleHead`."""
         with self.log.transaction():
-            head = self._check_head(expected_head)
+            head = _head_entry(self._entries()) if expected_head is None else self._check_head(expected_head)
             target = self.release(target_release_id)
             if target.pending:
                 raise InvalidInput(f"release {target_release_id} is pending review; promote it instead")

@@ -4,22 +4,34 @@
     <state>/artifacts.git/        bare git repository, one ref per scenario, LFS objects inside
     <state>/commits/<key>.jsonl   one commit log per scenario (key: urlsafe base64 of the name)
 
+The commit logs follow the store: with a PostgreSQL experience store they live in the same
+database and schema (`reef/commit/pg_commit_log.py`), shared by every front end, and the JSONL
+files are not used (a scenario the database does not know yet is imported from them once, when
+the state directory is opened). Artifacts stay in the state directory either way, so with a
+shared log every front end must be able to read every release's objects; one that cannot
+fails with `MissingArtifact` naming the release and the missing object.
+
 Opening it is recovery: every log is read (a torn last line truncated, other damage an error
-naming file and line), every release it names must have its artifact (else `MissingArtifact`
+naming file and line), each scenario's head must have its artifact (else `MissingArtifact`
 naming it), each scenario's git ref is repaired from its log, and logged compactions are
 applied again (a crash may have come between the log line and the delete).
+
+Older releases are checked when their content is read (`ArtifactStore.files` refuses a missing
+or corrupted artifact, naming the release), not at open: checking them all made every restart
+as slow as the chain was long. `verify_artifacts` checks them all (`reef inspect` runs it).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 
 from reef.commit.artifacts import ArtifactManifest, ArtifactStore
-from reef.commit.commit_log import CommitLog
+from reef.commit.commit_log import CommitLogs, JsonlCommitLogs
 from reef.commit.release_chain import Candidate, ReleaseChain, last_artifact_release
-from reef.core.canonical import check_scenario_name, scenario_key
-from reef.core.errors import Conflict, Corruption, NotFound
+from reef.core.canonical import check_scenario_name
+from reef.core.errors import Conflict, MissingArtifact, NotFound
 from reef.core.types import ArtifactKind, CommitEntry, Operation, ReleaseRef
 from reef.observe.sqlite_store import SQLiteStore
 from reef.observe.store import ExperienceStore
@@ -28,27 +40,45 @@ EMPTY = Candidate({}, ArtifactKind.EMPTY, {"kind": "empty"})
 
 
 class ReefState:
-    def __init__(self, root: Path | str, store: ExperienceStore | None = None) -> None:
+    def __init__(
+        self, root: Path | str, store: ExperienceStore | None = None, commit_logs: CommitLogs | None = None
+    ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.commits_dir = self.root / "commits"
-        self.commits_dir.mkdir(exist_ok=True)
         self.store = store if store is not None else SQLiteStore(self.root / "experience.db")
-        self.artifacts = ArtifactStore(self.root / "artifacts.git")
         self._lock = threading.Lock()
         self._chains: dict[str, ReleaseChain] = {}
-        self._recover()
+        try:
+            self.commit_logs = commit_logs if commit_logs is not None else commit_logs_for(self.store, self.commits_dir)
+            self.artifacts = ArtifactStore(self.root / "artifacts.git")
+            self._recover()
+        except BaseException:
+            self._close_logs()
+            if store is None:
+                self.store.close()  # ours; a store handed in stays the caller's
+            raise
 
     @classmethod
-    def open(cls, root: Path | str, store: ExperienceStore | None = None) -> ReefState:
-        return cls(root, store)
+    def open(
+        cls, root: Path | str, store: ExperienceStore | None = None, commit_logs: CommitLogs | None = None
+    ) -> ReefState:
+        """Open the state directory. The commit logs follow the store (`commit_logs_for`)
+        unless given."""
+        return cls(root, store, commit_logs)
 
     def close(self) -> None:
+        self._close_logs()
+        self.store.close()
+
+    def _close_logs(self) -> None:
         with self._lock:
             for chain in self._chains.values():
                 chain.log.close()
             self._chains.clear()
-        self.store.close()
+        logs = getattr(self, "commit_logs", None)
+        if logs is not None:
+            logs.close()
 
     def __enter__(self) -> ReefState:
         return self
@@ -72,6 +102,13 @@ class ReefState:
     def head(self, scenario: str) -> ReleaseRef:
         return self.chain(scenario).head().ref
 
+    def verify_artifacts(self) -> None:
+        """Every release of every scenario has its commit, manifest and LFS objects, else
+        `MissingArtifact` naming the first that does not."""
+        for name in self.scenarios():
+            for release in self.chain(name).releases():
+                self.artifacts.verify(release.release_id)
+
     def create(
         self,
         scenario: str,
@@ -94,8 +131,7 @@ class ReefState:
             return chain
 
     def _open_chain(self, scenario: str) -> ReleaseChain:
-        log = CommitLog(self.commits_dir / f"{scenario_key(scenario)}.jsonl", scenario=scenario)
-        return ReleaseChain(scenario, log, self.artifacts)
+        return ReleaseChain(scenario, self.commit_logs.open(scenario), self.artifacts)
 
     def _write_creation(self, chain: ReleaseChain, binding: dict, seed: Candidate | None) -> None:
         start = binding["starting_release_id"]
@@ -126,27 +162,63 @@ class ReefState:
     # -- recovery ------------------------------------------------------------------------
 
     def _recover(self) -> None:
-        for path in sorted(self.commits_dir.glob("*.jsonl")):
-            log = CommitLog(path)
-            entries = log.entries()
-            if not entries:
-                log.close()  # a creation that crashed before its first line
-                continue
-            scenario = entries[0].scenario
-            if scenario_key(scenario) != path.stem or entries[0].operation is not Operation.CREATION:
+        self._adopt_local_logs()
+        logs = self.commit_logs.recover()
+        try:
+            for log in list(logs):
+                entries = log.entries()
+                scenario = entries[0].scenario
+                chain = ReleaseChain(scenario, log, self.artifacts)
+                self._chains[scenario] = chain
+                logs.remove(log)
+                logged = last_artifact_release(entries)
+                for release_id in {chain.head().release_id, logged}:  # served, and mirrored by the git ref
+                    self._verify(scenario, release_id)
+                if self.artifacts.scenario_head(scenario) != logged:
+                    self.artifacts.reset_scenario_head(scenario, logged)
+                compacted = [rid for entry in entries for rid in entry.compacted_ids]
+                if compacted:
+                    self.store.compact(scenario, compacted)
+        finally:
+            for log in logs:
                 log.close()
-                raise Corruption(str(path), 1, "the first line must be the creation of the scenario the file is named for")
-            log.scenario = scenario
-            for entry in entries:
-                if entry.publishes_release:
-                    self.artifacts.verify(entry.release.release_id)
-            logged = last_artifact_release(entries)
-            if self.artifacts.scenario_head(scenario) != logged:
-                self.artifacts.reset_scenario_head(scenario, logged)
-            compacted = [rid for entry in entries for rid in entry.compacted_ids]
-            if compacted:
-                self.store.compact(scenario, compacted)
-            self._chains[scenario] = ReleaseChain(scenario, log, self.artifacts)
+
+    def _verify(self, scenario: str, release_id: str) -> None:
+        try:
+            self.artifacts.verify(release_id)
+        except MissingArtifact as exc:
+            if isinstance(self.commit_logs, JsonlCommitLogs):
+                raise
+            raise MissingArtifact(
+                f"scenario {scenario!r}: {exc} (the commit log in {self.commit_logs.where} names it, but this front "
+                f"end's artifact store {self.artifacts.root} lacks it: every front end on a shared commit log must "
+                "be able to read every release's artifacts)"
+            ) from exc
+
+    def _adopt_local_logs(self) -> None:
+        """With a log backend other than the state directory's files, a scenario it does not
+        know yet but a JSONL log here does (a state directory from before the shared log) is
+        imported, all its steps at once; the files are left as they are and unused."""
+        if isinstance(self.commit_logs, JsonlCommitLogs) or not any(self.commits_dir.glob("*.jsonl")):
+            return
+        for log in JsonlCommitLogs(self.commits_dir).recover():
+            try:
+                assert log.scenario is not None
+                self.commit_logs.adopt(log.scenario, log.entries())
+            finally:
+                log.close()
+
+
+def commit_logs_for(store: ExperienceStore, commits_dir: Path) -> CommitLogs:
+    """The commit-log backend that goes with `store`: the same PostgreSQL database and schema
+    for a `PostgresStore` (every front end on it shares the logs), else one JSONL file per
+    scenario in `commits_dir`."""
+    pg = sys.modules.get("reef.observe.postgres_store")  # loaded if `store` is one; never imported here
+    if pg is not None and isinstance(store, pg.PostgresStore):
+        from reef.commit.pg_commit_log import PgCommitLogs
+
+        return PgCommitLogs(store.dsn, schema=store.schema)
+    return JsonlCommitLogs(commits_dir)
 
 
 def _check_binding(scenario: str, bound: dict, asked: dict) -> None:

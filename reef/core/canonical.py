@@ -46,19 +46,19 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-_SCENARIO_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # matched whole (fullmatch): no trailing newline
+_SCENARIO_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def check_id(value: object, what: str = "id") -> str:
     """Client-chosen ids are short and path-safe: letters, digits, `.`, `_`, `:`, `-`."""
-    if not isinstance(value, str) or not _ID_PATTERN.match(value) or ".." in value:
+    if not isinstance(value, str) or not _ID_PATTERN.fullmatch(value) or ".." in value:
         raise InvalidInput(f"{what} must be 1-128 characters of letters, digits, '.', '_', ':' or '-', got {value!r}")
     return value
 
 
 def check_scenario_name(value: object) -> str:
-    if not isinstance(value, str) or not _SCENARIO_PATTERN.match(value) or ".." in value:
+    if not isinstance(value, str) or not _SCENARIO_PATTERN.fullmatch(value) or ".." in value:
         raise InvalidInput(
             f"scenario name must be 1-128 characters of letters, digits, '.', '_' or '-', got {value!r}"
         )
@@ -69,6 +69,21 @@ def check_finite(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InvalidInput(f"{what} must be a finite number, got {value!r}")
     return float(value)
+
+
+def check_depth(value: Any, limit: int, what: str) -> Any:
+    """Free-form JSON a client stores (a tool's schema, a report's metadata) nests at most
+    `limit` arrays and objects deep, so every record can be serialised and read back."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if type(node) is dict else node if type(node) is list else ()
+        for child in children:
+            if type(child) is dict or type(child) is list:
+                if depth + 1 > limit:
+                    raise InvalidInput(f"{what} nests arrays and objects more than {limit} deep (limits.max_json_depth)")
+                stack.append((child, depth + 1))
+    return value
 
 
 def scenario_key(name: str) -> str:

@@ -1,8 +1,8 @@
 """Reef's internal chat request and the stream a runtime answers it with.
 
-Each wire dialect (OpenAI chat completions, Anthropic messages) converts into `ChatRequest`
-exactly once and back from `Delta`s exactly once (`reef/serve/openai_wire.py`,
-`reef/serve/anthropic_wire.py`); runtimes see only these types. So an Anthropic client can
+Each wire dialect (OpenAI chat completions, Anthropic messages, OpenAI responses) converts into
+`ChatRequest` exactly once and back from `Delta`s exactly once (`reef/serve/openai_wire.py`,
+`reef/serve/anthropic_wire.py`, `reef/serve/responses_wire.py`); runtimes see only these types. So an Anthropic client can
 talk to an OpenAI-only runtime and the reverse, and the request path never branches on dialect.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
-Dialect = Literal["openai", "anthropic"]
+Dialect = Literal["openai", "anthropic", "responses"]  # "responses": OpenAI's Responses API
 FinishReason = Literal["stop", "length", "tool_calls", "error"]
 
 

@@ -1,4 +1,4 @@
-"""The nouns of DESIGN.md section 2 as plain, immutable data.
+"""The nouns of Reef (docs/architecture.md) as plain, immutable data.
 
 Each type converts to and from a JSON-ready dict (`to_json` / `from_json`); the durable layers
 store exactly that form, so equality of two things is equality of their canonical JSON.

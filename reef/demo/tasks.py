@@ -16,7 +16,7 @@ young and sounds; sums) were in the task set until run 17 and were never answere
 questions by any release learned (docs/learning.md, "The task"). No answer is a word of its
 question, so echoing the question ("plural of leaf?" -> "Leaf", a common failure) never counts.
 
-The verifier checks content, not only form (EMBEDDED_MODEL.md: format-only rewards get gamed):
+The verifier checks content, not only form (docs/learning.md: format-only rewards get gamed):
 1.0 only for a reply that, stripped, lowercased and without one trailing '.' or '!', *is* an
 accepted answer and finished on its own ("stop"; a truncated reply fails); 0.25 when an accepted
 answer appears as a whole word in a short reply (at most 12 words) that finished; else 0.

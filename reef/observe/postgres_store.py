@@ -16,7 +16,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Collection, Iterator, Sequence, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -26,7 +26,7 @@ from psycopg.pq import TransactionStatus
 from reef.core.errors import InvalidInput, NotFound, RecordConflict, StorageUnavailable
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
 from reef.observe import rules
-from reef.observe.store import ExperienceStore
+from reef.observe.store import ExperienceStore, StoredRecord
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
@@ -251,6 +251,53 @@ class PostgresStore(ExperienceStore):
 
         return self._run(work, begin=None)
 
+    def iter_records(
+        self,
+        scenario: str,
+        *,
+        release_id: str | None = None,
+        statuses: Collection[RecordStatus] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        reported_only: bool = False,
+        after_seq: int = 0,
+        page_size: int = 500,
+    ) -> Iterator[StoredRecord]:
+        if page_size < 1:
+            raise ValueError("page_size must be at least 1")
+        clauses: list[str] = ["scenario = %s", "seq > %s"]
+        params: list[Any] = []
+        if statuses is not None:
+            clauses.append("status = ANY(%s)")
+            params.append(sorted({RecordStatus(s).value for s in statuses}))
+        if since is not None:
+            clauses.append("created_at >= %s")
+            params.append(since)
+        if until is not None:
+            clauses.append("created_at < %s")
+            params.append(until)
+        if reported_only:
+            clauses.append("EXISTS (SELECT 1 FROM report_refs f WHERE f.record_id = records.id)")
+        query = (f"SELECT body, seq, created_at, finished_at FROM records WHERE {' AND '.join(clauses)}"
+                 " ORDER BY seq LIMIT %s")
+        Page = tuple[list[tuple[Record, float, float | None]], dict[str, list[Report]], int, int]
+
+        def work(cur: Cursor, after: int) -> Page:
+            rows = cur.execute(query, (scenario, after, *params, page_size)).fetchall()
+            page = [(rules.record_from_row(body, seq), created, finished) for body, seq, created, finished in rows]
+            if release_id is not None:
+                page = [p for p in page if p[0].release is not None and p[0].release.release_id == release_id]
+            return page, _reports_naming(cur, [record.id for record, _, _ in page]), len(rows), (
+                int(rows[-1][1]) if rows else after)
+
+        cursor = after_seq
+        while True:  # one snapshot per page; no connection held between pages
+            page, reports, fetched, cursor = self._run(lambda cur: work(cur, cursor), begin=_SNAPSHOT)
+            for record, created, finished in page:
+                yield StoredRecord(record, created, finished, tuple(reports.get(record.id, ())))
+            if fetched < page_size:
+                return
+
     def compact(self, scenario: str, record_ids: Sequence[str]) -> int:
         def work(cur: Cursor) -> int:
             deleted = 0
@@ -423,6 +470,23 @@ def _select_records(cur: Cursor, ids: list[str]) -> list[tuple[str, int]]:
     if not ids:
         return []
     return cur.execute("SELECT body, seq FROM records WHERE id = ANY(%s)", (ids,)).fetchall()
+
+
+def _reports_naming(cur: Cursor, record_ids: list[str]) -> dict[str, list[Report]]:
+    """The reports that name each record, oldest first (a report naming several is parsed once)."""
+    out: dict[str, list[Report]] = {}
+    if not record_ids:
+        return out
+    parsed: dict[int, Report] = {}
+    rows = cur.execute(
+        "SELECT DISTINCT f.record_id, r.body, r.seq FROM report_refs f JOIN reports r ON r.seq = f.report_seq"
+        " WHERE f.record_id = ANY(%s) ORDER BY r.seq",
+        (record_ids,),
+    )
+    for record_id, body, seq in rows:
+        report = parsed.get(seq) or parsed.setdefault(seq, rules.report_from_row(body, int(seq)))
+        out.setdefault(record_id, []).append(report)
+    return out
 
 
 def _count(cur: Cursor, table: str, scenario: str | None) -> int:

@@ -16,15 +16,15 @@ import queue
 import sqlite3
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Collection, Iterator, Sequence, TypeVar
 
 from reef.core.errors import NotFound, RecordConflict, StorageUnavailable
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
 from reef.observe import rules
-from reef.observe.store import ExperienceStore
+from reef.observe.store import ExperienceStore, StoredRecord
 
 T = TypeVar("T")
 Write = Callable[[sqlite3.Connection], Any]
@@ -83,6 +83,7 @@ class SQLiteStore(ExperienceStore):
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._closed = False
+        self._writer_failure: BaseException | None = None
         self._writer_conn = self._connect()
         self._migrate(self._writer_conn)
         self._writer = threading.Thread(target=self._write_loop, name="reef-sqlite-writer", daemon=True)
@@ -148,6 +149,8 @@ class SQLiteStore(ExperienceStore):
     def _enqueue(self, write: Write, single_statement: bool) -> Future[Any]:
         if self._closed:
             raise StorageUnavailable(f"{self.path}: store is closed")
+        if (problem := self.health()) is not None:  # never queue a write nobody will run
+            raise StorageUnavailable(problem)
         future: Future[Any] = Future()
         self._queue.put((write, future, single_statement))
         return future
@@ -167,46 +170,40 @@ class SQLiteStore(ExperienceStore):
                     self._queue.put(_STOP)
                     break
                 group.append(nxt)
-            self._run_group(group)
+            try:
+                self._run_group(group)
+            except BaseException as exc:  # noqa: BLE001 - one caller's failure never stops the writer
+                self._writer_failure = exc
+                for _, future, _ in group:
+                    _answer(future, False, StorageUnavailable(f"{self.path}: write failed: {exc!r}"))
 
     def _run_group(self, group: list[tuple[Write, Future[Any], bool]]) -> None:
+        """One transaction for the group. A write that fails is undone alone (its savepoint, or
+        SQLite's own statement rollback) and fails only its caller; only an error that ends the
+        transaction (a full disk, an I/O error) fails the whole group."""
         conn = self._writer_conn
+        live = [item for item in group if item[1].set_running_or_notify_cancel()]  # a cancelled caller is gone
         outcomes: list[tuple[bool, Any]] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for write, _, single_statement in group:
-                if single_statement:
-                    try:
-                        outcomes.append((True, write(conn)))
-                    except sqlite3.Error:
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - the caller gets its own error
-                        outcomes.append((False, exc))
-                    continue
-                conn.execute("SAVEPOINT one")
-                try:
-                    outcomes.append((True, write(conn)))
-                    conn.execute("RELEASE one")
-                except sqlite3.Error:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - the caller gets its own error
-                    conn.execute("ROLLBACK TO one")
-                    conn.execute("RELEASE one")
-                    outcomes.append((False, exc))
+            for write, _, single_statement in live:
+                outcomes.append(_run_one(conn, write, single_statement))
             conn.execute("COMMIT")
         except Exception as exc:  # noqa: BLE001 - the writer thread must outlive any failure
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):  # a failed ROLLBACK must not kill the writer
                     conn.execute("ROLLBACK")
             error = StorageUnavailable(f"{self.path}: write failed: {exc}")
-            for _, future, _ in group:
-                future.set_exception(error)
+            for _, future, _ in live:
+                _answer(future, False, error)
             return
-        for (ok, value), (_, future, _) in zip(outcomes, group):
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
+        for (ok, value), (_, future, _) in zip(outcomes, live):
+            _answer(future, ok, value)
+
+    def health(self) -> str | None:
+        if self._writer.is_alive() or self._closed:
+            return None
+        return f"{self.path}: the writer thread has stopped ({self._writer_failure!r})"
 
     # -- records -------------------------------------------------------------------------
 
@@ -277,6 +274,54 @@ class SQLiteStore(ExperienceStore):
             "SELECT body, seq FROM records WHERE scenario = ? AND session = ? ORDER BY seq", (scenario, session)
         )
         return [rules.record_from_row(body, seq) for body, seq in rows]
+
+    def iter_records(
+        self,
+        scenario: str,
+        *,
+        release_id: str | None = None,
+        statuses: Collection[RecordStatus] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        reported_only: bool = False,
+        after_seq: int = 0,
+        page_size: int = 500,
+    ) -> Iterator[StoredRecord]:
+        if page_size < 1:
+            raise ValueError("page_size must be at least 1")
+        clauses: list[str] = ["scenario = ?", "seq > ?"]
+        params: list[Any] = []
+        if statuses is not None:
+            values = sorted({RecordStatus(s).value for s in statuses})
+            clauses.append(f"status IN ({','.join('?' * len(values))})" if values else "0")
+            params += values
+        if since is not None:
+            clauses.append("created_at >= ?")
+            params.append(since)
+        if until is not None:
+            clauses.append("created_at < ?")
+            params.append(until)
+        if reported_only:
+            clauses.append("EXISTS (SELECT 1 FROM report_refs f WHERE f.record_id = records.id)")
+        query = (f"SELECT body, seq, created_at, finished_at FROM records WHERE {' AND '.join(clauses)}"
+                 " ORDER BY seq LIMIT ?")
+        cursor = after_seq
+        while True:
+            conn = self._reader()
+            conn.execute("BEGIN")  # one snapshot for a page and its reports; none held between pages
+            try:
+                rows = conn.execute(query, (scenario, cursor, *params, page_size)).fetchall()
+                page = [(rules.record_from_row(body, seq), created, finished) for body, seq, created, finished in rows]
+                if release_id is not None:
+                    page = [p for p in page if p[0].release is not None and p[0].release.release_id == release_id]
+                reports = _reports_naming(conn, [record.id for record, _, _ in page])
+            finally:
+                conn.execute("COMMIT")
+            for record, created, finished in page:
+                yield StoredRecord(record, created, finished, tuple(reports.get(record.id, ())))
+            if len(rows) < page_size:
+                return
+            cursor = rows[-1][1]
 
     def compact(self, scenario: str, record_ids: Sequence[str]) -> int:
         def write(conn: sqlite3.Connection) -> int:
@@ -365,6 +410,45 @@ class SQLiteStore(ExperienceStore):
         return _count(self._reader(), "reports", scenario)
 
 
+# Errors after which SQLite may have rolled the whole transaction back (primary result codes).
+_TRANSACTION_FATAL = {7, 8, 10, 11, 13, 14, 26}  # NOMEM, READONLY, IOERR, CORRUPT, FULL, CANTOPEN, NOTADB
+
+
+def _run_one(conn: sqlite3.Connection, write: Write, single_statement: bool) -> tuple[bool, Any]:
+    """Run one caller's write: (True, result) or (False, its error). A write that changes at
+    most one row in one statement needs no savepoint (SQLite undoes a failed statement itself)."""
+    if not single_statement:
+        conn.execute("SAVEPOINT one")
+    try:
+        result = write(conn)
+    except Exception as exc:  # noqa: BLE001 - the caller gets its own error
+        if isinstance(exc, sqlite3.Error) and (_ends_transaction(exc) or not conn.in_transaction):
+            raise
+        if not single_statement:
+            conn.execute("ROLLBACK TO one")
+            conn.execute("RELEASE one")
+        if isinstance(exc, sqlite3.Error):
+            return False, StorageUnavailable(f"write failed: {exc}")
+        return False, exc
+    if not single_statement:
+        conn.execute("RELEASE one")
+    return True, result
+
+
+def _ends_transaction(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is None or (code & 0xFF) in _TRANSACTION_FATAL
+
+
+def _answer(future: Future[Any], ok: bool, value: Any) -> None:
+    """Hand a caller its outcome; a caller that was cancelled meanwhile is simply gone."""
+    with contextlib.suppress(InvalidStateError):
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+
 def _load_record(conn: sqlite3.Connection, record_id: str) -> Record | None:
     row = conn.execute("SELECT body, seq FROM records WHERE id = ?", (record_id,)).fetchone()
     return rules.record_from_row(*row) if row else None
@@ -380,11 +464,36 @@ def _finish(conn: sqlite3.Connection, stored: Record, done: Record) -> Record:
 
 
 
+_IDS_PER_QUERY = 500  # well under SQLite's limit on bound variables (32,766; 999 before 3.32)
+
+
 def _known_ids(conn: sqlite3.Connection, scenario: str, ids: Sequence[str]) -> set[str]:
-    marks = ",".join("?" * len(ids))
-    live = conn.execute(f"SELECT id FROM records WHERE scenario = ? AND id IN ({marks})", (scenario, *ids))
-    gone = conn.execute(f"SELECT id FROM tombstones WHERE scenario = ? AND id IN ({marks})", (scenario, *ids))
-    return {row[0] for row in live} | {row[0] for row in gone}
+    known: set[str] = set()
+    unique = sorted(set(ids))
+    for start in range(0, len(unique), _IDS_PER_QUERY):
+        chunk = unique[start:start + _IDS_PER_QUERY]
+        marks = ",".join("?" * len(chunk))
+        for table in ("records", "tombstones"):
+            rows = conn.execute(f"SELECT id FROM {table} WHERE scenario = ? AND id IN ({marks})", (scenario, *chunk))
+            known.update(row[0] for row in rows)
+    return known
+
+
+def _reports_naming(conn: sqlite3.Connection, record_ids: Sequence[str]) -> dict[str, list[Report]]:
+    """The reports that name each record, oldest first (a report naming several is parsed once)."""
+    out: dict[str, list[Report]] = {}
+    parsed: dict[int, Report] = {}
+    for start in range(0, len(record_ids), _IDS_PER_QUERY):
+        chunk = list(record_ids[start:start + _IDS_PER_QUERY])
+        rows = conn.execute(
+            "SELECT DISTINCT f.record_id, r.body, r.seq FROM report_refs f JOIN reports r ON r.seq = f.report_seq"
+            f" WHERE f.record_id IN ({','.join('?' * len(chunk))}) ORDER BY r.seq",
+            chunk,
+        )
+        for record_id, body, seq in rows:
+            report = parsed.get(seq) or parsed.setdefault(seq, rules.report_from_row(body, seq))
+            out.setdefault(record_id, []).append(report)
+    return out
 
 
 def _count(conn: sqlite3.Connection, table: str, scenario: str | None) -> int:

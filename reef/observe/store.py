@@ -17,9 +17,21 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Collection, Iterator, Sequence
 
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """A record as `iter_records` reads it: with the store's clock (epoch seconds when it was
+    stored and finished) and the reports that name it, oldest first."""
+
+    record: Record
+    created_at: float
+    finished_at: float | None
+    reports: tuple[Report, ...]
 
 
 class ExperienceStore(ABC):
@@ -67,6 +79,25 @@ class ExperienceStore(ABC):
         """Records of one session, in the order they were created."""
 
     @abstractmethod
+    def iter_records(
+        self,
+        scenario: str,
+        *,
+        release_id: str | None = None,
+        statuses: Collection[RecordStatus] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        reported_only: bool = False,
+        after_seq: int = 0,
+        page_size: int = 500,
+    ) -> Iterator[StoredRecord]:
+        """The live records of a scenario in sequence order, each with its reports, read a page
+        at a time (each page one snapshot), so memory stays flat however many there are.
+        Filters: the frozen release, statuses (None: any), stored at `since` <= t < `until`
+        (epoch seconds), only records some report names. A record committed while the
+        iteration runs may or may not be seen."""
+
+    @abstractmethod
     def compact(self, scenario: str, record_ids: Sequence[str]) -> int:
         """Delete records (keeping tombstones); idempotent; returns how many were deleted now."""
 
@@ -78,6 +109,11 @@ class ExperienceStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def health(self) -> str | None:
+        """None while the store can take writes when asked; else why it cannot (a stopped
+        writer). A full disk is not a health problem: writes fail with 503 and recover."""
+        return None
 
     # The server awaits these; a backend with its own async path overrides them.
 

@@ -4,7 +4,7 @@ One worker thread owns the model (torch releases the GIL inside its kernels, so 
 stays responsive). It takes queued requests in batches of one load id (left padding, position
 ids `cumsum(mask) - 1`, a KV cache), samples each row with the request's own temperature, top_p
 and seed, and streams every token back with its id and the log-prob of the distribution it was
-actually drawn from, so records can be verified and trained on (DESIGN.md invariant 2). Adapter
+actually drawn from, so records can be verified and trained on (invariant 2, docs/architecture.md). Adapter
 loads and unloads also run on the worker, between decoding steps, so no lock guards the model
 and a batch in flight never sees an adapter vanish under it.
 """

@@ -18,7 +18,8 @@ def build_runtime(config: ServeConfig, progress: Callable[[str], None] | None = 
         if not up.url:
             raise ValueError("runtime 'upstream' needs upstream.url (or REEF_UPSTREAM_URL)")
         return UpstreamRuntime(up.url, api_key=up.api_key, model=up.model, dialect=up.dialect,
-                               pass_model_through=up.pass_model_through, timeout=up.timeout)
+                               pass_model_through=up.pass_model_through, timeout=up.timeout,
+                               max_response_bytes=up.max_response_bytes)
     from reef.runtimes.embedded import EmbeddedRuntime
     from reef.runtimes.model_files import default_cache_dir, ensure_embedded_model
 

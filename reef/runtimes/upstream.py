@@ -8,6 +8,13 @@ own 4xx is relayed with its status and message, anything else (refused, reset, t
 malformed, cut short, 5xx) is 502. The api key is only ever a request header and is scrubbed
 from every message this module produces.
 
+Redirects are never followed: one would re-send the whole prompt wherever the provider points
+(with an Anthropic key: aiohttp drops only `Authorization` across hosts, not `x-api-key`), or
+turn the POST into a GET; a 3xx is a 502 naming it. An answer (a whole body, or a stream in
+all) is read as it arrives and refused once it passes `max_response_bytes`, never buffered
+whole first. A relayed error keeps the provider's `Retry-After` (and OpenAI's
+`retry-after-ms`), so the client's SDK waits as the provider asked.
+
 The connection pool is aiohttp's (measured here: about 0.34 ms of CPU per request against
 1.9 ms for httpx's async client, which dominated Reef's added latency). `timeout` bounds each
 read, not the whole call: a stream may run longer than it, but no single wait for data
@@ -21,7 +28,7 @@ import contextlib
 import itertools
 import json
 import uuid
-from typing import AsyncIterator, Iterator, Literal, Mapping
+from typing import Any, AsyncIterator, Iterator, Literal, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -32,6 +39,9 @@ from reef.core.types import ReleaseRef
 from reef.runtimes.base import Runtime
 from reef.runtimes.upstream_wire import (
     ANTHROPIC_VERSION,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    JSON,
+    AnswerTooLarge,
     AnthropicStream,
     OpenAIStream,
     SSEParser,
@@ -43,6 +53,9 @@ from reef.runtimes.upstream_wire import (
     to_openai_body,
 )
 
+RETRY_HEADERS = ("retry-after", "retry-after-ms")
+ERROR_BODY_BYTES = 64 * 1024  # of an error answer, enough for its message; the rest is not read
+
 
 class UpstreamRuntime(Runtime):
     name = "upstream"
@@ -50,7 +63,8 @@ class UpstreamRuntime(Runtime):
 
     def __init__(self, base_url: str, *, api_key: str | None = None, model: str | None = None,
                  dialect: Literal["openai", "anthropic"] = "openai", pass_model_through: bool = False,
-                 timeout: float = 120.0, connect_timeout: float = 10.0, max_connections: int = 256) -> None:
+                 timeout: float = 120.0, connect_timeout: float = 10.0, max_connections: int = 256,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         if dialect not in ("openai", "anthropic"):
             raise InvalidInput(f"upstream dialect must be openai or anthropic, not {dialect!r}")
         self.base_url = base_url.rstrip("/")
@@ -60,6 +74,7 @@ class UpstreamRuntime(Runtime):
         self._api_key = api_key
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout)
         self._max_connections = max_connections
+        self._max_response_bytes = max_response_bytes
         self._client: aiohttp.ClientSession | None = None
         self._incarnation = uuid.uuid4().hex[:12]
         self._counter = itertools.count(1)
@@ -112,6 +127,21 @@ class UpstreamRuntime(Runtime):
             message = message.replace(self._api_key, "[redacted]")
         return RuntimeFailure(message, status=status, error_type=error_type)
 
+    def _post(self, url: str, body: JSON) -> Any:
+        assert self._client is not None
+        return self._client.post(url, json=body, allow_redirects=False)
+
+    async def _check_status(self, response: aiohttp.ClientResponse) -> None:
+        """A redirect or an error status becomes a RuntimeFailure (a provider's 4xx relayed)."""
+        if response.status < 300:
+            return
+        if response.status < 400:
+            location = response.headers.get("location", "(no Location header)")[:300]
+            raise self._fail(f"upstream {self._where} answered {response.status}, a redirect to {location}; Reef does "
+                             "not follow provider redirects: set upstream.url to the address that answers")
+        failure = self._status_failure(response.status, await _error_body(response))
+        raise failure.with_headers(_retry_headers(response.headers))
+
     def _status_failure(self, status: int, raw: bytes) -> RuntimeFailure:
         try:
             message, kind = error_text(json.loads(raw))
@@ -121,6 +151,20 @@ class UpstreamRuntime(Runtime):
             return self._fail(f"upstream {self._where} refused the request ({status}): {message}", status,
                               kind or "invalid_request_error")
         return self._fail(f"upstream {self._where} failed ({status}): {message}")
+
+    async def _read_answer(self, response: aiohttp.ClientResponse) -> bytes:
+        """The whole body, refused as soon as it passes max_response_bytes."""
+        limit = self._max_response_bytes
+        if (response.content_length or 0) > limit:
+            raise AnswerTooLarge("an answer", limit)
+        pieces: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise AnswerTooLarge("an answer", limit)
+            pieces.append(chunk)
+        return b"".join(pieces)
 
     @contextlib.contextmanager
     def _translated(self) -> Iterator[None]:
@@ -149,21 +193,22 @@ class UpstreamRuntime(Runtime):
         body = to_openai_body(request, model) if self.dialect == "openai" else to_anthropic_body(request, model)
         parser = OpenAIStream(load_id) if self.dialect == "openai" else AnthropicStream(load_id)
         await self.start()
-        assert self._client is not None
         with self._translated():
             if not request.stream:
-                async with self._client.post(self._url, json=body) as response:
-                    raw = await response.read()
-                    if response.status >= 400:
-                        raise self._status_failure(response.status, raw)
+                async with self._post(self._url, body) as response:
+                    await self._check_status(response)
+                    raw = await self._read_answer(response)
                 for delta in parser.whole(loads_json(raw)):
                     yield delta
                 return
-            async with self._client.post(self._url, json=body) as response:
-                if response.status >= 400:
-                    raise self._status_failure(response.status, await response.read())
-                events = SSEParser()
+            async with self._post(self._url, body) as response:
+                await self._check_status(response)
+                events = SSEParser(self._max_response_bytes)
+                received = 0
                 async for chunk in response.content.iter_any():
+                    received += len(chunk)
+                    if received > self._max_response_bytes:
+                        raise AnswerTooLarge("a stream", self._max_response_bytes)
                     # after the finish, read to the end so the connection is reused
                     deltas = [d for event, data in events.feed(chunk) if not parser.done
                               for d in parser.feed(event, data)]
@@ -189,13 +234,27 @@ class UpstreamRuntime(Runtime):
         for key in ("max_tokens", "stream", "temperature", "top_p", "stop_sequences"):
             body.pop(key, None)
         await self.start()
-        assert self._client is not None
         with self._translated():
-            async with self._client.post(f"{self._url}/count_tokens", json=body) as response:
-                raw = await response.read()
-                if response.status >= 400:
-                    raise self._status_failure(response.status, raw)
+            async with self._post(f"{self._url}/count_tokens", body) as response:
+                await self._check_status(response)
+                raw = await self._read_answer(response)
             count = loads_json(raw)
             if not isinstance(count, dict) or not isinstance(count.get("input_tokens"), int):
                 raise UpstreamProblem("answered count_tokens without input_tokens")
             return int(count["input_tokens"])
+
+
+async def _error_body(response: aiohttp.ClientResponse) -> bytes:
+    """The start of an error answer (up to ERROR_BODY_BYTES); the rest is never read."""
+    head = bytearray()
+    async for chunk in response.content.iter_any():
+        head += chunk
+        if len(head) >= ERROR_BODY_BYTES:
+            break
+    return bytes(head[:ERROR_BODY_BYTES])
+
+
+def _retry_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The provider's advice on when to retry, relayed as is when it is a short plain value."""
+    return {name: value for name in RETRY_HEADERS
+            if (value := headers.get(name)) is not None and len(value) <= 64 and value.isascii() and value.isprintable()}

@@ -13,6 +13,7 @@ from reef.core.errors import InvalidInput
 JSON = dict[str, Any]
 ANTHROPIC_VERSION = "2023-06-01"
 ANTHROPIC_DEFAULT_MAX_TOKENS = 1024
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # upstream.max_response_bytes
 _OPENAI_FINISH: dict[str, FinishReason] = {
     "stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls", "content_filter": "stop"}
 _ANTHROPIC_FINISH: dict[str, FinishReason] = {
@@ -136,6 +137,14 @@ class UpstreamProblem(Exception):
     """Raised by the parsers; the runtime turns it into a scrubbed RuntimeFailure (502)."""
 
 
+class AnswerTooLarge(UpstreamProblem):
+    """An answer, or one event of a stream, passed the configured byte limit."""
+
+    def __init__(self, what: str, limit: int) -> None:
+        super().__init__(f"sent {what} larger than upstream.max_response_bytes ({limit} bytes); raise that "
+                         "setting if this provider's answers are legitimately this large")
+
+
 def loads_json(text: str | bytes) -> Any:
     try:
         return json.loads(text)
@@ -148,39 +157,64 @@ class SSEParser:
     """Incremental server-sent-event parser: `feed(bytes)` returns the (event, data) pairs that
     chunk completes. Lines split on LF (CRLF tolerated) only, as the SSE spec says, so U+2028
     and friends inside JSON text cannot break a line; comments and fields other than
-    event/data are ignored."""
+    event/data are ignored. One event (its data lines, and the line still arriving) may hold
+    at most `max_event_bytes`: past that, `AnswerTooLarge`, without buffering the rest (a
+    line that arrived whole in one chunk is decoded before it is counted: the chunk is
+    already in memory, and the runtime bounds the stream as a whole)."""
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+        self._max_event_bytes = max_event_bytes
+        self._partial: list[bytes] = []  # an unfinished line, in the pieces it arrived in
+        self._partial_size = 0
         self._event: str | None = None
         self._data: list[str] = []
+        self._data_size = 0
 
     def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
+        *lines, rest = chunk.split(b"\n")
+        if not lines:  # mid-line: keep the piece; joining on every read would copy quadratically
+            self._hold(rest)
+            return []
+        if self._partial:
+            lines[0] = b"".join(self._partial) + lines[0]
+            self._partial, self._partial_size = [], 0
         out: list[tuple[str | None, str]] = []
-        *lines, self._buffer = (self._buffer + chunk).split(b"\n")
         for raw in lines:
             line = raw[:-1] if raw.endswith(b"\r") else raw
             if not line:
                 if self._data:
                     out.append((self._event, "\n".join(self._data)))
-                self._event, self._data = None, []
+                    self._data, self._data_size = [], 0
+                self._event = None
             elif not line.startswith(b":"):
                 self._field(line)
+        if rest:
+            self._hold(rest)
         return out
 
     def close(self) -> list[tuple[str | None, str]]:
         """What an unterminated last event holds, when the stream ends."""
-        if self._buffer.strip():
-            self._field(self._buffer.rstrip(b"\r"))
-            self._buffer = b""
+        tail = b"".join(self._partial)
+        self._partial, self._partial_size = [], 0
+        if tail.strip():
+            self._field(tail.rstrip(b"\r"))
         out = [(self._event, "\n".join(self._data))] if self._data else []
-        self._event, self._data = None, []
+        self._event, self._data, self._data_size = None, [], 0
         return out
+
+    def _hold(self, piece: bytes) -> None:
+        self._partial_size += len(piece)
+        if self._data_size + self._partial_size > self._max_event_bytes:
+            raise AnswerTooLarge("one server-sent event", self._max_event_bytes)
+        self._partial.append(piece)
 
     def _field(self, line: bytes) -> None:
         name, _, value = line.decode("utf-8", "replace").partition(":")
         value = value[1:] if value.startswith(" ") else value
         if name == "data":
+            self._data_size += len(line)
+            if self._data_size > self._max_event_bytes:
+                raise AnswerTooLarge("one server-sent event", self._max_event_bytes)
             self._data.append(value)
         elif name == "event":
             self._event = value

@@ -61,7 +61,7 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     scenarios = ScenarioDirectory(state, runtime, config.recipes, config.harness)
     learning = Learning(config.learner, state, runtime, scenarios)
     reef = ReefApp(config, state, state.store, runtime, scenarios,
-                   InferenceService(state.store, scenarios, runtime, metrics), metrics, learning)
+                   InferenceService(state.store, scenarios, runtime, metrics, config.limits), metrics, learning)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,15 +86,18 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     app.include_router(routes_install.build_router())
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> JSONResponse:
+        problem = state.store.health()
+        if problem is not None:
+            return JSONResponse({"status": "failing", "reason": problem}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     app.add_middleware(HotRoutes, service=reef.inference)  # innermost: after the guards below
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, max_header_bytes=config.limits.max_header_bytes)
     app.add_middleware(TokenAuth, tokens=config.tokens)
     return app
 

@@ -1,4 +1,5 @@
-"""Request bodies are size limited (HTTP 413) before anything reads them whole."""
+"""Request bodies are size limited (HTTP 413) before anything reads them whole, and request
+headers all together (HTTP 431): the HTTP server itself bounds neither."""
 
 from __future__ import annotations
 
@@ -9,13 +10,20 @@ from reef.serve.http_errors import error_response
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, max_header_bytes: int = 64 * 1024) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        header_bytes = sum(len(name) + len(value) for name, value in scope["headers"])
+        if header_bytes > self.max_header_bytes:
+            message = (f"request headers are {header_bytes} bytes, larger than the limit of {self.max_header_bytes}"
+                       " (limits.max_header_bytes)")
+            await error_response(scope["path"], 431, message)(scope, receive, send)
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:

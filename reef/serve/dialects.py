@@ -2,7 +2,7 @@
 
 Each `Dialect` turns a body into a `ChatRequest`, a `ChatResult` into a response body, deltas
 into SSE bytes, and errors into the dialect's own error shape; the wire details live in
-`openai_wire.py` and `anthropic_wire.py`.
+`openai_wire.py`, `anthropic_wire.py` and `responses_wire.py`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from typing import Any, Protocol
 
 from reef.core.chat import ChatRequest, ChatResult, Delta
-from reef.serve import anthropic_wire, openai_wire
+from reef.serve import anthropic_wire, openai_wire, responses_wire
 
 
 class StreamEncoder(Protocol):
@@ -25,6 +25,7 @@ class StreamEncoder(Protocol):
 class Dialect(Protocol):
     name: str
     counts_input_tokens: bool  # whether a stream's first event reports the prompt's token count
+    receipt_in_body: bool  # whether a plain response body carries Reef's receipt under `reef`
 
     def parse(self, body: Any) -> ChatRequest: ...
     def response(self, result: ChatResult, record_id: str, model: str) -> dict[str, Any]: ...
@@ -35,6 +36,7 @@ class Dialect(Protocol):
 class OpenAIDialect:
     name = "openai"
     counts_input_tokens = False
+    receipt_in_body = False
 
     def parse(self, body: Any) -> ChatRequest:
         return openai_wire.parse_chat_request(body)
@@ -71,6 +73,7 @@ class _OpenAIStream:
 class AnthropicDialect:
     name = "anthropic"
     counts_input_tokens = True
+    receipt_in_body = False
 
     def parse(self, body: Any) -> ChatRequest:
         return anthropic_wire.parse_messages_request(body)
@@ -103,5 +106,26 @@ class _AnthropicStream:
         return f"event: error\ndata: {data}\n\n".encode()
 
 
+class ResponsesDialect:
+    """OpenAI's Responses API (`/v1/responses`); errors in OpenAI's shape."""
+
+    name = "responses"
+    counts_input_tokens = False
+    receipt_in_body = True
+
+    def parse(self, body: Any) -> ChatRequest:
+        return responses_wire.parse_responses_request(body)
+
+    def response(self, result: ChatResult, record_id: str, model: str) -> dict[str, Any]:
+        return responses_wire.response_body(result, record_id=record_id, created_at=int(time.time()), model=model)
+
+    def stream(self, body: Any, record_id: str, model: str, input_tokens: int) -> StreamEncoder:
+        return responses_wire.EventEncoder(record_id, int(time.time()), model)
+
+    def error_body(self, kind: str, message: str) -> dict[str, Any]:
+        return openai_wire.error_body(message, kind)
+
+
 OPENAI = OpenAIDialect()
 ANTHROPIC = AnthropicDialect()
+RESPONSES = ResponsesDialect()

@@ -1,7 +1,7 @@
 """Errors on the wire: each route answers in its client's own dialect (invariant 10).
 
 `/v1/messages*` answers Anthropic's shape, the other `/v1/*` routes OpenAI's, `/reef/*` and
-the rest Reef's own `{"error": {"type", "message"}}`. Status codes follow DESIGN.md section 4.
+the rest Reef's own `{"error": {"type", "message"}}`. Status codes: docs/http.md.
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ _STATUS: list[tuple[type[ReefError], int]] = [
 ]
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                 409: "conflict_error", 413: "invalid_request_error", 502: "upstream_error", 503: "service_unavailable"}
+                 409: "conflict_error", 413: "invalid_request_error", 431: "invalid_request_error",
+                 502: "upstream_error", 503: "service_unavailable"}
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                    409: "invalid_request_error", 413: "request_too_large", 502: "api_error", 503: "overloaded_error"}
+                    409: "invalid_request_error", 413: "request_too_large", 431: "invalid_request_error",
+                    502: "api_error", 503: "overloaded_error"}
 
 
 def status_of(exc: ReefError) -> int:

@@ -3,7 +3,9 @@
 Plain responses are recorded once, complete (or incomplete with the reason), before the
 response goes out: the receipt names a durable record (invariant 1). A stream's record is
 written `in_progress` before its first byte, so the receipt in its headers is valid at once,
-and finished when the stream ends, fails, or the client goes away. The release is frozen when
+and finished when the stream ends, fails, or the client goes away or stops reading (a whole
+answer is recorded `complete` even if its client left). Every answer that stored a record,
+errors included, carries its receipt. The release is frozen when
 the request is admitted and pinned until it ends (invariant 8); every generated token carries
 the load that produced it, and the record says whether those spans match the frozen release
 (invariant 2).
@@ -13,27 +15,31 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Mapping
 
 import anyio
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
-from reef.core.canonical import check_id, new_id
+from reef.config import RequestLimits
+from reef.core.canonical import check_depth, check_id, new_id
 from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, TextDelta, ToolCall, ToolCallDelta, Usage
-from reef.core.errors import InvalidInput, NotFound, RecordConflict, RuntimeFailure, StorageUnavailable
+from reef.core.errors import InvalidInput, NotFound, RecordConflict, ReefError, RuntimeFailure, StorageUnavailable
 from reef.core.provenance import spans_of, verified
 from reef.core.types import Record, RecordStatus, ReleaseRef
 from reef.observe.store import ExperienceStore
 from reef.runtimes.base import Runtime
 from reef.serve.dialects import Dialect
+from reef.serve.guarded_stream import GuardedStream
 from reef.serve.metrics import Metrics
 from reef.serve.scenarios import ScenarioDirectory
 from reef.surfaces.inject import client_request
 
 TAG_PREFIX = "x-reef-tag-"
+log = logging.getLogger("reef.serve")
 
 
 @dataclass(frozen=True)
@@ -48,10 +54,10 @@ class Admission:
     tags: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_headers(cls, headers: Mapping[str, str]) -> Admission:
+    def from_headers(cls, headers: Mapping[str, str], limits: RequestLimits) -> Admission:
         record_id = headers.get("x-reef-agent-record-id")
         session = headers.get("x-reef-session")
-        tags = {k[len(TAG_PREFIX):]: v for k, v in headers.items() if k.startswith(TAG_PREFIX)}
+        tags = _tags(headers, limits)
         return cls(
             scenario=headers.get("x-reef-scenario") or "default",
             recipe=headers.get("x-reef-recipe") or None,
@@ -62,8 +68,24 @@ class Admission:
         )
 
 
+def _tags(headers: Mapping[str, str], limits: RequestLimits) -> dict[str, str]:
+    tags = {k[len(TAG_PREFIX):]: v for k, v in headers.items() if k.startswith(TAG_PREFIX)}
+    if not tags:
+        return tags
+    if len(tags) > limits.max_tags:
+        raise InvalidInput(f"{len(tags)} x-reef-tag-* headers; at most {limits.max_tags} (limits.max_tags)")
+    for name, value in tags.items():
+        check_id(name, "x-reef-tag-* name")
+        if len(value) > limits.max_tag_bytes:
+            raise InvalidInput(f"x-reef-tag-{name} is {len(value)} bytes; at most {limits.max_tag_bytes} "
+                               "(limits.max_tag_bytes)")
+    return tags
+
+
 class InferenceService:
-    def __init__(self, store: ExperienceStore, scenarios: ScenarioDirectory, runtime: Runtime, metrics: Metrics) -> None:
+    def __init__(self, store: ExperienceStore, scenarios: ScenarioDirectory, runtime: Runtime, metrics: Metrics,
+                 limits: RequestLimits | None = None) -> None:
+        self.limits = limits or RequestLimits()
         self.store = store
         self.scenarios = scenarios
         self.runtime = runtime
@@ -72,7 +94,10 @@ class InferenceService:
     async def handle(self, dialect: Dialect, raw_body: bytes, headers: Mapping[str, str], route: str) -> Response:
         body = parse_json(raw_body)
         request = dialect.parse(body)
-        admission = Admission.from_headers(headers)
+        for tool in request.tools:
+            check_depth(tool.parameters, self.limits.max_json_depth, f"the schema of tool {tool.name!r}")
+        check_depth(request.tool_choice, self.limits.max_json_depth, "tool_choice")
+        admission = Admission.from_headers(headers, self.limits)
         if admission.record_id is not None:
             replay = await self._replay(dialect, request, admission)
             if replay is not None:
@@ -106,17 +131,16 @@ class InferenceService:
         try:
             async for delta in self.runtime.generate(request, release):
                 result.add(delta)
-        except RuntimeFailure as exc:
-            if exc.status >= 500:  # a 4xx refuses the client's request, which changes nothing (invariant 10)
-                await self._save(_finished(record, result, release, self.runtime, started, error=str(exc)))
+        except RuntimeFailure as exc:  # the model could not answer, or refused (a context overflow): reportable
+            await self._save(_finished(record, result, release, self.runtime, started, error=str(exc)))
             self._count(route, record.scenario, exc.status, started)
-            raise
+            raise exc.with_headers(_receipt(record, release))
         finally:
             self.metrics.in_flight.dec()
         done = _finished(record, result, release, self.runtime, started)
         await self._save(done)
         self._count(route, record.scenario, 200, started, result)
-        return JSONResponse(dialect.response(result, record.id, request.model), headers=_receipt(record, release))
+        return JSONResponse(_body(dialect, result, done, request.model), headers=_receipt(record, release))
 
     # -- streams -----------------------------------------------------------------------------
 
@@ -144,13 +168,15 @@ class InferenceService:
                                                  error=str(first)))
                     self._count(route, record.scenario, first.status, started)
         if isinstance(first, RuntimeFailure):
-            raise first
+            raise first.with_headers(_receipt(record, release))
         encoder = dialect.stream(body, record.id, request.model, counted.result())
+        response: GuardedStream
 
         async def chunks() -> AsyncIterator[bytes]:
             result = ChatResult()
             self.metrics.in_flight.inc()
             held = b""  # the finish goes out with the closing reef chunk: fewer writes, same bytes
+            finished = False
             try:
                 opening = encoder.start()
                 if first is not None:
@@ -164,31 +190,39 @@ class InferenceService:
                         else:
                             yield encoder.delta(delta)
                 done = _finished(record, result, release, self.runtime, started)
-                await self._finish(done)
+                with anyio.CancelScope(shield=True):  # the answer is whole: record it even if the client left
+                    await self._finish(done)
+                finished = True
                 self._count(route, record.scenario, 200, started, result)
                 yield opening + held + encoder.end({"agent_record_id": record.id, "release_id": release.release_id,
                                                     "verified": verified(done)})
             except RuntimeFailure as exc:
-                await self._finish(_finished(record, result, release, self.runtime, started, error=str(exc)))
+                with anyio.CancelScope(shield=True):
+                    await self._finish(_finished(record, result, release, self.runtime, started, error=str(exc)))
+                finished = True
                 self._count(route, record.scenario, exc.status, started)
                 yield opening + held + encoder.error(exc.error_type, str(exc))
             except StorageUnavailable as exc:  # answered, but the record cannot be finished (a full disk): say so
+                finished = True
                 self._count(route, record.scenario, 503, started)
                 kind = "overloaded_error" if dialect.name == "anthropic" else "service_unavailable"
                 yield opening + held + encoder.error(kind, f"the answer could not be recorded: {exc}")
-            except BaseException:  # the client went away (cancellation) or the server is stopping
+            except BaseException:  # the client went away or stalled (cancellation, close) or the server is stopping
                 with anyio.CancelScope(shield=True):
                     await deltas.aclose()
-                    await self._finish(_finished(record, result, release, self.runtime, started,
-                                                 error="client disconnected before the end of the stream"))
+                    if not finished:
+                        why = response.abandoned or "the stream was stopped before its end (server shutdown)"
+                        await self._finish_quietly(_finished(record, result, release, self.runtime, started,
+                                                             error=why))
                 raise
             finally:
                 self.metrics.in_flight.dec()
                 with anyio.CancelScope(shield=True):
                     await admit.__aexit__(None, None, None)
 
-        return StreamingResponse(chunks(), media_type="text/event-stream",
-                                 headers={**_receipt(record, release), "cache-control": "no-cache"})
+        response = GuardedStream(chunks(), {**_receipt(record, release), "cache-control": "no-cache"},
+                                 self.limits.stream_send_timeout)
+        return response
 
     async def _input_tokens(self, request: ChatRequest) -> int:
         try:
@@ -216,7 +250,7 @@ class InferenceService:
         result = _result_from(stored)
         headers = _receipt(stored, stored.release)
         if not request.stream:
-            return JSONResponse(dialect.response(result, stored.id, request.model), headers=headers)
+            return JSONResponse(_body(dialect, result, stored, request.model), headers=headers)
         encoder = dialect.stream({}, stored.id, request.model, result.usage.prompt_tokens)
         events = [TextDelta(result.text), *(ToolCallDelta(c, i) for i, c in enumerate(result.tool_calls)),
                   Finish(result.finish_reason, result.usage, result.model)]
@@ -231,6 +265,13 @@ class InferenceService:
         await self.store.aput_record(record)
         self._count_record(record)
 
+    async def _finish_quietly(self, record: Record) -> None:
+        """Finish a record in a clean-up path, where the first error must not be masked."""
+        try:
+            await self._finish(record)
+        except ReefError as exc:
+            log.warning("record %s could not be finished: %s", record.id, exc)
+
     async def _finish(self, record: Record) -> None:
         await self.store.afinish_record(record.id, record.status, response=record.response, token_ids=record.token_ids,
                                         logprobs=record.logprobs, spans=record.spans, error=record.error,
@@ -239,8 +280,7 @@ class InferenceService:
 
     def _count_record(self, record: Record) -> None:
         self.metrics.records.labels(record.scenario, record.status.value).inc()
-        if record.release and record.status is RecordStatus.COMPLETE and self.runtime.verifies_tokens \
-                and not verified(record):
+        if record.release and record.status is RecordStatus.COMPLETE and not verified(record):
             self.metrics.unverified.labels(record.scenario).inc()
 
     def _count(self, route: str, scenario: str, status: int, started: float, result: ChatResult | None = None) -> None:
@@ -279,6 +319,8 @@ def parse_json(raw: bytes) -> Any:
         value = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInput("request body nests arrays and objects too deep to read") from None
     if _SURROGATE_ESCAPE.search(raw):  # only an escape can smuggle in a lone surrogate, which no text can store
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
@@ -306,6 +348,14 @@ def _finished(record: Record, result: ChatResult, release: ReleaseRef, runtime: 
         error=error,
         timings={**record.timings, "duration_s": round(time.monotonic() - started, 6)},
     )
+
+
+def _body(dialect: Dialect, result: ChatResult, record: Record, model: str) -> dict[str, Any]:
+    """A plain response body, with the receipt under `reef` where the dialect carries one there."""
+    body = dialect.response(result, record.id, model)
+    if dialect.receipt_in_body and record.release is not None:
+        body["reef"] = {"agent_record_id": record.id, "release_id": record.release.release_id, "verified": verified(record)}
+    return body
 
 
 def _receipt(record: Record, release: ReleaseRef) -> dict[str, str]:

@@ -72,6 +72,44 @@ OPENAI_CHAT: JSON = {
     },
 }
 
+_NAME = {"type": "string", "minLength": 1}
+_RESPONSES_TEXT_PART = {"type": "object", "required": ["type", "text"],
+                        "properties": {"type": {"type": "string", "enum": ["input_text", "output_text"]}, "text": _STRING}}
+_RESPONSES_INPUT_ITEM = {"anyOf": [
+    {"type": "object", "required": ["role", "content"],
+     "properties": {"type": {"type": "string", "enum": ["message"]},
+                    "role": {"type": "string", "enum": ["user", "system", "developer", "assistant"]},
+                    "content": {"anyOf": [_STRING, {"type": "array", "items": _RESPONSES_TEXT_PART}]}}},
+    {"type": "object", "required": ["type", "call_id", "name", "arguments"],
+     "properties": {"type": {"type": "string", "enum": ["function_call"]}, "call_id": _NAME, "name": _NAME,
+                    "arguments": _STRING}},
+    {"type": "object", "required": ["type", "call_id", "output"],
+     "properties": {"type": {"type": "string", "enum": ["function_call_output"]}, "call_id": _NAME,
+                    "output": {"anyOf": [_STRING, {"type": "array", "items": _RESPONSES_TEXT_PART}]}}},
+]}
+
+OPENAI_RESPONSES: JSON = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "input": {"anyOf": [_STRING, {"type": "array", "minItems": 1, "items": _RESPONSES_INPUT_ITEM}]},
+        "instructions": _STRING,
+        "tools": {"type": "array", "items": {
+            "type": "object", "required": ["type", "name"],
+            "properties": {"type": {"type": "string", "enum": ["function"]}, "name": _NAME, "description": _STRING,
+                           "parameters": _PARAMETERS, "strict": {"type": "boolean"}}}},
+        "tool_choice": {"anyOf": [
+            {"type": "string", "enum": ["none", "auto", "required"]},
+            {"type": "object", "required": ["type", "name"],
+             "properties": {"type": {"type": "string", "enum": ["function"]}, "name": _NAME}}]},
+        "max_output_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "stream": {"type": "boolean"},
+    },
+}
+
 _ANTHROPIC_FIELDS: JSON = {
     "model": {"type": "string", "minLength": 1},
     "max_tokens": {"type": "integer", "minimum": 1},

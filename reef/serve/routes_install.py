@@ -1,7 +1,8 @@
 """The agent-wrapper routes: the install script and the harness laid out for one agent.
 
     GET /reef/harness/install?adapter=claude|opencode|pi|generic[&scenario=S][&url=U]
-        a POSIX sh script installing `reef-agent` (see reef/surfaces/agent_install.py)
+        a POSIX sh script installing `reef-agent` (see reef/surfaces/agent_install.py), naming
+        Reef at U, else at the `public_url` setting, else at the request's (checked) Host
     GET /reef/harness/files?adapter=A&scenario=S[&release_id=R]
         the harness of the scenario's serving release (or of R) as a tar archive of plain files,
         laid out for the adapter (see reef/surfaces/agent_layout.py). In inject mode Reef adds
@@ -17,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from reef.core.canonical import check_id, check_scenario_name
-from reef.surfaces.agent_install import install_script
+from reef.surfaces.agent_install import install_script, server_url
 from reef.surfaces.agent_layout import adapter_named, inject_note, layout, pack_tar
 
 
@@ -27,8 +28,10 @@ def build_router() -> APIRouter:
     @router.get("/install")
     async def install(request: Request, adapter: str | None = None, scenario: str = "default",
                       url: str | None = None) -> Response:
-        server_url = url or str(request.base_url)
-        script = install_script(adapter_named(adapter), server_url, check_scenario_name(scenario))
+        # the raw Host header, not request.base_url: Starlette swaps an invalid Host for the socket's address
+        base = server_url(url, request.app.state.reef.config.public_url, request.url.scheme,
+                          request.headers.get("host"))
+        script = install_script(adapter_named(adapter), base, check_scenario_name(scenario))
         return Response(script, media_type="text/x-shellscript; charset=utf-8")
 
     @router.get("/files")

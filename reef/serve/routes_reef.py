@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef import __version__
-from reef.core.canonical import check_id, check_scenario_name, new_id
+from reef.core.canonical import check_depth, check_id, check_scenario_name, new_id
 from reef.core.errors import InvalidInput, NotFound
 from reef.core.types import Report
 from reef.serve.inference import parse_json
@@ -27,7 +27,7 @@ class _Body(BaseModel):
 class ReportBody(_Body):
     references: list[str] | None = Field(None, description="Receipts this feedback is about (one trajectory)")
     session: str | None = Field(None, description="Instead of references: every record of this x-reef-session")
-    score: float = Field(description="A finite number; higher is better")
+    score: float = Field(description="A finite number; higher is better", strict=True, allow_inf_nan=False)
     feedback: str | dict[str, Any] | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     report_id: str | None = Field(None, description="Client-chosen id, for retry safety")
@@ -59,6 +59,12 @@ def build_router() -> APIRouter:
     async def report(request: Request) -> JSONResponse:
         body: ReportBody = validated(ReportBody, await request.body())
         app = request.app.state.reef
+        limits = app.config.limits
+        check_depth(body.metadata, limits.max_json_depth, "metadata")
+        check_depth(body.feedback, limits.max_json_depth, "feedback")
+        if body.references is not None and len(body.references) > limits.max_report_references:
+            raise InvalidInput(f"a report names at most {limits.max_report_references} receipts, this one "
+                               f"{len(body.references)} (limits.max_report_references)")
         scenario, references = _report_target(app, body, request.headers.get("x-reef-scenario"))
         report_id = check_id(body.report_id, "report_id") if body.report_id else new_id()
         stored = await app.store.aput_report(Report(id=report_id, scenario=scenario, references=tuple(references),
@@ -68,10 +74,11 @@ def build_router() -> APIRouter:
                              "score": stored.score})
 
     @router.get("/records/{record_id}")
-    async def record(record_id: str, request: Request) -> dict[str, Any]:
+    async def record(record_id: str, request: Request) -> JSONResponse:
         store = request.app.state.reef.store
         stored = store.get_record(check_id(record_id, "record id"))
-        return {"record": stored.to_json(), "reports": [r.to_json() for r in store.reports_for(stored.id)]}
+        # JSONResponse, not a returned dict: FastAPI's encoder refuses JSON deeper than ~250 levels
+        return JSONResponse({"record": stored.to_json(), "reports": [r.to_json() for r in store.reports_for(stored.id)]})
 
     @router.get("/scenarios")
     async def scenarios(request: Request) -> dict[str, Any]:
@@ -112,8 +119,9 @@ def build_router() -> APIRouter:
         body: RollbackBody = validated(RollbackBody, await request.body())
         app = request.app.state.reef
         chain = app.state.chain(check_scenario_name(name))
-        expected = body.expected_head or chain.head().release_id
-        release = await asyncio.to_thread(chain.rollback, check_id(body.release_id, "release_id"), expected)
+        # no expected_head: the chain stacks it on the head of the moment, read under the log's lock
+        release = await asyncio.to_thread(chain.rollback, check_id(body.release_id, "release_id"),
+                                          body.expected_head or None)
         serving = await app.scenarios.serve_release(chain, release)
         return {"release": release.to_json(), "serving": serving.to_json()}
 
@@ -125,7 +133,8 @@ def build_router() -> APIRouter:
             "serving": {"runtime": app.runtime.name, "models": app.runtime.served_models(),
                         "in_flight": int(app.metrics.in_flight._value.get())},  # noqa: SLF001
             "learning": app.learning.status(),
-            "provenance": {"unverified_records": _counter_total(app.metrics.unverified)},
+            "provenance": {"runtime_verifies_tokens": app.runtime.verifies_tokens,
+                           "unverified_records": _counter_total(app.metrics.unverified)},
             "storage": {"state_dir": str(app.state.root), "records": app.store.count_records(),
                         "reports": app.store.count_reports(), "scenarios": len(app.state.scenarios())},
         }

@@ -1,4 +1,4 @@
-"""The `/v1/*` routes: OpenAI chat completions, Anthropic messages, models, token counts."""
+"""The `/v1/*` routes: OpenAI chat completions and responses, Anthropic messages, models, token counts."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from reef.serve import anthropic_wire
-from reef.serve.dialects import ANTHROPIC, OPENAI
+from reef.serve.dialects import ANTHROPIC, OPENAI, RESPONSES
 from reef.serve.inference import parse_json
-from reef.serve.openapi_bodies import ANTHROPIC_COUNT_TOKENS, ANTHROPIC_MESSAGES, OPENAI_CHAT, json_body
+from reef.serve.openapi_bodies import ANTHROPIC_COUNT_TOKENS, ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, json_body
 
 
 def build_router() -> APIRouter:
@@ -29,6 +29,11 @@ def build_router() -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         service = request.app.state.reef.inference
         return await service.handle(OPENAI, await request.body(), request.headers, "chat_completions")
+
+    @router.post("/responses", openapi_extra=json_body(OPENAI_RESPONSES, "OpenAI Responses, stateless (docs/wire.md)"))
+    async def responses(request: Request) -> Response:
+        service = request.app.state.reef.inference
+        return await service.handle(RESPONSES, await request.body(), request.headers, "responses")
 
     @router.post("/messages", openapi_extra=json_body(ANTHROPIC_MESSAGES, "Anthropic Messages (docs/wire.md)"))
     async def messages(request: Request) -> Response:

@@ -5,26 +5,60 @@ It is meant to be read before it is run: it says what it will write, then writes
 so nothing in it is expanded or evaluated. The only values Reef bakes in (its URL, the adapter,
 the default scenario, the agent's folders) are checked against strict patterns first and then
 written inside single quotes, so no value can carry a quote, a newline or a `$`.
+
+Its URL is the `url` the client asks for, else the configured `public_url`, else the address
+the request came to. That last one comes from the request's Host header, which the client (or
+anyone in between) chooses: set `public_url` when Reef sits behind a proxy or a cache.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from importlib import resources
 
 from reef.core.errors import InvalidInput
 from reef.surfaces.agent_layout import BLOCK_BEGIN, BLOCK_END, EXTENSIONS_DIR, Adapter
 
-_URL = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$")
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_URL = re.compile(rf"https?://(?P<host>{_LABEL}(?:\.{_LABEL})*|\[(?P<ipv6>[0-9A-Fa-f:.]+)\])"
+                  r"(?::(?P<port>[0-9]{1,5}))?(?P<path>/[A-Za-z0-9._~/-]*)?")
 _UNQUOTABLE = re.compile(r"['\\\n\r\0]")
 _HEREDOC_END = "REEF_AGENT_WRAPPER_EOF"
 
 
 def checked_url(url: str) -> str:
-    """The server URL the wrapper calls: scheme, host, optional port and path, nothing else."""
-    if not _URL.match(url) or "//" in url.split("://", 1)[1] or ".." in url:
+    """The server URL the wrapper calls: scheme, host (a name, an IPv4 or a bracketed IPv6
+    address), optional port and path of plain characters, nothing else."""
+    m = _URL.fullmatch(url)
+    if not m or not _plain_parts(m):
         raise InvalidInput(f"the server URL must look like http://host[:port][/path] with plain characters, got {url!r}")
     return url.rstrip("/")
+
+
+def _plain_parts(m: re.Match[str]) -> bool:
+    if m["port"] is not None and not 0 < int(m["port"]) < 65536:
+        return False
+    if m["ipv6"] is not None:
+        try:
+            ipaddress.IPv6Address(m["ipv6"])
+        except ValueError:
+            return False
+    return m["path"] is None or ("//" not in m["path"] and ".." not in m["path"])
+
+
+def server_url(asked: str | None, public_url: str | None, scheme: str, host_header: str | None) -> str:
+    """The URL an install script names: the `url` the client asked for, else the configured
+    `public_url`, else the address the request came to (its Host header, so checked as strictly)."""
+    if asked:
+        return checked_url(asked)
+    if public_url:
+        return public_url
+    try:
+        return checked_url(f"{scheme}://{host_header}")
+    except InvalidInput:
+        raise InvalidInput(f"the request's Host header ({host_header!r}) is not a plain host[:port]; "
+                           "pass url=http://host[:port], or set public_url in Reef's settings") from None
 
 
 def _quoted(value: str) -> str:

@@ -107,7 +107,7 @@ def layout(tree: HarnessTree, adapter: Adapter, scenario: str, release_id: str) 
         files[f"{adapter.skills_dir}/{folders[name]}/SKILL.md"] = \
             render_skill(folders[name], skill.description, skill.body).encode()
     for path, data in sorted(tree.extensions.items()):
-        if all(_SAFE_PART.match(part) for part in path.split("/")):
+        if all(_SAFE_PART.fullmatch(part) for part in path.split("/")):
             files[f"{EXTENSIONS_DIR}/{path}"] = bytes(data)
         else:
             log.warning("extension %r is not sent to agent wrappers: its path is not plain ASCII", path)

@@ -419,7 +419,7 @@ def _prune(root: Path, keep: set[str]) -> None:
 
 
 def check_name(name: object, what: str = "name") -> str:
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise InvalidInput(f"{what} must match [a-z0-9][a-z0-9-_]{{0,63}}, got {name!r}")
     return name
 

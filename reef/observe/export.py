@@ -1,0 +1,176 @@
+"""Records as a chat dataset: one JSON line per record, streamed from the experience store.
+
+Each line (`chat_example`) is what fine-tuning tools read (TRL, axolotl, OpenAI's fine-tuning
+format, `datasets.load_dataset("json", data_files=...)`):
+
+    {"messages": [... the request's messages in OpenAI chat format, then the assistant's answer ...],
+     "tools": [... OpenAI function tools ...],            # only when the request offered tools
+     "score": 0.75, "scores": [0.5, 1.0], "feedback": ["..."],
+     "metadata": {"record_id", "scenario", "release_id", "session", "tags", "created_at", "status"}}
+
+- `messages` are the request as the runtime saw it (in inject mode, with the harness in front of
+  the system prompt), unless the caller passes `request_of` (`reef export records
+  --client-messages` passes one built on `reef.surfaces.inject.client_request`, which restores
+  the client's own request). The answer is appended as one assistant
+  message (its text, and its tool calls); an `in_progress` record has none, an `incomplete`
+  one has what was generated before it failed.
+- `score` is the mean of the scores of every report naming the record (null when none), and
+  `scores` lists them, oldest first; `feedback` lists the reports' feedback, oldest first,
+  a JSON-object feedback as its JSON text (one column type, so `datasets` can read it).
+- `created_at` is when the store took the record, ISO 8601 in UTC.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Collection, Iterator, TextIO
+
+from reef.core.errors import InvalidInput
+from reef.core.types import JSON, Record, RecordStatus
+from reef.observe.store import ExperienceStore, StoredRecord
+
+RequestOf = Callable[[Record], JSON]  # the request to export: as sent (default) or the client's own
+
+
+@dataclass(frozen=True)
+class RecordFilters:
+    release_id: str | None = None
+    statuses: Collection[RecordStatus] | None = (RecordStatus.COMPLETE,)  # None: any status
+    since: float | None = None  # epoch seconds, inclusive
+    until: float | None = None  # epoch seconds, exclusive
+    min_score: float | None = None  # on `score` (the mean); a record without reports never passes
+    max_score: float | None = None
+    reported_only: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("min_score", "max_score", "since", "until"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise InvalidInput(f"{name} must be a finite number, got {value!r}")
+        if self.min_score is not None and self.max_score is not None and self.min_score > self.max_score:
+            raise InvalidInput(f"min_score {self.min_score} is above max_score {self.max_score}")
+
+
+def examples(store: ExperienceStore, scenario: str, filters: RecordFilters = RecordFilters(),
+             request_of: RequestOf | None = None, page_size: int = 500) -> Iterator[JSON]:
+    """The chat examples of a scenario's records that pass `filters`, in record order, streamed."""
+    scored = filters.min_score is not None or filters.max_score is not None
+    items = store.iter_records(
+        scenario, release_id=filters.release_id, statuses=filters.statuses, since=filters.since,
+        until=filters.until, reported_only=filters.reported_only or scored, page_size=page_size,
+    )
+    for item in items:
+        example = chat_example(item, request_of)
+        score = example["score"]
+        if filters.min_score is not None and (score is None or score < filters.min_score):
+            continue
+        if filters.max_score is not None and (score is None or score > filters.max_score):
+            continue
+        yield example
+
+
+def write_jsonl(out: TextIO, rows: Iterator[JSON]) -> int:
+    """Write one compact JSON object a line; returns how many."""
+    count = 0
+    for row in rows:
+        out.write(json.dumps(row, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n")
+        count += 1
+    return count
+
+
+def chat_example(item: StoredRecord, request_of: RequestOf | None = None) -> JSON:
+    record = item.record
+    request = request_of(record) if request_of is not None else record.request
+    messages = [_openai_message(m) for m in request.get("messages") or []]
+    answer = _answer(record.response)
+    if answer is not None:
+        messages.append(answer)
+    scores = [float(r.score) for r in item.reports]
+    row: JSON = {"messages": messages}
+    tools = [_openai_tool(t) for t in request.get("tools") or []]
+    if tools:
+        row["tools"] = tools
+    row.update({
+        "score": sum(scores) / len(scores) if scores else None,
+        "scores": scores,
+        "feedback": [_feedback_text(r.feedback) for r in item.reports if r.feedback is not None],
+        "metadata": {
+            "record_id": record.id,
+            "scenario": record.scenario,
+            "release_id": record.release.release_id if record.release else None,
+            "session": record.session,
+            "tags": dict(record.tags),
+            "created_at": iso_time(item.created_at),
+            "status": record.status.value,
+        },
+    })
+    return row
+
+
+def iso_time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_time(text: str) -> float:
+    """Epoch seconds from `1767225600`, `1767225600.5`, `2026-01-01`, `2026-01-01T12:00:00`
+    (UTC when no offset is given), `2026-01-01T12:00:00Z` or `...+02:00`."""
+    value = text.strip()
+    try:
+        number = float(value)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(number):
+            raise InvalidInput(f"not a time: {text!r}")
+        return number
+    try:
+        moment = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value)
+    except ValueError:
+        raise InvalidInput(f"not a time: {text!r} (give ISO 8601, e.g. 2026-01-31T12:00:00Z, or epoch seconds)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+# -- Reef's recorded shapes -> OpenAI chat format ------------------------------------------------
+
+
+def _openai_message(m: JSON) -> JSON:
+    out: JSON = {"role": m.get("role"), "content": m.get("content", "")}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [_openai_call(c) for c in m["tool_calls"]]
+    if m.get("tool_call_id"):
+        out["tool_call_id"] = m["tool_call_id"]
+    if m.get("name"):
+        out["name"] = m["name"]
+    return out
+
+
+def _answer(response: JSON | None) -> JSON | None:
+    if not response:
+        return None
+    out: JSON = {"role": "assistant", "content": response.get("text") or ""}
+    calls = response.get("tool_calls") or []
+    if calls:
+        out["tool_calls"] = [_openai_call(c) for c in calls]
+    return out
+
+
+def _openai_call(call: JSON) -> JSON:
+    return {"id": call.get("id"), "type": "function",
+            "function": {"name": call.get("name"), "arguments": call.get("arguments") or "{}"}}
+
+
+def _openai_tool(tool: JSON) -> JSON:
+    function: JSON = {"name": tool.get("name")}
+    if tool.get("description") is not None:
+        function["description"] = tool["description"]
+    function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
+    return {"type": "function", "function": function}
+
+
+def _feedback_text(feedback: Any) -> str:
+    return feedback if isinstance(feedback, str) else json.dumps(feedback, ensure_ascii=False, sort_keys=True)

@@ -1,0 +1,476 @@
+"""The OpenAI Responses API wire format (`POST /v1/responses`): one conversion in, one out.
+
+`parse_responses_request` turns a request body (`input` items, `instructions`, function
+`tools`) into Reef's `ChatRequest`; `response_body` and `EventEncoder` turn a `ChatResult` or a
+stream of deltas back into the `response` object and the semantic SSE events
+(`response.created` ... `response.completed`, each with a `sequence_number`) the official
+`openai` SDK parses. No I/O here. Every top-level field the SDK knows is decided in
+`SUPPORTED`, `IGNORED` or `REFUSED` (a 400 unless the value is the neutral default); fields
+newer than this table are ignored. docs/wire.md has the same table with the reasons.
+
+Reef is stateless on this route: it keeps no response to continue from, so
+`previous_response_id`, `conversation`, `background`, stored `prompt`s and `item_reference`
+inputs are refused; the client sends the whole conversation in `input`, as Codex CLI does.
+
+A `response` object repeats some request settings back (`instructions`, `tools`,
+`tool_choice`, `max_output_tokens`, ...). The dialect interface hands the response builders
+only the result, so `parse_responses_request` leaves those settings in a context variable of
+the request's task (`_ECHO`), which the builders read; without one they echo the defaults.
+"""
+
+from __future__ import annotations
+
+import json
+from contextvars import ContextVar
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta, Tool, ToolCall, ToolCallDelta, Usage
+from reef.core.errors import InvalidInput
+from reef.serve.wire_validation import check_body, validate_wire
+
+SUPPORTED = frozenset({
+    "model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
+    "stream",
+})
+IGNORED = frozenset({
+    "metadata", "user", "safety_identifier", "service_tier", "store", "parallel_tool_calls", "prompt_cache_key",
+    "prompt_cache_retention", "prompt_cache_options", "reasoning", "include", "truncation", "max_tool_calls",
+    "stream_options", "context_management", "access_programs", "image",
+})
+
+
+def _plain_text_config(v: Any) -> bool:
+    if v is None:
+        return True
+    if not isinstance(v, dict):
+        return False
+    fmt = v.get("format")
+    return fmt is None or fmt == {"type": "text"}
+
+
+# field -> (is the value neutral?, why anything else is refused)
+REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "previous_response_id": (lambda v: v is None,
+                             "Reef is stateless here and keeps no responses to continue from; "
+                             "send the whole conversation in input"),
+    "conversation": (lambda v: v is None, "server-held conversations are not supported; send the whole conversation in input"),
+    "background": (lambda v: v is None or v is False, "background responses are not supported; Reef answers in the request"),
+    "prompt": (lambda v: v is None, "stored prompt templates are not supported; send instructions and input"),
+    "text": (_plain_text_config, "only the {'type': 'text'} format is supported; Reef does not constrain output "
+                                 "to JSON (verbosity alone is ignored)"),
+    "top_logprobs": (lambda v: v is None or v == 0, "log-probabilities are not returned"),
+    "moderation": (lambda v: v is None, "moderated responses are not supported"),
+}
+_TEXT_PARTS = ("input_text", "output_text")
+_MEDIA_PARTS = ("input_image", "input_file", "input_audio")
+_DROPPED_ITEMS = ("reasoning",)  # earlier reasoning: not part of the visible conversation
+_STATEFUL_ITEMS = ("item_reference",)
+_ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+
+_DEFAULT_ECHO: dict[str, Any] = {"instructions": None, "tools": [], "tool_choice": "auto", "parallel_tool_calls": True,
+                                 "max_output_tokens": None, "temperature": None, "top_p": None}
+_ECHO: ContextVar[dict[str, Any]] = ContextVar("reef_responses_echo", default=_DEFAULT_ECHO)
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class _Body(_Wire):
+    model: str = Field(min_length=1)
+    input: Any = Field()
+    instructions: str | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stream: bool | None = None
+    parallel_tool_calls: bool | None = None  # ignored, echoed back
+
+
+class _MessageIn(_Wire):
+    role: str
+    content: Any
+
+
+class _TextPart(_Wire):
+    type: str
+    text: str
+
+
+class _RefusalPart(_Wire):
+    type: str
+    refusal: str
+
+
+class _FunctionCallIn(_Wire):
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class _FunctionCallOutputIn(_Wire):
+    call_id: str = Field(min_length=1)
+    output: Any
+
+
+class _ToolIn(_Wire):
+    type: str
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # accepted and ignored: Reef does not constrain decoding
+
+
+_validate = validate_wire  # errors name the field path, as in the other dialects
+
+
+def parse_responses_request(body: Any) -> ChatRequest:
+    """Validate a Responses API body into a `ChatRequest` (dialect "responses")."""
+    check_body(body, REFUSED)
+    b: _Body = _validate(_Body, body, "")
+    messages: list[Message] = []
+    if b.instructions:
+        messages.append(Message(role="system", content=b.instructions))
+    if isinstance(b.input, str):
+        messages.append(Message(role="user", content=b.input))
+    elif isinstance(b.input, list):
+        if not b.input:
+            raise InvalidInput("input: must not be empty")
+        for i, raw in enumerate(b.input):
+            _item(raw, f"input[{i}]", messages)
+    else:
+        raise InvalidInput("input: must be a string or a list of input items")
+    parsed = [_tool(raw, i) for i, raw in enumerate(b.tools or [])]
+    tools = tuple(t for t, _ in parsed)
+    tool_choice = _tool_choice(b.tool_choice, tools)
+    _ECHO.set({"instructions": b.instructions, "tools": [echo for _, echo in parsed],
+               "tool_choice": "auto" if b.tool_choice is None else b.tool_choice,
+               "parallel_tool_calls": True if b.parallel_tool_calls is None else b.parallel_tool_calls,
+               "max_output_tokens": b.max_output_tokens, "temperature": b.temperature, "top_p": b.top_p})
+    return ChatRequest(
+        model=b.model,
+        messages=tuple(messages),
+        dialect="responses",
+        tools=tools,
+        tool_choice=tool_choice,
+        max_tokens=b.max_output_tokens,
+        temperature=b.temperature,
+        top_p=b.top_p,
+        stream=bool(b.stream),
+    )
+
+
+def _item_type(raw: dict[str, Any], path: str) -> str:
+    kind = raw.get("type")
+    if kind is None:  # an easy input message has no type; a bare {"id"} is an item reference
+        kind = "message" if "role" in raw else ("item_reference" if "id" in raw else None)
+    if not isinstance(kind, str):
+        raise InvalidInput(f"{path}.type: Field required")
+    return kind
+
+
+def _item(raw: Any, path: str, out: list[Message]) -> None:
+    """Append one input item to `out`. A function_call joins the assistant turn just before it
+    (its text, or the calls before it), so parallel calls and their outputs keep the order a
+    chat-completions runtime needs: one assistant turn with every call, then each output."""
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"{path}: must be an object")
+    kind = _item_type(raw, path)
+    if kind == "message":
+        m: _MessageIn = _validate(_MessageIn, raw, path)
+        role = _ROLES.get(m.role)
+        if role is None:
+            raise InvalidInput(f"{path}.role: must be 'user', 'system', 'developer' or 'assistant', got {m.role!r}")
+        out.append(Message(role=role, content=_text(m.content, f"{path}.content", assistant=role == "assistant")))
+    elif kind == "function_call":
+        c: _FunctionCallIn = _validate(_FunctionCallIn, raw, path)
+        call = ToolCall(id=c.call_id, name=c.name, arguments=c.arguments)
+        last = out[-1] if out else None
+        if last is not None and last.role == "assistant":
+            out[-1] = Message(role="assistant", content=last.content, tool_calls=(*last.tool_calls, call), name=last.name)
+        else:
+            out.append(Message(role="assistant", content="", tool_calls=(call,)))
+    elif kind == "function_call_output":
+        o: _FunctionCallOutputIn = _validate(_FunctionCallOutputIn, raw, path)
+        out.append(Message(role="tool", content=_text(o.output, f"{path}.output"), tool_call_id=o.call_id))
+    elif kind in _DROPPED_ITEMS:
+        return
+    elif kind in _STATEFUL_ITEMS:
+        raise InvalidInput(f"{path}.type: {kind!r} items need server-held state; Reef is stateless here, "
+                           "send the item itself")
+    else:
+        raise InvalidInput(f"{path}.type: {kind!r} items are not supported; Reef takes messages, "
+                           "function_call and function_call_output items")
+
+
+def _text(content: Any, path: str, *, assistant: bool = False) -> str:
+    """A string, or text parts (`input_text`, `output_text`; an assistant's `refusal`) joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidInput(f"{path}: must be a string or a list of content parts")
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        where = f"{path}[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS:
+            texts.append(_validate(_TextPart, part, where).text)
+        elif kind == "refusal" and assistant:
+            texts.append(_validate(_RefusalPart, part, where).refusal)
+        elif kind in _MEDIA_PARTS:
+            raise InvalidInput(f"{where}.type: {kind!r} parts are not supported; Reef serves text only")
+        else:
+            raise InvalidInput(f"{where}.type: expected an input_text or output_text part, got {kind!r}")
+    return "\n".join(texts)
+
+
+def _tool(raw: Any, i: int) -> tuple[Tool, dict[str, Any]]:
+    """A function tool, and how the response echoes it."""
+    path = f"tools[{i}]"
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"{path}: must be an object")
+    if raw.get("type") != "function":
+        raise InvalidInput(f"{path}.type: {raw.get('type')!r} tools are not supported; Reef serves function tools only")
+    t: _ToolIn = _validate(_ToolIn, raw, path)
+    tool = Tool(name=t.name, description=t.description) if t.parameters is None else \
+        Tool(name=t.name, description=t.description, parameters=t.parameters)
+    echo = {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
+            "strict": t.strict}
+    return tool, echo
+
+
+def _tool_choice(raw: Any, tools: tuple[Tool, ...]) -> Any:
+    if raw is None or raw in ("auto", "none"):
+        return raw
+    if raw == "required":
+        if not tools:
+            raise InvalidInput("tool_choice: 'required' needs tools")
+        return raw
+    if not isinstance(raw, dict):
+        raise InvalidInput("tool_choice: must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}")
+    if raw.get("type") != "function":
+        raise InvalidInput(f"tool_choice.type: only 'function' is supported, got {raw.get('type')!r}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("tool_choice.name: Field required")
+    if name not in {t.name for t in tools}:
+        raise InvalidInput(f"tool_choice.name: no tool named {name!r}")
+    return {"name": name}
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+def response_id(record_id: str) -> str:
+    return f"resp_{record_id}"
+
+
+def _message_id(record_id: str, output_index: int) -> str:
+    return f"msg_{record_id}" if output_index == 0 else f"msg_{record_id}_{output_index}"
+
+
+def _call_id(record_id: str, output_index: int) -> str:
+    return f"fc_{record_id}_{output_index}"
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def _call_item(item_id: str, call: ToolCall, status: str, arguments: str | None = None) -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name,
+            "arguments": call.arguments if arguments is None else arguments}
+
+
+def _usage(usage: Usage) -> dict[str, Any]:
+    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+
+
+def _status(finish_reason: str) -> str:
+    if finish_reason == "error":
+        raise ValueError("a result that finished with 'error' has no response body")
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def response_object(record_id: str, created_at: int, model: str, status: str, output: list[dict[str, Any]],
+                    usage: dict[str, Any] | None = None, error: dict[str, Any] | None = None,
+                    echo: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A `response` object; the request's settings come from `echo`, else from the parse of
+    this task's request."""
+    echo = echo or _ECHO.get()
+    return {
+        "id": response_id(record_id),
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "background": False,
+        "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": echo["instructions"],
+        "max_output_tokens": echo["max_output_tokens"],
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": echo["parallel_tool_calls"],
+        "previous_response_id": None,
+        "temperature": echo["temperature"],
+        "text": {"format": {"type": "text"}},
+        "tool_choice": echo["tool_choice"],
+        "tools": echo["tools"],
+        "top_p": echo["top_p"],
+        "truncation": "disabled",
+        "usage": usage,
+        "metadata": {},
+    }
+
+
+def response_body(result: ChatResult, *, record_id: str, created_at: int, model: str) -> dict[str, Any]:
+    """The non-streaming body: a message (when there is text, or nothing else), then one
+    function_call item per call. A result that finished with "error" must be answered with an
+    error status instead; handing one here is a bug (ValueError)."""
+    status = _status(result.finish_reason)
+    output: list[dict[str, Any]] = []
+    if result.text or not result.tool_calls:
+        output.append(_message_item(_message_id(record_id, 0), status, [_text_part(result.text)]))
+    for call in result.tool_calls:
+        output.append(_call_item(_call_id(record_id, len(output)), call, "completed"))
+    return response_object(record_id, created_at, model, status, output, _usage(result.usage))
+
+
+def event(kind: str, data: dict[str, Any]) -> bytes:
+    """One SSE frame: `event: <kind>`, `data: {json}` and a blank line."""
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {kind}\ndata: {payload}\n\n".encode()
+
+
+class EventEncoder:
+    """Turns deltas into Responses API stream events, already framed as SSE bytes (a
+    `StreamEncoder`: `start()`, `delta(d)` for each delta, then `end(reef)` or `error(...)`).
+
+    `response.created` and `response.in_progress` open; text opens a message item lazily
+    (`output_item.added`, `content_part.added`) and streams `output_text.delta`s; each tool call
+    closes any open message and is one whole function_call item (added, one arguments delta,
+    arguments done, item done); the `Finish` closes any open message (`output_text.done`,
+    `content_part.done`, `output_item.done`), and `end` sends `response.completed` (or
+    `response.incomplete` after a length stop) with the whole response and Reef's receipt.
+    A failure sends an `error` event and then `response.failed`. Every event carries the next
+    `sequence_number`, from 0.
+    """
+
+    def __init__(self, record_id: str, created_at: int, model: str) -> None:
+        self.record_id = record_id
+        self.created_at = created_at
+        self.model = model
+        self._echo = _ECHO.get()  # built in the request's task; the events go out from another
+        self._seq = 0
+        self._output: list[dict[str, Any]] = []  # finished items, in output order
+        self._text: list[str] | None = None  # the open message's text so far
+        self._final: tuple[str, Usage] | None = None  # status and usage, once the Finish came
+        self._failed = False
+
+    def _event(self, kind: str, data: dict[str, Any]) -> bytes:
+        frame = event(kind, {"type": kind, **data, "sequence_number": self._seq})
+        self._seq += 1
+        return frame
+
+    def _response(self, status: str, usage: dict[str, Any] | None = None,
+                  error: dict[str, Any] | None = None) -> dict[str, Any]:
+        return response_object(self.record_id, self.created_at, self.model, status, list(self._output), usage, error,
+                               self._echo)
+
+    def start(self) -> bytes:
+        snapshot = self._response("in_progress")
+        return (self._event("response.created", {"response": snapshot})
+                + self._event("response.in_progress", {"response": snapshot}))
+
+    def _open_message(self) -> bytes:
+        self._text = []
+        index = len(self._output)
+        item_id = _message_id(self.record_id, index)
+        return (self._event("response.output_item.added",
+                            {"output_index": index, "item": _message_item(item_id, "in_progress", [])})
+                + self._event("response.content_part.added",
+                              {"item_id": item_id, "output_index": index, "content_index": 0, "part": _text_part("")}))
+
+    def _close_message(self, status: str = "completed") -> bytes:
+        if self._text is None:
+            return b""
+        text, self._text = "".join(self._text), None
+        index = len(self._output)
+        item_id = _message_id(self.record_id, index)
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        part = _text_part(text)
+        item = _message_item(item_id, status, [part])
+        self._output.append(item)
+        return (self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
+                + self._event("response.content_part.done", {**where, "part": part})
+                + self._event("response.output_item.done", {"output_index": index, "item": item}))
+
+    def delta(self, delta: Delta) -> bytes:
+        if isinstance(delta, TextDelta):
+            if not delta.text:
+                return b""
+            out = self._open_message() if self._text is None else b""
+            assert self._text is not None
+            self._text.append(delta.text)
+            index = len(self._output)
+            return out + self._event("response.output_text.delta", {
+                "item_id": _message_id(self.record_id, index), "output_index": index, "content_index": 0,
+                "delta": delta.text, "logprobs": []})
+        if isinstance(delta, ToolCallDelta):
+            call = delta.call
+            out = self._close_message()
+            index = len(self._output)
+            item_id = _call_id(self.record_id, index)
+            where = {"item_id": item_id, "output_index": index}
+            item = _call_item(item_id, call, "completed")
+            self._output.append(item)
+            return (out
+                    + self._event("response.output_item.added",
+                                  {"output_index": index, "item": _call_item(item_id, call, "in_progress", "")})
+                    + self._event("response.function_call_arguments.delta", {**where, "delta": call.arguments})
+                    + self._event("response.function_call_arguments.done", {**where, "arguments": call.arguments})
+                    + self._event("response.output_item.done", {"output_index": index, "item": item}))
+        if not isinstance(delta, Finish):
+            raise TypeError(f"not a delta: {delta!r}")
+        if delta.reason == "error":
+            return self.error("server_error", "the model runtime failed while streaming")
+        return self._finish(_status(delta.reason), delta.usage)
+
+    def _finish(self, status: str, usage: Usage) -> bytes:
+        out = b"" if self._output or self._text is not None else self._open_message()  # always some answer
+        out += self._close_message("incomplete" if status == "incomplete" else "completed")
+        self._final = (status, usage)
+        return out
+
+    def end(self, reef: dict[str, Any]) -> bytes:
+        """`response.completed` (`response.incomplete` after a length stop), carrying Reef's
+        receipt `{agent_record_id, release_id, verified}` on the event and on its response."""
+        if self._failed:
+            return b""
+        out = self._finish("completed", Usage()) if self._final is None else b""  # a runtime that sent no Finish
+        assert self._final is not None
+        status, usage = self._final
+        response = self._response(status, _usage(usage))
+        response["reef"] = reef
+        kind = "response.incomplete" if status == "incomplete" else "response.completed"
+        return out + self._event(kind, {"response": response, "reef": reef})
+
+    def error(self, kind: str, message: str) -> bytes:
+        """An `error` event, then `response.failed` with what was answered so far."""
+        if self._failed:
+            return b""
+        self._failed = True
+        out = self._close_message("incomplete")
+        failed = self._response("failed", error={"code": "server_error", "message": message})
+        return (out + self._event("error", {"code": kind, "message": message, "param": None})
+                + self._event("response.failed", {"response": failed}))
