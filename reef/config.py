@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from reef.core.dotted import load_dotted
 from reef.core.errors import InvalidInput
+from reef.core.urls import checked_url
 
 DEFAULT_PORT = 8900
 
@@ -234,9 +235,7 @@ class ServeConfig(Strict):
     @field_validator("public_url")
     @classmethod
     def _plain_public_url(cls, url: str | None) -> str | None:
-        from reef.surfaces.agent_install import checked_url  # the rule every URL baked into a script meets
-
-        return None if url is None else checked_url(url)
+        return None if url is None else checked_url(url)  # the rule every URL baked into a script meets
 
     @property
     def runtime_kind(self) -> str:

@@ -10,7 +10,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
