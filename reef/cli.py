@@ -109,9 +109,10 @@ def _scenario_row(state: ReefState, name: str) -> dict:
 @click.option("--model-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Embedded runtime: a transformers model folder instead of SmolLM2.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-format", type=click.Choice(["text", "json"]), help="text: key=value lines; json: one object a line.")
 def serve(config_path: Path | None, host: str | None, port: int | None, state_dir: Path | None, tokens: tuple[str, ...],
           insecure: bool | None, runtime: str | None, upstream_url: str | None, upstream_model: str | None,
-          upstream_dialect: str | None, model_dir: Path | None, log_level: str | None) -> None:
+          upstream_dialect: str | None, model_dir: Path | None, log_level: str | None, log_format: str | None) -> None:
     """Serve OpenAI- and Anthropic-compatible requests, record them, take reports.
 
     With no upstream configured it serves the embedded SmolLM2-135M-Instruct on the CPU,
@@ -127,6 +128,7 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
 
     from reef.config import load_config
     from reef.runtimes.factory import build_runtime
+    from reef.serve import logs
     from reef.serve.app import create_app
     from reef.serve.connection_timeouts import timed_protocol
 
@@ -134,16 +136,18 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
         config = load_config(config_path, host=host, port=port, state_dir=state_dir, tokens=list(tokens) or None,
                              insecure=insecure, runtime=runtime, upstream__url=upstream_url,
                              upstream__model=upstream_model, upstream__dialect=upstream_dialect,
-                             embedded__model_dir=model_dir, log_level=log_level)
+                             embedded__model_dir=model_dir, log_level=log_level, log_format=log_format)
+        handler = logs.configure(config.log_level, config.log_format)  # Reef's, uvicorn's and every library's lines
+        say = logs.announcer(config.log_format, handler)
         config.check_exposure()
-        built = build_runtime(config, progress=lambda line: click.echo(f"reef: {line}", err=True))
+        built = build_runtime(config, progress=say)
         app = create_app(config, built)
     except (ReefError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     auth = f"{len(config.tokens)} token(s)" if config.tokens else "no token (loopback only)"
-    click.echo(f"reef: serving {built.name} runtime on http://{config.host}:{config.port} "
-               f"(state {config.state_dir}, auth: {auth})", err=True)
+    say(f"serving {built.name} runtime on http://{config.host}:{config.port} (state {config.state_dir}, auth: {auth})")
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
+                log_config=None,  # uvicorn's lines go through the handler `logs.configure` set
                 http=timed_protocol(config.header_timeout, config.body_timeout, config.limits.max_header_bytes),
                 ws="none",  # Reef serves no websockets, and the timed protocol hands no upgrade over
                 timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # a float works

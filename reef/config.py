@@ -191,6 +191,18 @@ class HarnessConfig(Strict):
         return (override.seed_dir if override and override.seed_dir else None) or self.seed_dir
 
 
+class TracesConfig(Strict):
+    """OpenTelemetry spans per request (docs/observability.md); needs the `traces` extra."""
+
+    enabled: bool = Field(False, description="Make spans; also on when otlp_endpoint is set")
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP base URL; default OTEL_EXPORTER_OTLP_ENDPOINT")
+    service_name: str = Field("reef", description="service.name of the spans' resource")
+
+    @property
+    def on(self) -> bool:
+        return self.enabled or self.otlp_endpoint is not None
+
+
 class RequestLimits(Strict):
     """What one request may ask of the server beyond its body size (docs/RELIABILITY.md)."""
 
@@ -214,6 +226,7 @@ class ServeConfig(Strict):
     runtime: Literal["embedded", "upstream"] | None = Field(None, description="Default: upstream if a URL is set")
     store: str = Field("sqlite", description="'sqlite' (in the state dir) or a postgresql:// DSN")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field("text", description="text: key=value lines; json: one object a line")
     public_url: str | None = Field(None, description="The URL the agent install script names; default: the Host asked")
     keep_alive_timeout: float = Field(5.0, gt=0, description="Seconds an idle connection stays open after an answer")
     header_timeout: float = Field(10.0, gt=0, description="Seconds a client has to send a whole request head")
@@ -224,6 +237,7 @@ class ServeConfig(Strict):
     recipes: RecipeConfig = Field(default_factory=RecipeConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     harness: HarnessConfig = Field(default_factory=HarnessConfig)
+    traces: TracesConfig = Field(default_factory=TracesConfig)
 
     @field_validator("tokens")
     @classmethod

@@ -17,7 +17,7 @@ import pytest
 
 from reef.client import ReefClient, ReefClientError
 from reef.commit.artifacts import ArtifactStore
-from reef.commit.commit_log import CommitLog
+from reef.commit.commit_log import JsonlCommitLog
 from reef.commit.release_chain import Candidate, ReleaseChain
 from reef.core.canonical import scenario_key
 from reef.core.types import ArtifactKind, Verdict
@@ -210,7 +210,7 @@ def hold_for_review(reef: ReefServer, scenario: str, tree: HarnessTree) -> str:
     """What the harness gate does with `publish: review`: a pending release (written to the
     same state directory by another process, as a learner may)."""
     artifacts = ArtifactStore(reef.state_dir / "artifacts.git")
-    log = CommitLog(reef.state_dir / "commits" / f"{scenario_key(scenario)}.jsonl", scenario=scenario)
+    log = JsonlCommitLog(reef.state_dir / "commits" / f"{scenario_key(scenario)}.jsonl", scenario=scenario)
     try:
         chain = ReleaseChain(scenario, log, artifacts)
         pending = chain.publish(Candidate(tree.to_files(), ArtifactKind.HARNESS), chain.head().release_id,

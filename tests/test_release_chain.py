@@ -1,13 +1,17 @@
 """The release chain: creation binding, publish/rollback/promote by compare-and-swap, the
-serving pointer, batches, compaction, recovery from the commit log."""
+serving pointer, batches, compaction, recovery from the commit log. Tests on the `state`
+fixture run on both commit-log backends (JSONL, PostgreSQL)."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 from typing import Iterator
+from uuid import uuid4
 
 import pytest
+
+from tests.pg import postgres_dsn  # noqa: F401  (session fixture used by the postgres params)
 
 from reef.commit.artifacts import ArtifactManifest, content_id_of
 from reef.commit.release_chain import Candidate
@@ -23,9 +27,16 @@ def adapter(n: int) -> Candidate:
                      ArtifactKind.WEIGHTS)
 
 
-@pytest.fixture
-def state(tmp_path: Path) -> Iterator[ReefState]:
-    with ReefState.open(tmp_path / "state") as st:
+@pytest.fixture(params=["jsonl", pytest.param("postgres", marks=pytest.mark.postgres)])
+def state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ReefState]:
+    """A state directory whose commit log is JSONL (SQLite store) or PostgreSQL (PostgreSQL
+    store, a fresh schema): the chain behaves the same on either."""
+    store = None
+    if request.param == "postgres":
+        from reef.observe.postgres_store import PostgresStore
+
+        store = PostgresStore(request.getfixturevalue("postgres_dsn"), schema=f"t_{uuid4().hex[:12]}")
+    with ReefState.open(tmp_path / "state", store=store) as st:
         yield st
 
 

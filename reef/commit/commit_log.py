@@ -46,7 +46,9 @@ class CommitLog(Protocol):
       committed step is `Conflict`.
     - `transaction()` holds the log exclusively (threads, processes, front ends) across several
       calls, so a caller can check the head, write an artifact and append as one
-      compare-and-swap. Appends inside it commit as they return, as outside.
+      compare-and-swap. Appends inside it commit as they return, as outside; so append last
+      (a shared log may let another writer in between an append and the transaction's next
+      call, which then sees that writer's steps).
     """
 
     scenario: str | None

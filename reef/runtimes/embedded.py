@@ -17,6 +17,7 @@ import itertools
 import secrets
 import tempfile
 import threading
+import time
 import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ class _Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    queued_at: float = 0.0  # time.monotonic() when it joined the queue (queue wait, /metrics)
 
     def send(self, item: object) -> None:
         try:
@@ -79,6 +81,8 @@ class EmbeddedRuntime(Runtime):
         self.batches_run = 0  # counters for tests and /metrics
         self.requests_run = 0
         self.tokens_generated = 0
+        # called on the worker thread as each batch starts: (requests, seconds each waited queued)
+        self.batch_observer: Callable[[int, list[float]], None] | None = None
         self._incarnation = secrets.token_hex(4)
         self._counter = itertools.count(1)
         self._loads: dict[str, str | None] = {}  # runtime_load_id -> adapter name (None: base)
@@ -159,6 +163,11 @@ class EmbeddedRuntime(Runtime):
     def idle(self) -> bool:
         return not self._queue and not self._running
 
+    def resident(self) -> dict[str, int]:
+        """Runtime loads resident now: of the base model, and LoRA adapters (/metrics)."""
+        adapters = sum(1 for name in list(self._loads.values()) if name is not None)
+        return {"base": len(self._loads) - adapters, "adapter": adapters}
+
     # -- releases ----------------------------------------------------------------------------
 
     async def load(self, content_id: str, files: Mapping[str, bytes]) -> str:
@@ -226,6 +235,7 @@ class EmbeddedRuntime(Runtime):
     async def generate(self, request: ChatRequest, release: ReleaseRef) -> AsyncIterator[Delta]:
         queue: asyncio.Queue[object] = asyncio.Queue()
         job = self._make_job(request, release, partial(asyncio.get_running_loop().call_soon_threadsafe, queue.put_nowait))
+        job.queued_at = time.monotonic()
         with self._cond:
             self._queue.append(job)
             self._cond.notify_all()
@@ -344,6 +354,10 @@ class EmbeddedRuntime(Runtime):
     def _run_batch(self, jobs: list[_Job]) -> None:
         self.batches_run += 1
         self.requests_run += len(jobs)
+        if self.batch_observer is not None:
+            now = time.monotonic()
+            with contextlib.suppress(Exception):  # a metrics hook never fails a batch
+                self.batch_observer(len(jobs), [now - job.queued_at for job in jobs])
         width = max(len(job.prompt_ids) for job in jobs)
         pad = self.tokenizer.pad_token_id or 0
         ids = torch.tensor([[pad] * (width - len(j.prompt_ids)) + j.prompt_ids for j in jobs])

@@ -23,12 +23,15 @@ from reef.runtimes.base import Runtime
 from reef.serve import routes_harness, routes_install, routes_reef, routes_v1
 from reef.serve.auth import TokenAuth
 from reef.serve.body_limit import BodyLimit
-from reef.serve.hot_routes import HotRoutes
+from reef.serve.hot_routes import HOT, HotRoutes
 from reef.serve.http_errors import error_response, reef_error_handler
 from reef.serve.inference import InferenceService
 from reef.serve.learning import Learning
+from reef.serve.logs import RequestLog
 from reef.serve.metrics import Metrics
 from reef.serve.scenarios import ScenarioDirectory
+from reef.serve.tracing import build as build_tracing
+from reef.ui import Dashboard
 
 
 @dataclass
@@ -56,12 +59,15 @@ def open_store(config: ServeConfig) -> ExperienceStore | None:
 
 
 def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
+    tracing = build_tracing(config.traces, runtime)  # None when off: then opentelemetry is never imported
     state = ReefState.open(config.state_dir, store=open_store(config))
     metrics = Metrics()
     scenarios = ScenarioDirectory(state, runtime, config.recipes, config.harness)
     learning = Learning(config.learner, state, runtime, scenarios)
+    metrics.watch_runtime(runtime)
+    metrics.watch_learning(learning.status)
     reef = ReefApp(config, state, state.store, runtime, scenarios,
-                   InferenceService(state.store, scenarios, runtime, metrics, config.limits), metrics, learning)
+                   InferenceService(state.store, scenarios, runtime, metrics, config.limits, tracing), metrics, learning)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -74,6 +80,8 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
             await learning.close()
             await runtime.close()
             state.close()
+            if tracing is not None:
+                tracing.close()
 
     app = FastAPI(title="Reef", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.reef = reef
@@ -99,6 +107,8 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     app.add_middleware(HotRoutes, service=reef.inference)  # innermost: after the guards below
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, max_header_bytes=config.limits.max_header_bytes)
     app.add_middleware(TokenAuth, tokens=config.tokens)
+    app.add_middleware(Dashboard)  # outside the token check: /ui's static files hold no data
+    app.add_middleware(RequestLog, hot=HOT)  # outermost: a request refused by any guard gets its line too
     return app
 
 

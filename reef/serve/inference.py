@@ -19,7 +19,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
 
 import anyio
 from starlette.responses import JSONResponse, Response
@@ -34,9 +34,14 @@ from reef.observe.store import ExperienceStore
 from reef.runtimes.base import Runtime
 from reef.serve.dialects import Dialect
 from reef.serve.guarded_stream import GuardedStream
+from reef.serve.http_errors import status_of
+from reef.serve.logs import REQUEST_LOG
 from reef.serve.metrics import Metrics
 from reef.serve.scenarios import ScenarioDirectory
 from reef.surfaces.inject import client_request
+
+if TYPE_CHECKING:  # opentelemetry is imported only when traces are on
+    from reef.serve.tracing import RequestSpan, Tracing
 
 TAG_PREFIX = "x-reef-tag-"
 log = logging.getLogger("reef.serve")
@@ -82,16 +87,38 @@ def _tags(headers: Mapping[str, str], limits: RequestLimits) -> dict[str, str]:
     return tags
 
 
+@dataclass(slots=True)
+class _Call:
+    """One inference request as its log line, metrics and span name it."""
+
+    dialect: Dialect
+    route: str
+    span: RequestSpan | None = None
+
+
 class InferenceService:
     def __init__(self, store: ExperienceStore, scenarios: ScenarioDirectory, runtime: Runtime, metrics: Metrics,
-                 limits: RequestLimits | None = None) -> None:
+                 limits: RequestLimits | None = None, tracing: Tracing | None = None) -> None:
         self.limits = limits or RequestLimits()
         self.store = store
         self.scenarios = scenarios
         self.runtime = runtime
         self.metrics = metrics
+        self.tracing = tracing
 
     async def handle(self, dialect: Dialect, raw_body: bytes, headers: Mapping[str, str], route: str) -> Response:
+        if self.tracing is None:
+            return await self._handle(_Call(dialect, route), raw_body, headers)
+        span = self.tracing.start(route, dialect.name, headers)
+        try:
+            return await self._handle(_Call(dialect, route, span), raw_body, headers)
+        except BaseException as exc:  # refused, failed, or the client left (a no-op if already ended)
+            status = status_of(exc) if isinstance(exc, ReefError) else (499 if _cancelled(exc) else 500)
+            span.end(status, error=exc.kind if isinstance(exc, ReefError) else type(exc).__name__)
+            raise
+
+    async def _handle(self, call: _Call, raw_body: bytes, headers: Mapping[str, str]) -> Response:
+        dialect = call.dialect
         body = parse_json(raw_body)
         request = dialect.parse(body)
         for tool in request.tools:
@@ -99,7 +126,7 @@ class InferenceService:
         check_depth(request.tool_choice, self.limits.max_json_depth, "tool_choice")
         admission = Admission.from_headers(headers, self.limits)
         if admission.record_id is not None:
-            replay = await self._replay(dialect, request, admission)
+            replay = await self._replay(call, request, admission)
             if replay is not None:
                 return replay
         record_id = admission.record_id or new_id()
@@ -111,20 +138,22 @@ class InferenceService:
             await admit.__aexit__(None, None, None)
             raise
         record = _new_record(record_id, admission, request, release, harness)
+        if call.span is not None:
+            call.span.admitted(request, admission.scenario, record_id, release, admission.session)
         if request.stream:
             try:
-                return await self._stream(dialect, body, request, record, release, admit, route)
+                return await self._stream(call, body, request, record, release, admit)
             except BaseException:  # once streaming starts, the stream itself releases the pin
                 await admit.__aexit__(None, None, None)
                 raise
         try:
-            return await self._plain(dialect, request, record, release, route)
+            return await self._plain(call, request, record, release)
         finally:
             await admit.__aexit__(None, None, None)
 
     # -- plain responses ---------------------------------------------------------------------
 
-    async def _plain(self, dialect: Dialect, request: ChatRequest, record: Record, release: ReleaseRef, route: str) -> Response:
+    async def _plain(self, call: _Call, request: ChatRequest, record: Record, release: ReleaseRef) -> Response:
         started = time.monotonic()
         result = ChatResult()
         self.metrics.in_flight.inc()
@@ -133,19 +162,20 @@ class InferenceService:
                 result.add(delta)
         except RuntimeFailure as exc:  # the model could not answer, or refused (a context overflow): reportable
             await self._save(_finished(record, result, release, self.runtime, started, error=str(exc)))
-            self._count(route, record.scenario, exc.status, started)
+            self._count(call, record, exc.status, started, result, error=exc.error_type)
             raise exc.with_headers(_receipt(record, release))
         finally:
             self.metrics.in_flight.dec()
         done = _finished(record, result, release, self.runtime, started)
         await self._save(done)
-        self._count(route, record.scenario, 200, started, result)
-        return JSONResponse(_body(dialect, result, done, request.model), headers=_receipt(record, release))
+        self._count(call, done, 200, started, result)
+        return JSONResponse(_body(call.dialect, result, done, request.model), headers=_receipt(record, release))
 
     # -- streams -----------------------------------------------------------------------------
 
-    async def _stream(self, dialect: Dialect, body: Any, request: ChatRequest, record: Record,
-                      release: ReleaseRef, admit: Any, route: str) -> Response:
+    async def _stream(self, call: _Call, body: Any, request: ChatRequest, record: Record,
+                      release: ReleaseRef, admit: Any) -> Response:
+        dialect = call.dialect
         started = time.monotonic()
         deltas = self.runtime.generate(request, release)
         # The runtime starts on the first delta while the in_progress record reaches the disk:
@@ -166,9 +196,14 @@ class InferenceService:
                 if isinstance(first, RuntimeFailure):  # nothing sent yet: the client gets a plain error
                     await self._finish(_finished(record, ChatResult(), release, self.runtime, started,
                                                  error=str(first)))
-                    self._count(route, record.scenario, first.status, started)
+                    self._count(call, record, first.status, started, error=first.error_type)
         if isinstance(first, RuntimeFailure):
             raise first.with_headers(_receipt(record, release))
+        if first is not None:  # the first delta is here and the record durable: its bytes go out next
+            ttft = time.monotonic() - started
+            self.metrics.ttft.labels(call.route, record.scenario).observe(ttft)
+            if call.span is not None:
+                call.span.first_token(ttft)
         encoder = dialect.stream(body, record.id, request.model, counted.result())
         response: GuardedStream
 
@@ -193,18 +228,18 @@ class InferenceService:
                 with anyio.CancelScope(shield=True):  # the answer is whole: record it even if the client left
                     await self._finish(done)
                 finished = True
-                self._count(route, record.scenario, 200, started, result)
+                self._count(call, done, 200, started, result)
                 yield opening + held + encoder.end({"agent_record_id": record.id, "release_id": release.release_id,
                                                     "verified": verified(done)})
             except RuntimeFailure as exc:
                 with anyio.CancelScope(shield=True):
                     await self._finish(_finished(record, result, release, self.runtime, started, error=str(exc)))
                 finished = True
-                self._count(route, record.scenario, exc.status, started)
+                self._count(call, record, exc.status, started, result, error=exc.error_type)
                 yield opening + held + encoder.error(exc.error_type, str(exc))
             except StorageUnavailable as exc:  # answered, but the record cannot be finished (a full disk): say so
                 finished = True
-                self._count(route, record.scenario, 503, started)
+                self._count(call, record, 503, started, result, error=exc.kind)
                 kind = "overloaded_error" if dialect.name == "anthropic" else "service_unavailable"
                 yield opening + held + encoder.error(kind, f"the answer could not be recorded: {exc}")
             except BaseException:  # the client went away or stalled (cancellation, close) or the server is stopping
@@ -214,6 +249,9 @@ class InferenceService:
                         why = response.abandoned or "the stream was stopped before its end (server shutdown)"
                         await self._finish_quietly(_finished(record, result, release, self.runtime, started,
                                                              error=why))
+                        self._log(call, record, 499, time.monotonic() - started, result, "abandoned")
+                        if call.span is not None:
+                            call.span.end(499, result, error="abandoned")
                 raise
             finally:
                 self.metrics.in_flight.dec()
@@ -232,9 +270,10 @@ class InferenceService:
 
     # -- retries with a client-chosen receipt ----------------------------------------------
 
-    async def _replay(self, dialect: Dialect, request: ChatRequest, admission: Admission) -> Response | None:
+    async def _replay(self, call: _Call, request: ChatRequest, admission: Admission) -> Response | None:
         """A retry of a finished record answers what was recorded; other content is a 409."""
         assert admission.record_id is not None
+        dialect = call.dialect
         try:
             stored = self.store.get_record(admission.record_id)
         except NotFound:
@@ -249,6 +288,10 @@ class InferenceService:
             raise RecordConflict(f"record {stored.id} is {stored.status.value}; retry with a new x-reef-agent-record-id")
         result = _result_from(stored)
         headers = _receipt(stored, stored.release)
+        self._log(call, stored, 200, 0.0, result, replay=True)
+        if call.span is not None:
+            call.span.admitted(request, stored.scenario, stored.id, stored.release, stored.session)
+            call.span.end(200, result)
         if not request.stream:
             return JSONResponse(_body(dialect, result, stored, request.model), headers=headers)
         encoder = dialect.stream({}, stored.id, request.model, result.usage.prompt_tokens)
@@ -283,12 +326,39 @@ class InferenceService:
         if record.release and record.status is RecordStatus.COMPLETE and not verified(record):
             self.metrics.unverified.labels(record.scenario).inc()
 
-    def _count(self, route: str, scenario: str, status: int, started: float, result: ChatResult | None = None) -> None:
-        self.metrics.requests.labels(route, scenario, str(status)).inc()
-        self.metrics.latency.labels(route, scenario).observe(time.monotonic() - started)
-        if result is not None:
+    def _count(self, call: _Call, record: Record, status: int, started: float, result: ChatResult | None = None,
+               error: str | None = None) -> None:
+        """A request ended (answered, or failed with its receipt): metrics, its log line, its span."""
+        latency = time.monotonic() - started
+        scenario = record.scenario
+        self.metrics.requests.labels(call.route, scenario, str(status)).inc()
+        self.metrics.latency.labels(call.route, scenario).observe(latency)
+        if result is not None and status == 200:
             self.metrics.tokens.labels(scenario, "prompt").inc(result.usage.prompt_tokens)
             self.metrics.tokens.labels(scenario, "completion").inc(result.usage.completion_tokens)
+        self._log(call, record, status, latency, result, error)
+        if call.span is not None:
+            call.span.end(status, result, verified(record) if status == 200 else None, error)
+
+    @staticmethod
+    def _log(call: _Call, record: Record, status: int, latency: float, result: ChatResult | None,
+             error: str | None = None, replay: bool = False) -> None:
+        """The request's one line at info: ids, names and numbers, never a prompt or an answer."""
+        if not REQUEST_LOG.isEnabledFor(logging.INFO):
+            return
+        usage = result.usage if result is not None else None
+        fields: dict[str, Any] = {
+            "receipt": record.id, "scenario": record.scenario,
+            "release_id": record.release.release_id if record.release else None, "dialect": call.dialect.name,
+            "route": call.route, "status": status, "latency_ms": round(latency * 1000, 2),
+            "prompt_tokens": usage.prompt_tokens if usage else 0,
+            "completion_tokens": usage.completion_tokens if usage else 0,
+            "stream": bool(record.request.get("stream")) if record.request else False}
+        if error is not None:
+            fields["error"] = error
+        if replay:
+            fields["replay"] = True
+        REQUEST_LOG.info("request", extra={"reef": fields})
 
 
 async def _first_delta(deltas: AsyncIterator[Delta]) -> Delta | RuntimeFailure | None:
@@ -309,6 +379,11 @@ async def _prepend(first: Delta, rest: AsyncIterator[Delta]) -> AsyncIterator[De
 
 async def _zero() -> int:
     return 0
+
+
+def _cancelled(exc: BaseException) -> bool:
+    return isinstance(exc, (asyncio.CancelledError, anyio.get_cancelled_exc_class())) or \
+        type(exc).__name__ == "ClientDisconnect"
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

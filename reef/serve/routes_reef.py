@@ -1,11 +1,15 @@
 """The `/reef/*` routes: reports, records, scenarios, releases, rollback, status.
 
-Thin: each route validates its body, calls the state layer, and shapes JSON.
+Thin: each route validates its body, calls the state layer, and shapes JSON. The read-only
+views the dashboard (`/ui`) needs besides: a scenario's recent records, its learning curve, and
+a diff between any two of its releases.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -14,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef import __version__
 from reef.core.canonical import check_depth, check_id, check_scenario_name, new_id
-from reef.core.errors import InvalidInput, NotFound
-from reef.core.types import Report
+from reef.core.errors import InvalidInput, NotFound, ReefError
+from reef.core.provenance import verified
+from reef.core.types import Operation, Record, Report
 from reef.serve.inference import parse_json
 from reef.serve.openapi_bodies import model_body
 
@@ -114,6 +119,37 @@ def build_router() -> APIRouter:
                 for e in chain.history() if e.operation.value in ("training", "rejection")]
         return {"scenario": name, "decisions": rows}
 
+    @router.get("/scenarios/{name}/records")
+    async def recent_records(name: str, request: Request, limit: str = "50",
+                             release_id: str | None = None) -> dict[str, Any]:
+        """The scenario's newest records (newest first), each with its latest report."""
+        app = request.app.state.reef
+        app.state.chain(check_scenario_name(name))  # 404 for an unknown scenario
+        if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= MAX_RECORDS_LIMIT):
+            raise InvalidInput(f"limit must be a whole number 1..{MAX_RECORDS_LIMIT}, got {limit!r}")
+        release = check_id(release_id, "release_id") if release_id else None
+        rows = await asyncio.to_thread(_recent_records, app.store, name, int(limit), release)
+        return {"scenario": name, "records": rows}
+
+    @router.get("/scenarios/{name}/curve")
+    async def curve(name: str, request: Request) -> dict[str, Any]:
+        """Per published release, oldest first: its gate score and the mean reported score of the
+        traffic it served."""
+        app = request.app.state.reef
+        chain = app.state.chain(check_scenario_name(name))
+        return {"scenario": name, "releases": await asyncio.to_thread(_curve, app, chain)}
+
+    @router.get("/scenarios/{name}/compare")
+    async def compare(name: str, base: str, target: str, request: Request) -> dict[str, Any]:
+        """What serving `target` instead of `base` changes: any two releases of the chain (the
+        dashboard's preview of a rollback or a promotion against the head)."""
+        app = request.app.state.reef
+        chain = app.state.chain(check_scenario_name(name))
+        old, new = chain.release(check_id(base, "base")), chain.release(check_id(target, "target"))
+        changed, text = await asyncio.to_thread(app.state.artifacts.content_diff, old.release_id, new.release_id)
+        return {"scenario": name, "base": old.release_id, "target": new.release_id,
+                "same_content": old.content_id == new.content_id, "changed": changed, "diff": text}
+
     @router.post("/scenarios/{name}/rollback", openapi_extra=model_body(RollbackBody, "the release to republish"))
     async def rollback(name: str, request: Request) -> dict[str, Any]:
         body: RollbackBody = validated(RollbackBody, await request.body())
@@ -177,6 +213,105 @@ def _report_target(app: Any, body: ReportBody, header_scenario: str | None) -> t
         return app.store.get_record(refs[0]).scenario, refs
     except NotFound:
         raise NotFound(f"unknown receipt {refs[0]}") from None
+
+
+MAX_RECORDS_LIMIT = 500
+_EXCERPT = 160
+
+
+def _recent_records(store: Any, scenario: str, limit: int, release_id: str | None) -> list[dict[str, Any]]:
+    """The last `limit` records in store order. The store reads oldest first, so look at the
+    last five minutes, then the last day, before reading the whole scenario."""
+    now = time.time()
+    for window in (300.0, 86400.0, None):
+        tail = deque(store.iter_records(scenario, release_id=release_id,
+                                        since=None if window is None else now - window), maxlen=limit)
+        if window is None or len(tail) >= limit:
+            break
+    return [_record_row(stored) for stored in reversed(tail)]
+
+
+def _record_row(stored: Any) -> dict[str, Any]:
+    record: Record = stored.record
+    last = stored.reports[-1] if stored.reports else None
+    duration = record.timings.get("duration_s")
+    if duration is None and stored.finished_at is not None:
+        duration = stored.finished_at - stored.created_at
+    return {"id": record.id, "seq": record.seq, "status": record.status.value,
+            "release_id": record.release.release_id if record.release else None,
+            "session": record.session, "tags": record.tags, "created_at": stored.created_at,
+            "latency_s": duration, "verified": verified(record), "reports": len(stored.reports),
+            "score": last.score if last else None, "feedback": last.feedback if last else None,
+            "prompt": _excerpt(_last_user_text(record.request)),
+            "answer": _excerpt((record.response or {}).get("text") or ""), "error": record.error}
+
+
+def _last_user_text(request: dict[str, Any]) -> str:
+    for message in reversed(request.get("messages") or []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            return content if isinstance(content, str) else str(content)
+    return ""
+
+
+def _excerpt(text: str) -> str:
+    return text if len(text) <= _EXCERPT else text[:_EXCERPT - 1] + "…"
+
+
+_KINDS: dict[str, str | None] = {}  # release id -> artifact kind; a release never changes
+
+
+def _kind(app: Any, release_id: str) -> str | None:
+    if release_id not in _KINDS:
+        try:
+            _KINDS[release_id] = app.state.artifacts.manifest(release_id).kind
+        except ReefError:
+            return None
+    return _KINDS[release_id]
+
+
+def _curve(app: Any, chain: Any) -> list[dict[str, Any]]:
+    """Each published (not pending) release, oldest first: `gate_score` is the gate's mean score
+    of its content (its own verdict's `candidate_score`, else the `current_score` a later verdict
+    measured it at as the incumbent); `live_mean` the mean score of the reports on records it
+    served (a report naming several of its records counts once)."""
+    history = chain.history()
+    content_of = {e.release.release_id: e.release.content_id for e in history if e.publishes_release}
+    measured: dict[str, float] = {}  # content id -> the gate's latest score of it
+    for e in history:
+        metrics = e.verdict.metrics if e.verdict else {}
+        if "candidate_score" not in metrics:
+            continue
+        if e.operation is Operation.REJECTION:
+            candidate, incumbent = e.metrics.get("candidate_content_id"), e.release.content_id
+        else:
+            candidate, incumbent = e.release.content_id, content_of.get(e.parent_release_id or "")
+        if incumbent and metrics.get("current_score") is not None:
+            measured[incumbent] = metrics["current_score"]
+        if candidate:
+            measured[candidate] = metrics["candidate_score"]
+    published = [e for e in history if e.publishes_release and not e.pending]
+    live: dict[str, dict[str, float]] = {}  # release id -> report id -> score
+    served: dict[str, int] = {}
+    for stored in app.store.iter_records(chain.scenario):
+        if stored.record.release is None:
+            continue
+        rid = stored.record.release.release_id
+        served[rid] = served.get(rid, 0) + 1
+        for report in stored.reports:
+            live.setdefault(rid, {})[report.id] = report.score
+    rows = []
+    for i, e in enumerate(published):
+        rid = e.release.release_id
+        own = (e.verdict.metrics.get("candidate_score") if e.verdict else None)
+        scores = live.get(rid, {})
+        rows.append({"release_id": rid, "step": e.step, "operation": e.operation.value, "kind": _kind(app, rid),
+                     "content_id": e.release.content_id, "recorded_at": e.recorded_at,
+                     "served_until": published[i + 1].recorded_at if i + 1 < len(published) else None,
+                     "gate_score": own if own is not None else measured.get(e.release.content_id),
+                     "records": served.get(rid, 0), "reports": len(scores),
+                     "live_mean": sum(scores.values()) / len(scores) if scores else None})
+    return rows
 
 
 def _counter_total(counter: Any) -> int:
