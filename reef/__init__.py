@@ -5,7 +5,7 @@ The packages, lowest layer first; a package imports only from layers below its o
 
     core                  plain types, errors, training data; no I/O
     config, client        settings (recipes resolved by name or dotted path); the HTTP client
-    observe, runtimes     the experience store; the engines that serve a release
+    observe, runtimes, ui the experience store; the engines that serve a release; the dashboard's files
     surfaces              what a release holds besides weights (the harness) and how it is applied
     commit, grow          gate, release chain, publishers | learner loop, Recipe protocol, training primitives
     recipes               one file per method of learning (sao, ttt_discover, skills)

@@ -16,7 +16,7 @@ ROOT = Path(reef.__file__).resolve().parent
 LAYERS = [  # lowest first; a package may import its own modules and those of lower layers
     {"core"},
     {"config", "client"},
-    {"observe", "runtimes"},
+    {"observe", "runtimes", "ui"},
     {"surfaces"},
     {"commit", "grow"},
     {"recipes"},
