@@ -26,7 +26,7 @@ pytestmark = [
 def test_a_recipe_named_by_dotted_path_learns(tiny_model_dir: Path, tmp_path: Path) -> None:
     settings = {"embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 8, "threads": 1},
                 "recipes": {"default": RECIPE},
-                "learner": {"poll_interval": 0.1, "train_threads": 1, RECIPE: {"batch_size": 4, "steps": 3, "lr": 0.05},
+                "learner": {"poll_interval": 0.1, "train_threads": 1, RECIPE: {"batch_size": 4, "steps": 3, "lr": 0.01},
                             "gate": {"holdout_fraction": 0.3, "offline_bound": 1000.0}}}
     with ReefServer(tmp_path, settings) as reef:
         feed_until(reef, "copy", lambda: [d for d in decisions(reef, "copy") if d["verdict"]["decision"] == "select"])
@@ -34,8 +34,9 @@ def test_a_recipe_named_by_dotted_path_learns(tiny_model_dir: Path, tmp_path: Pa
         chain = state.chain("copy")
         assert chain.binding["recipe"] == RECIPE
         batches = {e.batch["batch_id"]: e.batch for e in chain.history() if e.operation is Operation.BATCH}
-        release = next(r for r in chain.releases() if r.operation is Operation.TRAINING)
+        release = [r for r in chain.releases() if r.operation is Operation.TRAINING][-1]  # the first published
         files = state.artifacts.files(release.release_id)
+        parent = state.artifacts.files(release.parent_release_id or "")  # what it trained on from
         assert state.artifacts.manifest(release.release_id).metadata["recipe"] == "imitation"  # its own name
         trained = batches[release.metrics["batch_id"]]["record_ids"]
         records = [state.store.get_record(rid) for rid in trained]
@@ -44,5 +45,5 @@ def test_a_recipe_named_by_dotted_path_learns(tiny_model_dir: Path, tmp_path: Pa
 
     seqs = [(list(r.response["prompt_token_ids"]), list(r.token_ids)) for r in records]
     trainer = LoRATrainer(tiny_model_dir, threads=1)
-    before, after = trainer.logprobs(None, seqs), trainer.logprobs(files, seqs)
-    assert sum(map(sum, after)) > sum(map(sum, before))  # the candidate trained on from the first (or it)
+    before, after = trainer.logprobs(parent or None, seqs), trainer.logprobs(files, seqs)
+    assert sum(map(sum, after)) > sum(map(sum, before))
