@@ -1,3 +1,16 @@
-"""Reef: an inference server that learns while it serves."""
+"""Reef: an inference server that learns while it serves.
+
+The packages, lowest layer first; a package imports only from layers below its own
+(tests/test_layers.py checks it):
+
+    core                  plain types, errors, training data; no I/O
+    config, client        settings (recipes resolved by name or dotted path); the HTTP client
+    observe, runtimes, ui the experience store; the engines that serve a release; the dashboard's files
+    surfaces              what a release holds besides weights (the harness) and how it is applied
+    commit, grow          gate, release chain, publishers | learner loop, Recipe protocol, training primitives
+    recipes               one file per method of learning (sao, ttt_discover, skills)
+    serve                 the HTTP server: requests, scenarios, learners started per scenario
+    demo, cli, __main__   the edges
+"""
 
 __version__ = "0.1.0"

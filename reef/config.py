@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from reef.core.dotted import load_dotted
 from reef.core.errors import InvalidInput
+from reef.core.urls import checked_url
 
 DEFAULT_PORT = 8900
 
@@ -66,28 +68,55 @@ class VLLMConfig(Strict):
     default_max_tokens: int = Field(256, ge=1)
 
 
+# The built-in recipes by name; any other recipe is named by its dotted path (docs/recipes.md).
+RECIPES = {"sao": "reef.recipes.sao:SAORecipe", "skills": "reef.recipes.skills:SkillsRecipe",
+           "ttt_discover": "reef.recipes.ttt_discover:TTTDiscoverRecipe"}
+RECIPE_PARTS = ("name", "surface", "Settings", "intake", "next_batch", "resume", "high_water", "candidate",
+                "status", "close")
+
+
+def find_recipe(name: str) -> Any:
+    """The recipe class a binding names: a built-in by name, or any class by its dotted path
+    `package.module:Class` (imported now, so a bad name fails when the config loads)."""
+    path = RECIPES.get(name, name)
+    if ":" not in path:
+        raise InvalidInput(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}, "
+                           "or a dotted path package.module:Class")
+    recipe = load_dotted(path, "recipe", "package.module:Class")
+    missing = [part for part in RECIPE_PARTS if not hasattr(recipe, part)]
+    if missing:
+        raise InvalidInput(f"recipe {name!r} lacks {', '.join(missing)} (see docs/recipes.md)")
+    if recipe.surface not in ("weights", "harness"):
+        raise InvalidInput(f"recipe {name!r}: surface must be 'weights' or 'harness', not {recipe.surface!r}")
+    return recipe
+
+
+def _known_recipe(name: str) -> str:
+    try:
+        find_recipe(name)
+    except InvalidInput as exc:
+        raise ValueError(str(exc)) from None
+    return name
+
+
 class RecipeConfig(Strict):
-    default: str = Field("sao", description="Recipe a new scenario is bound to")
+    default: str = Field("sao", description="Recipe a new scenario is bound to: a name or package.module:Class")
     scenarios: dict[str, str] = Field(default_factory=dict, description="Per-scenario recipe bindings")
+
+    @field_validator("default")
+    @classmethod
+    def _default_is_known(cls, name: str) -> str:
+        return _known_recipe(name)
+
+    @field_validator("scenarios")
+    @classmethod
+    def _bindings_are_known(cls, bindings: dict[str, str]) -> dict[str, str]:
+        for name in bindings.values():
+            _known_recipe(name)
+        return bindings
 
     def for_scenario(self, name: str) -> str:
         return self.scenarios.get(name, self.default)
-
-
-class SAOConfig(Strict):
-    """Knobs of the `sao` recipe (docs/learning.md explains each)."""
-
-    batch_size: int = Field(8, ge=1, description="Scored samples per optimiser step")
-    steps_per_candidate: int = Field(4, ge=1, description="Optimiser steps before the gate judges the adapter")
-    lr: float = Field(5e-4, gt=0)
-    warmup_steps: int = Field(0, ge=0, description="A fresh optimiser's first steps ramp lr up linearly over this many")
-    lora_r: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    eps_clip: float = Field(0.2, gt=0, lt=1)
-    eps_clip_high: float = Field(0.28, gt=0)
-    kl_coef: float = Field(0.0, ge=0)
-    baseline_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of the running score baseline")
-    max_staleness: int = Field(2, ge=0, description="Oldest producing release a sample may come from, in releases")
 
 
 class GateConfig(Strict):
@@ -133,27 +162,35 @@ class HarnessGateConfig(Strict):
     temperature: float = Field(0.0, ge=0)
 
 
-class SkillsConfig(Strict):
-    """Knobs of the `skills` recipe (docs/harness.md explains each)."""
-
-    proposer: Literal["distill", "llm"] = Field("distill", description="distill: no model needed")
-    failure_below: float = Field(0.5, description="A reported score below this is a failure")
-    batch_size: int = Field(8, ge=1, description="Most failures in one batch (llm: failures needed for one)")
-    successes: int = Field(2, ge=0, description="Successes added to a batch for contrast")
-    min_recurrence: int = Field(3, ge=1, description="distill: failures with similar feedback before a rule")
-    similarity: float = Field(0.5, gt=0, le=1, description="distill: word overlap (Jaccard) of one theme")
-    max_pending: int = Field(256, ge=1, description="Failures kept waiting for a batch; the oldest go first")
-    llm: LLMProposerConfig = Field(default_factory=LLMProposerConfig)
-    gate: HarnessGateConfig = Field(default_factory=HarnessGateConfig)
-
-
 class LearnerConfig(Strict):
+    """Learning settings; every other key is a recipe's own section (`sao:`, `skills:`, or a
+    dotted path), checked by that recipe's `Settings` model."""
+
+    model_config = ConfigDict(extra="allow")
+
     enabled: bool = Field(True, description="Train scenarios whose recipe learns weights")
     poll_interval: float = Field(0.5, gt=0)
     train_threads: int | None = Field(None, ge=1, description="torch threads of the training process")
-    sao: SAOConfig = Field(default_factory=SAOConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
-    skills: SkillsConfig = Field(default_factory=SkillsConfig)
+
+    @model_validator(mode="after")
+    def _recipe_sections(self) -> LearnerConfig:
+        for name, section in list((self.model_extra or {}).items()):
+            try:
+                settings = find_recipe(name).Settings
+            except InvalidInput as exc:
+                raise ValueError(f"unknown key 'learner.{name}' (not a learner setting: {exc})") from None
+            if isinstance(section, settings):
+                continue
+            try:
+                self.model_extra[name] = settings.model_validate(section or {})  # type: ignore[index]
+            except ValidationError as exc:
+                raise ValueError(_explain_all(exc, f"learner.{name}.")) from None
+        return self
+
+    def settings_for(self, recipe: str) -> Any:
+        """A recipe's settings: its section, else its defaults."""
+        return (self.model_extra or {}).get(recipe) or find_recipe(recipe).Settings()
 
 
 class HarnessScenarioConfig(Strict):
@@ -244,9 +281,7 @@ class ServeConfig(Strict):
     @field_validator("public_url")
     @classmethod
     def _plain_public_url(cls, url: str | None) -> str | None:
-        from reef.surfaces.agent_install import checked_url  # the rule every URL baked into a script meets
-
-        return None if url is None else checked_url(url)
+        return None if url is None else checked_url(url)  # the rule every URL baked into a script meets
 
     @property
     def runtime_kind(self) -> str:
@@ -452,14 +487,21 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> None:
 
 def _explain(exc: ValidationError, path: Path | None) -> str:
     where = f"config {path}" if path else "settings"
+    return f"{where}: " + _explain_all(exc)
+
+
+def _explain_all(exc: ValidationError, prefix: str = "") -> str:
     problems = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+        loc = prefix + ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             problems.append(f"unknown key '{loc}'")
+        elif err["type"] == "value_error":  # our validators' own words; a model's name where they are
+            message = str(err["ctx"]["error"])
+            problems.append(message if message.startswith(loc) or "'" + loc in message else f"{loc}: {message}")
         else:
             problems.append(f"{loc}: {err['msg']}")
-    return f"{where}: " + "; ".join(problems)
+    return "; ".join(problems)
 
 
 def _is_loopback(host: str) -> bool:

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from reef.config import ServeConfig
+from reef.config import RECIPES, ServeConfig, find_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -205,20 +205,28 @@ def _is_documented(key: str, documented: set[str]) -> bool:
     return any(pattern.fullmatch(doc) for doc in documented)
 
 
+def all_config_keys() -> Iterator[str]:
+    """`ServeConfig`'s keys, and each built-in recipe's settings under `learner.<its name>`."""
+    yield from config_keys(ServeConfig)
+    for name in RECIPES:
+        yield f"learner.{name}"
+        yield from config_keys(find_recipe(name).Settings, f"learner.{name}.")
+
+
 def test_config_keys_walk_the_whole_model() -> None:
-    keys = set(config_keys(ServeConfig))
+    keys = set(all_config_keys())
     assert {"upstream.url", "learner.sao.lr", "learner.skills.gate.judge.url", "harness.scenarios.*.mode"} <= keys
 
 
 def test_every_setting_is_documented_in_configuration_md() -> None:
     documented = documented_keys()
-    missing = [key for key in config_keys(ServeConfig)
+    missing = [key for key in all_config_keys()
                if not key.endswith(".*") and not _is_documented(key, documented)]
     assert not missing, f"settings of reef.config.ServeConfig missing from docs/configuration.md's yaml: {missing}"
 
 
 def test_every_documented_setting_exists() -> None:
-    patterns = [_key_pattern(key) for key in config_keys(ServeConfig)]
+    patterns = [_key_pattern(key) for key in all_config_keys()]
     stale = sorted(doc for doc in documented_keys() if not any(p.fullmatch(doc) for p in patterns))
     assert not stale, f"docs/configuration.md's yaml has keys reef.config.ServeConfig does not know: {stale}"
 
@@ -241,15 +249,19 @@ def status_keys(value: Any, prefix: str = "") -> Iterator[str]:
 
 
 def learner_status_fields() -> set[str]:
-    """The keys every learner's `status()` returns (read from the source: a weights learner
-    needs the embedded model, too slow to start here)."""
+    """The keys a learner's `status()` and its recipe's add to it can return (read from the
+    source: a weights learner needs the embedded model, too slow to start here)."""
     fields: set[str] = set()
-    for path in sorted((ROOT / "reef" / "grow").glob("*.py")):
+    sources = sorted((ROOT / "reef" / "grow").glob("*.py")) + sorted((ROOT / "reef" / "recipes").glob("*.py"))
+    for path in sources:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef) and node.name == "status":
-                for ret in ast.walk(node):
-                    if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Dict):
-                        fields |= {k.value for k in ret.value.keys if isinstance(k, ast.Constant)}
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.Dict):
+                        fields |= {k.value for k in inner.keys if isinstance(k, ast.Constant)}
+                    elif isinstance(inner, ast.Subscript) and isinstance(inner.ctx, ast.Store) \
+                            and isinstance(inner.slice, ast.Constant):
+                        fields.add(inner.slice.value)
     return fields
 
 

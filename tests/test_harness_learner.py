@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from reef.commit.state import ReefState
-from reef.config import SkillsConfig
-from reef.core.types import Operation, Record, RecordStatus, Release, Report, Verdict
-from reef.grow.harness_learner import HarnessCandidate, HarnessLearner
+from reef.core.canonical import content_id_of
+from reef.core.learned import LearnedCandidate
+from reef.core.types import Operation, Record, RecordStatus, Report, Verdict
+from reef.grow.learner import Learner
 from reef.recipes.proposers.distill import DistillProposer
-from reef.recipes.skills import SkillsRecipe
-from reef.surfaces.harness import HarnessTree
+from reef.recipes.skills import SkillsConfig, SkillsRecipe
 
 FEEDBACK = "Answer with a single word only."
 
@@ -29,14 +29,13 @@ def report_failures(state: ReefState, start: int, n: int) -> None:
         state.store.put_report(Report(f"rep{i}", "s", (f"rec{i}",), 0.0, FEEDBACK))
 
 
-def learner(state: ReefState, decide: Any) -> HarnessLearner:
-    chain = state.chain("s")
+def learner(state: ReefState, decide: Any) -> Learner:
+    async def head_files() -> dict[str, bytes]:
+        return {}
 
-    async def head_harness() -> tuple[Release, dict[str, bytes], HarnessTree]:
-        return chain.head(), {}, HarnessTree()
-
-    config = SkillsConfig(min_recurrence=3, successes=0)
-    return HarnessLearner(chain, state.store, SkillsRecipe(config, DistillProposer(config)), decide, head_harness)
+    config = SkillsConfig.model_validate({"min_recurrence": 3, "successes": 0, "gate": {"holdout_fraction": 0.0}})
+    return Learner(state.chain("s"), state.store, SkillsRecipe(config, proposer=DistillProposer(config)), decide,
+                   head_files)
 
 
 def test_a_failing_gate_closes_its_batch_and_a_restart_resumes_an_open_one(tmp_path: Path) -> None:
@@ -44,7 +43,7 @@ def test_a_failing_gate_closes_its_batch_and_a_restart_resumes_an_open_one(tmp_p
     state.create("s", "skills")
     report_failures(state, 0, 3)
 
-    async def broken_gate(candidate: HarnessCandidate) -> Verdict:
+    async def broken_gate(candidate: LearnedCandidate) -> Verdict:
         raise ValueError("the scorer crashed")
 
     with pytest.raises(ValueError):
@@ -54,19 +53,19 @@ def test_a_failing_gate_closes_its_batch_and_a_restart_resumes_an_open_one(tmp_p
     assert "the scorer crashed" in history[-1].metrics["reason"]
 
     report_failures(state, 3, 3)
-    seen: list[HarnessCandidate] = []
+    seen: list[LearnedCandidate] = []
 
-    async def rejecting_gate(candidate: HarnessCandidate) -> Verdict:
+    async def rejecting_gate(candidate: LearnedCandidate) -> Verdict:
         seen.append(candidate)
         verdict = Verdict("reject", {"gate": "test"})
-        state.chain("s").reject(candidate.tree.content_id, candidate.base.release_id, verdict=verdict,
+        state.chain("s").reject(content_id_of(candidate.files), candidate.base_release_id, verdict=verdict,
                                 batch_id=candidate.batch_id, high_water=candidate.high_water)
         return verdict
 
     again = learner(state, rejecting_gate)
-    assert "rec0" in again.used  # an abandoned batch's records stay used after a restart
+    assert "rec0" in again.consumed  # an abandoned batch's records stay used after a restart
     assert asyncio.run(again.step()) is True
-    assert [m.body for m in seen[0].mutations] == [FEEDBACK]
+    assert [m["body"] for m in seen[0].metadata["mutations"]] == [FEEDBACK]
     batches = [e.batch for e in state.chain("s").history() if e.operation is Operation.BATCH]
     assert [b["record_ids"] for b in batches] == [["rec0", "rec1", "rec2"], ["rec3", "rec4", "rec5"]]
 

@@ -4,18 +4,19 @@ proposer's schema check, retries and fencing, and the recipe's batching."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import pytest
 
-from reef.config import SkillsConfig
 from reef.core.chat import Message
 from reef.core.errors import InvalidInput, RuntimeFailure
 from reef.core.fence import Fence, neutralise
 from reef.core.types import Record, RecordStatus, ReleaseRef, Report, ReportedRecords
 from reef.recipes.proposers.distill import STILL_MISSED, DistillProposer, normalise, themes
 from reef.recipes.proposers.llm import LLMProposer, parse_mutations, prompt_messages
-from reef.recipes.skills import Batch, Observation, ProposalFailed, SkillsRecipe, feedback_text
+from reef.grow.recipe import LearnerView
+from reef.recipes.skills import Batch, Observation, ProposalFailed, SkillsConfig, SkillsRecipe, feedback_text
 from reef.surfaces.harness import HarnessTree
 
 SERVING = ReleaseRef("r", "c", "l")
@@ -116,15 +117,19 @@ def record(i: int) -> Record:
 
 
 def test_the_recipe_sorts_records_and_never_takes_one_twice() -> None:
-    recipe = SkillsRecipe(SkillsConfig(proposer="llm", batch_size=2, successes=1),
-                          LLMProposer(SkillsConfig(proposer="llm", batch_size=2), ScriptedEndpoint([])))  # type: ignore[arg-type]
+    config = SkillsConfig.model_validate({"proposer": "llm", "batch_size": 2, "successes": 1,
+                                          "gate": {"holdout_fraction": 0.0}})
+    recipe = SkillsRecipe(config, proposer=LLMProposer(config, ScriptedEndpoint([])))  # type: ignore[arg-type]
     items = [ReportedRecords(Report(f"rep{i}", "s", (f"rec{i}",), score, {"reason": f"why {i}"}, seq=i), (record(i),))
              for i, score in [(1, 0.0), (2, 1.0), (3, 0.2), (4, 0.1)]]
-    consumed: set[str] = set()
-    intake = recipe.intake(items + items[:1], consumed)
-    assert intake.dropped["already_used"] == 1 and feedback_text({"reason": "why 1"}) == "why 1"
-    recipe.take(intake)
-    batch = recipe.next_batch(HarnessTree())
+
+    async def no_files() -> dict[str, bytes]:
+        return {}
+
+    view = LearnerView("s", set(), lambda release_id: 0, lambda: SimpleNamespace(release_id="r"), no_files)  # type: ignore[arg-type, return-value]
+    recipe.intake(items + items[:1], view)
+    assert view.dropped["already_used"] == 1 and feedback_text({"reason": "why 1"}) == "why 1"
+    batch = asyncio.run(recipe.next_batch(view))
     assert batch is not None and [o.record_id for o in batch.failures] == ["rec1", "rec4"]
     assert [o.record_id for o in batch.successes] == ["rec2"] and batch.failures[0].feedback == "why 1"
-    assert recipe.next_batch(HarnessTree()) is None and recipe.waiting_low_seq() == 3
+    assert asyncio.run(recipe.next_batch(view)) is None and recipe.high_water(99) == 2  # rec3 still waits

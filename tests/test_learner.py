@@ -15,11 +15,11 @@ import pytest
 from reef.commit.gate import sign_test_p
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
-from reef.config import SAOConfig
 from reef.core.types import Operation, Record, RecordStatus, ReleaseRef, Report, TokenSpan, Verdict
-from reef.grow.learner import WeightsLearner
+from reef.grow.learner import Learner
+from reef.grow.training_client import TrainingClient
 from reef.grow.worker import TrainingWorker
-from reef.recipes.sao import SAORecipe
+from reef.recipes.sao import SAOConfig, SAORecipe
 
 PROMPT = [1, 4093, 198, 19556, 314, 216, 33, 30, 2, 198, 1, 520, 9531, 198]  # any ids the tiny model knows
 LOSING = {"wins": 0, "losses": 6, "p_worse": sign_test_p(6, 0)}  # surely worse: dropped
@@ -68,15 +68,14 @@ class Rig:
             self.fed += 1
         return ids
 
-    def learner(self, gate: ScriptedGate) -> WeightsLearner:
+    def learner(self, gate: ScriptedGate) -> Learner:
         async def serve_release(chain: Any, release: Any) -> None:
             return None  # no runtime here: what is served is the server's business
 
         publisher = CandidatePublisher(self.chain, gate, serve_release)  # type: ignore[arg-type]
-        recipe = SAORecipe(SAOConfig(batch_size=4, steps_per_candidate=1, lr=0.01, max_staleness=5),
-                           holdout_fraction=0.0)
-        return WeightsLearner(self.chain, self.state.store, recipe, self.worker, publisher.decide,
-                              publisher.head_files, poll_interval=0.05)
+        recipe = SAORecipe(SAOConfig(batch_size=4, steps_per_candidate=1, lr=0.01, max_staleness=5))
+        return Learner(self.chain, self.state.store, recipe, publisher.decide, publisher.head_files,
+                       TrainingClient(self.worker, "s"), poll_interval=0.05)
 
     def closers(self) -> list[tuple[str, str]]:
         """(operation, batch id) of every step that closed a batch, in order."""

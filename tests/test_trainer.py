@@ -69,6 +69,11 @@ def weights(files: dict[str, bytes]) -> dict[str, Any]:
     return load_safetensors(files["adapter_model.safetensors"])
 
 
+def adapter_only(files: dict[str, bytes]) -> dict[str, bytes]:
+    """A checkpoint without its optimiser state (as an adapter from elsewhere comes)."""
+    return {name: data for name, data in files.items() if not name.startswith("training/")}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread() -> Iterator[None]:
     """One torch thread here and in the worker's child: on a small shared machine, two processes
@@ -108,7 +113,8 @@ def test_on_policy_logprobs_and_ratios_are_one(trainer: LoRATrainer, rollouts: l
 
 def test_a_fresh_adapter_is_exactly_the_base_model(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
     files, _ = trainer.step("fresh", None, samples_of(rollouts[:2], [1.0, -1.0]), TrainConfig(lr=0.0))
-    assert set(files) == {"adapter_config.json", "adapter_model.safetensors"}
+    assert set(files) == {"adapter_config.json", "adapter_model.safetensors", "training/optimizer.safetensors",
+                          "training/state.json"}  # the checkpoint carries AdamW's state
     tensors = weights(files)
     assert any("lora_B" in k for k in tensors) and all(not t.any() for k, t in tensors.items() if "lora_B" in k)
     seqs = [(p, c) for p, c, _, _ in rollouts]
@@ -146,25 +152,26 @@ def test_off_policy_tokens_are_masked(trainer: LoRATrainer, rollouts: list[Rollo
     assert m["clipped_fraction"] == pytest.approx(masked_tokens / m["tokens"])
 
 
-def test_a_rollback_restarts_the_optimiser(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
+def test_a_rollback_restarts_from_its_checkpoints_optimiser(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
     samples = samples_of(rollouts[:4], [1.0, -1.0, 0.5, -0.5])
     start, _ = trainer.step("rb-elsewhere", None, samples, TrainConfig(lr=0.0))  # "rb" has no state on it
     first, _ = trainer.step("rb", start, samples, TrainConfig(lr=1e-2))
     second, _ = trainer.step("rb", first, samples, TrainConfig(lr=1e-2))  # continues the AdamW state
-    again, _ = trainer.step("rb", start, samples, TrainConfig(lr=1e-2))  # a rollback: fresh AdamW state
+    again, _ = trainer.step("rb", start, samples, TrainConfig(lr=1e-2))  # a rollback: start's AdamW state again
     assert not all(torch.equal(a, weights(first)[k]) for k, a in weights(second).items())
     assert all(torch.equal(a, weights(first)[k]) for k, a in weights(again).items())
+    cold, _ = trainer.step("rb", adapter_only(start), samples, TrainConfig(lr=1e-2))  # no optimiser state: fresh
+    assert not all(torch.equal(a, weights(first)[k]) for k, a in weights(cold).items())
 
 
 def test_a_fresh_optimiser_ramps_its_learning_rate_up(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
-    from reef.config import SAOConfig
-    from reef.recipes.sao import SAORecipe
+    from reef.recipes.sao import SAOConfig, SAORecipe
 
     assert [warmed_up_lr(TrainConfig(lr=1.0, warmup_steps=4), n) for n in range(6)] == [0.25, 0.5, 0.75, 1, 1, 1]
     assert warmed_up_lr(TrainConfig(lr=1.0), 0) == 1.0
     assert SAORecipe(SAOConfig(warmup_steps=3)).train_config().warmup_steps == 3
     samples = samples_of(rollouts[:4], [1.0, -1.0, 0.5, -0.5])
-    start, _ = trainer.step("wu-elsewhere", None, samples, TrainConfig(lr=0.0))
+    start = adapter_only(trainer.step("wu-elsewhere", None, samples, TrainConfig(lr=0.0))[0])  # a fresh optimiser
 
     def moved(files: dict[str, bytes]) -> float:
         return max(float((a - weights(start)[k]).abs().max()) for k, a in weights(files).items())

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reef.core.canonical import check_scenario_name, content_hash, new_id, scenario_key
+from reef.core.canonical import check_scenario_name, content_id_of, new_id, scenario_key
 from reef.core.errors import Corruption, InvalidInput, MissingArtifact, StaleHead, StorageUnavailable
 from reef.core.types import ArtifactKind
 
@@ -114,11 +114,6 @@ class ArtifactManifest:
             return cls(d["content_id"], d.get("parent_release_id"), d["kind"], d["source"], d["metadata"])
         except (KeyError, TypeError) as exc:
             raise InvalidInput(f"artifact manifest needs content_id, kind, source, metadata: {exc!r}") from None
-
-
-def content_id_of(files: Mapping[str, bytes]) -> str:
-    """'sha256:' + sha256 of the canonical JSON list of [path, sha256(bytes)], sorted by path."""
-    return "sha256:" + content_hash(sorted([p, hashlib.sha256(b).hexdigest()] for p, b in files.items()))
 
 
 def is_lfs_path(path: str) -> bool:

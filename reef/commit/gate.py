@@ -12,26 +12,30 @@ verdict carries its metrics (per-task results included) into the release chain.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from reef.config import GateConfig
 from reef.core.chat import ChatRequest, ChatResult, Message
+from reef.core.dotted import load_dotted
 from reef.core.errors import InvalidInput
 from reef.core.types import ReleaseRef, Verdict
-from reef.grow.samples import Sample
-from reef.grow.worker import TrainingWorker
+from reef.core.training import Sample
 from reef.runtimes.base import Runtime
 
 Scorer = Callable[[dict[str, Any], str], float]
 MIN_HOLDOUT_EACH = 2
 
 
+class LogProbs(Protocol):  # the training process's scoring (`reef.grow.worker.TrainingWorker`)
+    async def logprobs(self, adapter_files: dict[str, bytes] | None,
+                       sequences: list[tuple[list[int], list[int]]]) -> list[list[float]]: ...
+
+
 class WeightsGate:
-    def __init__(self, config: GateConfig, runtime: Runtime, worker: TrainingWorker) -> None:
+    def __init__(self, config: GateConfig, runtime: Runtime, worker: LogProbs) -> None:
         self.config = config
         self.runtime = runtime
         self.worker = worker
@@ -152,11 +156,7 @@ def load_tasks(path: Path) -> list[dict[str, Any]]:
 
 
 def load_scorer(dotted: str) -> Scorer:
-    module_name, _, attr = dotted.partition(":")
-    try:
-        scorer = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise InvalidInput(f"cannot load scorer {dotted!r} (module:function): {exc}") from None
+    scorer = load_dotted(dotted, "scorer", "module:function")
     if not callable(scorer):
         raise InvalidInput(f"scorer {dotted!r} is not callable")
     return scorer

@@ -43,7 +43,7 @@ class HarnessGate:
         self.scorer: Scorer | None = load_scorer(config.scorer) if config.scorer else None
         self.judge = ModelEndpoint(config.judge, runtime) if config.judge and not self.scorer else None
         if self.scorer is None and self.judge is None:
-            raise InvalidInput("learner.skills.gate needs a scorer (module:function) or a judge model")
+            raise InvalidInput("the harness gate needs a scorer (module:function) or a judge model")
         self._cache: dict[tuple[str, str], list[tuple[float, str]]] = {}  # fixed tasks only
 
     async def judge_candidate(self, serving: ReleaseRef, current: HarnessTree, candidate: HarnessTree,

@@ -1,11 +1,11 @@
-"""From a trained adapter to a served release: the gate decides, the chain records, the runtime swaps.
+"""From a learned candidate to a served release: the gate decides, the chain records, the runtime swaps.
 
 A selected candidate is committed to the artifact store and published on the head by
 compare-and-swap, then loaded under a new runtime_load_id and made the serving release (new
 requests get it; requests in flight finish on theirs; the old load is unloaded once unpinned).
 A rejected one is logged with its verdict and never served; one the gate sends to `review` is
 published pending and served only once promoted. Each closes the learner's batch. `settle` is
-shared by the weights and the harness learners.
+shared by the weights and the harness publishers; neither knows which recipe made a candidate.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
-from reef.commit.artifacts import content_id_of
 from reef.commit.gate import WeightsGate
-from reef.commit.release_chain import Candidate, ReleaseChain
-from reef.core.types import Release, Verdict
-from reef.grow.learner import TrainedCandidate
+from reef.commit.release_chain import ReleaseChain
+from reef.core.canonical import content_id_of
+from reef.core.learned import LearnedCandidate
+from reef.core.types import Candidate, Release, Verdict
 from reef.surfaces.harness import PREFIX as HARNESS_PREFIX, artifact_kind
 
 Serve = Callable[[ReleaseChain, Release], Awaitable[Any]]
@@ -32,28 +32,27 @@ class CandidatePublisher:
     async def head_files(self) -> dict[str, bytes]:
         return await asyncio.to_thread(self.chain.artifacts.files, self.chain.head().release_id)
 
-    async def decide(self, candidate: TrainedCandidate) -> Verdict:
+    async def decide(self, candidate: LearnedCandidate) -> Verdict:
+        """Weights: judged against the head at judging time (it may have moved since the
+        candidate started training: the adapter replaces the weights whatever they were)."""
         assert self.gate is not None
         head, serving = self.chain.head(), self.chain.serving()
         content_id = content_id_of(candidate.files)
         head_files = await self.head_files()
-        verdict = await self.gate.judge(serving, head_files, content_id, candidate.files, candidate.holdout)
+        verdict = await self.gate.judge(serving, head_files, content_id, candidate.files, candidate.held_out)
         # the head's harness (a seeded one) stays with the new weights
         files = {**candidate.files, **{p: d for p, d in head_files.items() if p.startswith(HARNESS_PREFIX)}}
-        artifact = Candidate(files, artifact_kind(files), {"kind": "training", "batch_id": candidate.batch_id},
-                             {"recipe": "sao"})
-        return await self.settle(artifact, verdict, head.release_id, batch_id=candidate.batch_id,
-                                 algorithm_state=candidate.algorithm_state,
+        return await self.settle(candidate, artifact(candidate, files), verdict, head.release_id,
                                  # the next batch may already be logged with a later cursor: never go back
-                                 high_water=max(candidate.high_water, self.chain.high_water()),
-                                 metrics={"training": candidate.metrics})
+                                 high_water=max(candidate.high_water, self.chain.high_water()))
 
-    async def settle(self, artifact: Candidate, verdict: Verdict, judged_head: str, *, batch_id: str,
-                     algorithm_state: Any, high_water: int, metrics: dict[str, Any]) -> Verdict:
+    async def settle(self, candidate: LearnedCandidate, artifact: Candidate, verdict: Verdict, judged_head: str, *,
+                     high_water: int) -> Verdict:
         """Log a candidate judged against `judged_head` (StaleHead if the head moved since):
         rejected, published and served (`select`), or published pending review (`review`,
         served only once promoted)."""
-        common = dict(batch_id=batch_id, algorithm_state=algorithm_state, high_water=high_water, metrics=metrics)
+        common = dict(batch_id=candidate.batch_id, algorithm_state=candidate.algorithm_state, high_water=high_water,
+                      metrics=candidate.metrics)
         if verdict.decision == "reject":
             await asyncio.to_thread(self.chain.reject, artifact.content_id, judged_head, verdict=verdict, **common)
             return verdict
@@ -61,3 +60,9 @@ class CandidatePublisher:
         if not release.pending:
             await self.serve_release(self.chain, release)
         return verdict
+
+
+def artifact(candidate: LearnedCandidate, files: dict[str, bytes]) -> Candidate:
+    """The content to commit, with where it came from: the recipe and what it recorded."""
+    return Candidate(files, artifact_kind(files), {"kind": "training", "batch_id": candidate.batch_id},
+                     {"recipe": candidate.recipe, **candidate.metadata})

@@ -22,28 +22,13 @@ the log is what makes check-head, commit-artifact, append one compare-and-swap e
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-from reef.commit.artifacts import ArtifactManifest, ArtifactStore, content_id_of
+from reef.commit.artifacts import ArtifactManifest, ArtifactStore
 from reef.commit.commit_log import CommitLog
 from reef.core.errors import Conflict, InvalidInput, NotFound, StaleHead
-from reef.core.types import ArtifactKind, CommitEntry, JSON, Operation, Release, ReleaseRef, Verdict
+from reef.core.types import ArtifactKind, Candidate, CommitEntry, JSON, Operation, Release, ReleaseRef, Verdict
 from reef.observe.store import ExperienceStore
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """Content a recipe proposes: files of a LoRA adapter, a harness tree, or both."""
-
-    files: Mapping[str, bytes]
-    kind: ArtifactKind
-    source: JSON = field(default_factory=lambda: {"kind": "training"})
-    metadata: JSON = field(default_factory=dict)
-
-    @property
-    def content_id(self) -> str:
-        return content_id_of(self.files)
 
 
 class ReleaseChain:

@@ -12,7 +12,7 @@ import json
 import math
 import re
 import uuid
-from typing import Any
+from typing import Any, Mapping
 
 from reef.core.errors import InvalidInput
 
@@ -33,6 +33,12 @@ def sha256_hex(data: bytes | str) -> str:
 
 def content_hash(value: Any) -> str:
     return sha256_hex(canonical_json(value))
+
+
+def content_id_of(files: Mapping[str, bytes]) -> str:
+    """A release content's id: 'sha256:' + sha256 of the canonical JSON list of
+    [path, sha256(bytes)], sorted by path."""
+    return "sha256:" + content_hash(sorted([p, sha256_hex(b)] for p, b in files.items()))
 
 
 def new_id() -> str:

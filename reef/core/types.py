@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import Any, Mapping
 
-from reef.core.canonical import check_finite, check_id, check_scenario_name
+from reef.core.canonical import check_finite, check_id, check_scenario_name, content_id_of
 from reef.core.errors import InvalidInput
 
 JSON = dict[str, Any]
@@ -43,6 +43,20 @@ class ArtifactKind(str, Enum):
     HARNESS = "harness"
     BOTH = "both"
     EMPTY = "empty"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Content to publish: files of a LoRA adapter, a harness tree, or both."""
+
+    files: Mapping[str, bytes]
+    kind: ArtifactKind
+    source: JSON = field(default_factory=lambda: {"kind": "training"})
+    metadata: JSON = field(default_factory=dict)
+
+    @property
+    def content_id(self) -> str:
+        return content_id_of(self.files)
 
 
 @dataclass(frozen=True)

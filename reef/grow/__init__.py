@@ -1,9 +1,8 @@
-"""grow: the learners and the training process.
+"""grow: experience in, candidates out.
 
-A learner per learning scenario reads new reports since its cursor, lets the scenario's recipe
-turn them into a batch (logged in the commit log before any work), and turns the batch into a
-candidate: weights through the training process (`learner.py`; `worker.py` runs `trainer.py`
-in a child process), the harness through a proposer (`harness_learner.py`). The candidate goes
-to commit's publisher. `loop.py` is the step loop both learners run. See docs/learning.md and
-docs/architecture.md.
+The generic learner loop (`learner.py`: report cursor, batch log, gate hand-off, recovery), the
+`Recipe` protocol it drives (`recipe.py`), and the training primitives weights recipes use:
+`training_client.py` in the serving process, `worker.py` for the training process,
+`trainer.py`, `losses.py` and `checkpoint.py` inside it (the only modules that import torch).
+See docs/recipes.md, docs/learning.md and docs/architecture.md.
 """

@@ -1,15 +1,19 @@
-"""The weights learner of one scenario: reported records in, candidate adapters out.
+"""The learner of one scenario, the same loop for every recipe: reported records in, candidates out.
 
-One loop, in a fixed, visible order: read new reports since the cursor, let the recipe turn
-them into samples (or count why not), and once there are enough for a candidate: log the batch
-(invariant 9, before any training), train `steps_per_candidate` optimiser steps in the training
-process, and hand the adapter to the publisher (the gate, then publish or reject, which closes
-the batch in the log). The gate judges in the background while the next candidate trains on
-from the last one, so the training process does not idle through every evaluation: at most
-two batches are open, one at the gate and one in training. A candidate trained from one the
-gate then rejected as no better is abandoned (logged) unjudged. On start, the batches the log
-shows open are resumed in order if their records are all still there, and abandoned (logged)
-otherwise. Serving never waits on any of this.
+One loop, in a fixed, visible order: read new reports since the cursor and let the recipe take
+them in (or count why not); once the recipe has a batch, log it (invariant 9, before any work),
+let the recipe make a candidate of it (train through the primitives, or propose a harness
+change), and hand the candidate to the publisher (the gate, then publish, hold for review or
+reject, which closes the batch in the log). A recipe that gives no candidate closes its batch
+as abandoned, with its reason.
+
+Weights candidates are pipelined: the gate judges one in the background while the next trains
+on from it, so the training process does not idle through every evaluation; at most two batches
+are open, one at the gate and one in training. A candidate trained on from one the gate then
+found surely worse is abandoned (logged) unjudged, and a rollback sends training back to the
+head. A harness candidate is made from the head and judged against exactly that head, one at a
+time. On start, the batches the log shows open are resumed in order if their records are all
+still there, and abandoned (logged) otherwise. Serving never waits on any of this.
 """
 
 from __future__ import annotations
@@ -17,95 +21,68 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections import Counter, deque
-from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol
 
 from reef.core.canonical import new_id
-from reef.core.errors import NotFound
-from reef.core.types import Verdict
-from reef.observe.store import ExperienceStore
-from reef.recipes.sao import SAORecipe, ScoredSample
-from reef.grow.samples import Sample
+from reef.core.errors import NotFound, StaleHead
+from reef.core.learned import LearnedCandidate
+from reef.core.training import checkpoint_part
+from reef.core.types import CommitEntry, Operation, Release, ReleaseRef, ReportedRecords, Verdict
+from reef.grow.learner_stats import LearnerStats, promising
 from reef.grow.loop import keep_stepping
-from reef.grow.worker import TrainingWorker
+from reef.grow.recipe import Abandon, Batch, Job, LearnerView, Made, Recipe
+from reef.grow.training_client import TrainingClient
+from reef.observe.store import ExperienceStore
 
 log = logging.getLogger("reef.learner")
-HOLDOUT_KEEP = 64
-WORSE_P = 0.05  # a rejected candidate is trained on unless the gate is this sure it is worse
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-
-
-@dataclass
-class TrainedCandidate:
-    scenario: str
-    batch_id: str
-    files: dict[str, bytes]
-    metrics: dict[str, Any]
-    algorithm_state: dict[str, Any]
-    high_water: int
-    holdout: list[tuple[float, Sample]]
+WORKING_STATE = {"weights": "training", "harness": "proposing"}
 
 
 class Chain(Protocol):  # the parts of commit's ReleaseChain a learner uses
     scenario: str
 
     def last_step(self) -> int: ...
-    def head(self) -> Any: ...
+    def head(self) -> Release: ...
+    def serving(self) -> ReleaseRef: ...
     def high_water(self) -> int: ...
     def algorithm_state(self) -> dict | None: ...
-    def open_batch(self) -> dict | None: ...
-    def consumed_record_ids(self) -> set[str]: ...
-    def releases(self) -> list[Any]: ...
+    def releases(self) -> list[Release]: ...
     def open_batches(self) -> list[dict]: ...
+    def history(self) -> list[CommitEntry]: ...
     def begin_batch(self, batch_id: str, record_ids: list[str], report_ids: list[str], *, high_water: int,
                     expected_step: int, max_open: int = 1) -> Any: ...
     def abandon_batch(self, batch_id: str, reason: str) -> Any: ...
 
 
-Decide = Callable[[TrainedCandidate], Awaitable[Verdict]]
+Decide = Callable[[LearnedCandidate], Awaitable[Verdict]]
 HeadFiles = Callable[[], Awaitable[dict[str, bytes]]]
 
 
-@dataclass
-class LearnerStats:
-    state: str = "starting"
-    pending_samples: int = 0
-    held_out: int = 0
-    candidates: int = 0
-    published: int = 0
-    rejected: int = 0
-    abandoned: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)
-    last_verdict: dict[str, Any] | None = None
-    last_error: str | None = None
-    last_train_seconds: float | None = None
-    last_metrics: dict[str, Any] = field(default_factory=dict)
-
-
-class WeightsLearner:
-    def __init__(self, chain: Chain, store: ExperienceStore, recipe: SAORecipe, worker: TrainingWorker,
-                 decide: Decide, head_files: HeadFiles, poll_interval: float = 0.5) -> None:
+class Learner:
+    def __init__(self, chain: Chain, store: ExperienceStore, recipe: Recipe, decide: Decide, head_files: HeadFiles,
+                 trainer: TrainingClient | None = None, poll_interval: float = 0.5) -> None:
         self.chain = chain
         self.scenario = chain.scenario
         self.store = store
         self.recipe = recipe
-        self.worker = worker
         self.decide = decide
         self.head_files = head_files
+        self.trainer = trainer
         self.poll_interval = poll_interval
+        self.pipelined = recipe.surface == "weights"
         self.stats = LearnerStats()
-        self.pending: list[ScoredSample] = []
-        self.holdout: deque[ScoredSample] = deque(maxlen=HOLDOUT_KEEP)
         self.cursor = chain.high_water()
-        self.consumed = chain.consumed_record_ids()
-        self.algorithm_state = chain.algorithm_state()  # ahead of the log while a candidate is judged
-        self.working: dict[str, bytes] | None = None  # the adapter being trained, once it differs from the head
+        self.consumed = batched_record_ids(chain)
+        self.algorithm_state = dict(chain.algorithm_state() or {})  # ahead of the log while a candidate is judged
+        self.view = LearnerView(self.scenario, self.consumed, self._staleness_of, chain.head, self._head_files,
+                                self.stats.dropped)
+        self.working: dict[str, bytes] | None = None  # the last candidate, once training goes on from it
         self.working_head: str | None = None  # the head `working` continues from; a rollback resets it
         self.lineage = 0  # bumped whenever `working` is dropped: candidates trained from it are void
         self.drop_reason = ""
         self.judging: asyncio.Task[None] | None = None  # the candidate at the gate, while the next one trains
+        self._head: tuple[str, dict[str, bytes]] | None = None
+        self._positions: tuple[int, dict[str, int]] | None = None  # (log step, release id -> releases since)
 
     async def run(self) -> None:
         try:
@@ -117,103 +94,104 @@ class WeightsLearner:
 
     async def recover(self) -> None:
         """Resume the batches the log shows open, oldest first, or abandon them (logged)."""
-        for batch in self.chain.open_batches():
+        for logged in self.chain.open_batches():
+            batch_id = logged["batch_id"]
             try:
-                items = [self._rescore(rid) for rid in batch["record_ids"]]
+                batch = self.recipe.resume([reported_record(self.store, rid) for rid in logged["record_ids"]])
             except NotFound as exc:
-                await self._abandon(batch["batch_id"], f"cannot resume after restart: {exc}")
+                await self._abandon(batch_id, f"cannot resume after restart: {exc}")
                 continue
-            log.info("learner %s: resuming batch %s after a restart", self.scenario, batch["batch_id"])
+            log.info("learner %s: resuming batch %s after a restart", self.scenario, batch_id)
             try:
-                await self._train(items, batch["batch_id"], int(batch.get("high_water", self.cursor)), logged=True)
-            except Exception as exc:  # noqa: BLE001 - abandoned by _train; the next batch and learning go on
-                log.exception("learner %s: resuming batch %s failed", self.scenario, batch["batch_id"])
+                await self._make(batch, batch_id, int(logged.get("high_water", self.cursor)), logged=True)
+            except Exception as exc:  # noqa: BLE001 - abandoned by _make; the next batch and learning go on
+                log.exception("learner %s: resuming batch %s failed", self.scenario, batch_id)
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
         await self._judged()
 
     async def step(self) -> bool:
-        """Take in new reports; train a candidate when there are enough samples. True if it did work."""
+        """Take in new reports; make a candidate when the recipe has a batch. True if it did work."""
         if self.judging is not None and self.judging.done():
             await self._judged()
         items = self.store.reported_since(self.scenario, self.cursor, limit=512)
         if items:
-            positions = {r.release_id: i for i, r in enumerate(self.chain.releases())}  # 0 = the head
-            intake = self.recipe.intake(items, positions.get, self.consumed)
+            self.recipe.intake(items, self.view)
             self.cursor = items[-1].cursor
-            self.pending.extend(intake.samples)
-            self.holdout.extend(intake.held_out)
-            self.stats.dropped.update(intake.dropped)
-        self.stats.pending_samples, self.stats.held_out = len(self.pending), len(self.holdout)
-        size = self.recipe.candidate_size
-        if len(self.pending) < size:
+        batch = await self.recipe.next_batch(self.view)
+        if batch is None:
             self.stats.state = "collecting" if self.judging is None else "evaluating"
             return bool(items)
-        # The newest samples: the policy gradient is only as good as its samples are close to the
-        # policy being trained, so what waited behind them is superseded, not trained later.
-        batch, superseded, self.pending = self.pending[-size:], self.pending[:-size], []
-        self.stats.dropped["superseded"] += len(superseded)
-        await self._train(batch, new_id(), self.cursor, logged=False)
+        await self._make(batch, new_id(), self.recipe.high_water(self.cursor), logged=False)
         return True
 
-    async def _train(self, batch: list[ScoredSample], batch_id: str, high_water: int, logged: bool) -> None:
-        """Train a candidate on `batch` and send it to the gate. The gate judges in the
-        background while the next candidate trains (from this one); at most one is judged at a
-        time, so this waits for the previous verdict before handing its own candidate over."""
+    async def _make(self, batch: Batch, batch_id: str, high_water: int, logged: bool) -> None:
+        """Make a candidate of `batch` and send it to the gate. A weights candidate is judged in
+        the background while the next one trains (from it); at most one is judged at a time, so
+        this waits for the previous verdict before handing its own candidate over."""
         if not logged:
             self.stats.state = "logging batch"
-            await asyncio.to_thread(self.chain.begin_batch, batch_id, [s.record_id for s in batch],
-                                    sorted({s.report_id for s in batch}), high_water=high_water,
-                                    expected_step=self.chain.last_step(), max_open=2)
-        self.consumed.update(s.record_id for s in batch)
-        samples, self.algorithm_state = self.recipe.with_advantages(batch, self.algorithm_state)
-        state = self.algorithm_state
+            await asyncio.to_thread(self.chain.begin_batch, batch_id, batch.record_ids, batch.report_ids,
+                                    high_water=high_water, expected_step=self.chain.last_step(),
+                                    max_open=2 if self.pipelined else 1)
+        self.consumed.update(batch.record_ids)
+        self.stats.batches += 1
         if self.judging is None and self.chain.head().release_id != self.working_head:
             self._drop_working("the head moved (a rollback)")
         lineage = self.lineage
+        job = await self._job(batch_id)
+        self.stats.state = WORKING_STATE[self.recipe.surface]
         try:
-            files = await self._train_steps(samples)
+            made = await self.recipe.candidate(batch, job)
+        except Abandon as exc:
+            await self._abandon(batch_id, f"{exc.kind}: {exc.reason}")
+            return
         except Exception as exc:
-            await self._abandon(batch_id, f"training failed: {type(exc).__name__}: {exc}")
+            await self._abandon(batch_id, f"{self.stats.state} failed: {type(exc).__name__}: {exc}")
             raise
+        finally:
+            self.algorithm_state = job.algorithm_state
         self.stats.state = "evaluating"
         await self._judged()
         if lineage != self.lineage:  # the candidate it trained on from was dropped meanwhile
             await self._abandon(batch_id, f"trained on from a candidate that was dropped: {self.drop_reason}")
             return
-        self.working = files
+        self.working = made.files
         self.stats.candidates += 1
-        candidate = TrainedCandidate(self.scenario, batch_id, files, dict(self.stats.last_metrics), dict(state),
-                                     high_water, [(s.score, s.sample) for s in self.holdout])
-        self.judging = asyncio.get_running_loop().create_task(self._judge(candidate), name=f"gate:{self.scenario}")
+        candidate = self._candidate(batch_id, high_water, job, made)
+        if self.pipelined:
+            self.judging = asyncio.get_running_loop().create_task(self._judge(candidate), name=f"gate:{self.scenario}")
+        else:
+            await self._judge(candidate)
+            self.stats.state = "collecting"
 
-    async def _train_steps(self, samples: list[Sample]) -> dict[str, bytes]:
-        files = self.working if self.working is not None else _adapter_only(await self.head_files())
-        self.stats.state = "training"
-        started = time.monotonic()
-        step_size = self.recipe.config.batch_size
-        for start in range(0, len(samples), step_size):
-            files, self.stats.last_metrics = await self.worker.train(
-                self.scenario, files or None, samples[start:start + step_size], self.recipe.train_config())
-        self.stats.last_train_seconds = round(time.monotonic() - started, 3)
-        return files
+    async def _job(self, batch_id: str) -> Job:
+        head = self.chain.head()
+        head_files = await self._head_files()
+        start = self.working if self.working is not None else checkpoint_part(head_files)
+        return Job(self.scenario, batch_id, start, head, head_files, self.chain.serving(), self.trainer,
+                   dict(self.algorithm_state))
 
-    async def _judge(self, candidate: TrainedCandidate) -> None:
+    def _candidate(self, batch_id: str, high_water: int, job: Job, made: Made) -> LearnedCandidate:
+        state = {**job.algorithm_state, "recipe": self.recipe.name}
+        return LearnedCandidate(self.scenario, batch_id, self.recipe.name, made.files, job.head.release_id,
+                                job.head_files, high_water, made.metadata, made.metrics, state, made.held_out)
+
+    async def _judge(self, candidate: LearnedCandidate) -> None:
         """The gate, then publish or reject (which closes the batch in the log)."""
         try:
             verdict = await self.decide(candidate)
+        except StaleHead as exc:  # a rollback or promote moved the head while the gate ran
+            self._drop_working("the head moved during evaluation")
+            await self._abandon(candidate.batch_id, f"head_moved: the head moved during evaluation: {exc}")
+            return
         except Exception as exc:
             self._drop_working(f"its evaluation failed ({type(exc).__name__})")
             await self._abandon(candidate.batch_id, f"evaluation failed: {type(exc).__name__}: {exc}")
             raise
-        self.stats.last_verdict = {"decision": verdict.decision,
-                                   **{k: v for k, v in verdict.metrics.items() if k != "per_task"}}
+        self.stats.count(verdict)
         self.working_head = self.chain.head().release_id
-        if verdict.decision == "select":
-            self.stats.published += 1
-        else:
-            self.stats.rejected += 1
-            if not _promising(verdict):  # the next candidate starts again from the head
-                self._drop_working("the gate found it worse than the serving release")
+        if verdict.decision == "reject" and not promising(verdict):  # the next candidate starts again from the head
+            self._drop_working("the gate found it worse than the serving release")
 
     async def _judged(self) -> None:
         """Wait for the candidate at the gate, if any; a failure there is shown, not raised."""
@@ -232,41 +210,47 @@ class WeightsLearner:
         self.working, self.lineage, self.drop_reason = None, self.lineage + 1, reason
 
     async def _abandon(self, batch_id: str, reason: str) -> None:
+        log.warning("learner %s: batch %s abandoned: %s", self.scenario, batch_id, reason)
         with contextlib.suppress(NotFound):
             await asyncio.to_thread(self.chain.abandon_batch, batch_id, reason)
         self.stats.abandoned += 1
 
-    def _rescore(self, record_id: str) -> ScoredSample:
-        """Rebuild a logged batch's sample from the store (its record and latest report)."""
-        record = self.store.get_record(record_id)
-        reports = self.store.reports_for(record_id)
-        if not reports:
-            raise NotFound(f"record {record_id} has no report")
-        intake_sample = self.recipe.sample_of(record)
-        report = reports[-1]
-        return ScoredSample(record_id, report.id, report.seq or 0, report.score, intake_sample)
+    def _staleness_of(self, release_id: str) -> int | None:
+        """How many releases were published after `release_id` (None: not in this chain)."""
+        step = self.chain.last_step()
+        if self._positions is None or self._positions[0] != step:
+            self._positions = (step, {r.release_id: i for i, r in enumerate(self.chain.releases())})  # 0 = the head
+        return self._positions[1].get(release_id)
+
+    async def _head_files(self) -> dict[str, bytes]:
+        """The head's content, read once per head."""
+        head = self.chain.head().release_id
+        if self._head is None or self._head[0] != head:
+            self._head = (head, await self.head_files())
+        return self._head[1]
 
     def status(self) -> dict[str, Any]:
         s = self.stats
-        return {"scenario": self.scenario, "recipe": self.recipe.name, "state": s.state, "cursor": self.cursor,
-                "pending_samples": s.pending_samples, "held_out": s.held_out, "candidates": s.candidates,
-                "published": s.published, "rejected": s.rejected, "abandoned": s.abandoned,
-                "dropped": dict(s.dropped), "last_verdict": s.last_verdict, "last_error": s.last_error,
-                "last_train_seconds": s.last_train_seconds, "training_queue": self.worker.pending().get(self.scenario, 0)}
+        out = {"scenario": self.scenario, "recipe": self.recipe.name, "surface": self.recipe.surface,
+               "state": s.state, "cursor": self.cursor, **self.recipe.status(), "batches": s.batches,
+               "candidates": s.candidates, "published": s.published, "pending_review": s.review,
+               "rejected": s.rejected, "abandoned": s.abandoned, "dropped": dict(s.dropped),
+               "last_verdict": s.last_verdict, "last_error": s.last_error}
+        if self.trainer is not None:
+            out["training_queue"] = self.trainer.worker.pending().get(self.scenario, 0)
+        return out
 
 
-def _promising(verdict: Verdict) -> bool:
-    """A rejected candidate worth training on from: one the gate could not show to be worse than
-    the serving release (`p_worse` above WORSE_P: a few more losses than wins on a small task
-    set is noise, and throwing the candidate away would throw away every step it took). A
-    candidate the gate is sure is worse is dropped, so a drift away from the task is not built on.
-    Without the paired test (the offline check), only one that won more than it lost."""
-    p_worse = verdict.metrics.get("p_worse")
-    if p_worse is not None:
-        return float(p_worse) > WORSE_P
-    return int(verdict.metrics.get("wins", 0)) > int(verdict.metrics.get("losses", 0))
+def reported_record(store: ExperienceStore, record_id: str) -> ReportedRecords:
+    """A record with its latest report, as a logged batch is read back after a restart."""
+    record = store.get_record(record_id)
+    reports = store.reports_for(record_id)
+    if not reports:
+        raise NotFound(f"record {record_id} has no report")
+    return ReportedRecords(reports[-1], (record,))
 
 
-def _adapter_only(files: dict[str, bytes]) -> dict[str, bytes]:
-    """A release's content as the trainer takes it: the adapter files, or nothing (the base)."""
-    return {name: data for name, data in files.items() if name in ADAPTER_FILES}
+def batched_record_ids(chain: Chain) -> set[str]:
+    """Every record a logged batch named, however the batch ended: none is used twice."""
+    return {rid for entry in chain.history() if entry.operation is Operation.BATCH and entry.batch
+            for rid in entry.batch["record_ids"]}

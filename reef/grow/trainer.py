@@ -1,17 +1,24 @@
-"""One policy-gradient step on a LoRA adapter, in fp32 on the CPU, as the embedded runtime samples.
+"""The training primitives on a LoRA adapter, in fp32 on the CPU, as the embedded runtime samples.
 
-The learner gives rollouts (prompt ids, completion ids, the log-prob each token was recorded
-with) and an advantage per rollout; this file turns them into a new adapter. Everything that
-makes the importance ratio exactly 1 on-policy mirrors `reef.runtimes.embedded`: the same fp32
-weights, left padding with position ids `cumsum(mask) - 1`, logits divided by the rollout's
-temperature (greedy rollouts record temperature-1 log-probs, so 0 counts as 1). Completion
-tokens are found by position, never by id: the pad id is the EOS id (2), which also ends every
-ChatML turn inside the prompt. See docs/learning.md, "Measured before Reef".
+A recipe trains through five calls, each naming a key (a scenario) whose adapter and AdamW
+state stay resident between calls, the way tinker's training client works:
 
-Each key (a scenario) keeps its adapter resident in one peft model and its AdamW state in
-memory, so consecutive steps continue the same optimiser; any other starting point (a rollback,
-a restart, a fresh adapter) gets a fresh optimiser. One caller at a time: the worker process
-serialises calls.
+    load_state(key, checkpoint, lora)        start from a checkpoint (adapter + optimiser), or fresh
+    forward_backward(key, data, loss, cfg)   add the gradient of a named loss over `Datum`s
+    optim_step(key, adam)                    one AdamW step on the accumulated gradient
+    save_state(key)                          the checkpoint: adapter files + optimiser moments and step
+    logprobs(adapter, sequences)             per-token log-probs under an adapter or the base
+
+A checkpoint is a release's weights content: peft's two adapter files at the root and, under
+`training/`, AdamW's moments and step count (`reef.grow.checkpoint`), so a restart, a rollback
+or training on from a judged candidate continues the optimiser where it was. Loading the
+checkpoint a key last saved keeps the resident state; anything else replaces it.
+
+Everything that makes the importance ratio exactly 1 on-policy mirrors `reef.runtimes.embedded`:
+the same fp32 weights, left padding with position ids `cumsum(mask) - 1`, logits divided by the
+rollout's temperature (greedy rollouts record temperature-1 log-probs, so 0 counts as 1).
+Completion tokens are found by position, never by id: the pad id is the EOS id (2), which also
+ends every ChatML turn inside the prompt. One caller at a time: the worker process serialises calls.
 """
 
 from __future__ import annotations
@@ -30,10 +37,12 @@ from typing import Any, Iterator
 
 import torch
 
-from reef.grow.samples import Sample, TrainConfig  # plain data, torch-free; re-exported here
+from reef.core.training import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdamParams, Datum, LoraShape, LossConfig, Sample,
+                                TrainConfig, adapter_part, checkpoint_part)
+from reef.grow.checkpoint import optimizer_files, restore_optimizer
+from reef.grow.losses import kl_to_base, log_ratio, loss_function
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
+__all__ = ["LoRATrainer", "Sample", "TrainConfig", "adapter_hash", "adapter_part", "warmed_up_lr"]
 
 # peft 0.21 asks transformers 5.23 a deprecated question when wrapping a model; harmless here
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
@@ -43,30 +52,17 @@ warnings.filterwarnings("ignore", message=r"Adapter \S+ was active which is now 
 
 
 def warmed_up_lr(config: TrainConfig, steps_taken: int) -> float:
-    """The learning rate of an optimiser's next step. A fresh AdamW's first updates are about
-    lr in every direction, however noisy the gradient (its moment estimates are one sample
-    old), so they ramp up over `warmup_steps`."""
-    if config.warmup_steps <= 0:
-        return config.lr
-    return config.lr * min(1.0, (steps_taken + 1) / config.warmup_steps)
-
-
-def adapter_part(files: dict[str, bytes] | None) -> dict[str, bytes] | None:
-    """The peft adapter inside a release's content, at its root or in a sub-folder, as the
-    embedded runtime finds it; None (the base model) when the content holds no adapter."""
-    if not files:
-        return None
-    config = next((n for n in sorted(files) if n.rsplit("/", 1)[-1] == ADAPTER_CONFIG), None)
-    if config is None:
-        return None
-    prefix = config[: -len(ADAPTER_CONFIG)]
-    return {n[len(prefix):]: data for n, data in files.items() if n.startswith(prefix) and "/" not in n[len(prefix):]}
+    return config.adam.lr_at(steps_taken)
 
 
 def adapter_hash(files: dict[str, bytes]) -> str:
-    """Identity of an adapter's bytes, to tell whether a key's optimiser state was built on them."""
+    """Identity of an adapter's bytes, to tell whether a resident adapter holds them."""
+    return files_hash(files, (ADAPTER_CONFIG, ADAPTER_WEIGHTS))
+
+
+def files_hash(files: dict[str, bytes], names: Any = None) -> str:
     digest = hashlib.sha256()
-    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+    for name in sorted(files) if names is None else names:
         data = files.get(name, b"")
         digest.update(f"{name}:{len(data)}:".encode())
         digest.update(data)
@@ -78,10 +74,13 @@ class _Slot:
     """One key's adapter inside the shared peft model, and the optimiser that trains it."""
 
     name: str  # the peft adapter name (keys may hold characters module names cannot)
+    names: list[str]  # its parameters' names without the adapter name, as checkpoints store them
     params: list[torch.nn.Parameter]
     optimizer: torch.optim.AdamW
-    files_hash: str = ""
+    seed: int
     steps: int = 0
+    checkpoint_hash: str = ""  # of the checkpoint it was loaded from or last saved as; "" once it moved
+    adapter_hash: str = ""
 
 
 class LoRATrainer:
@@ -100,88 +99,143 @@ class LoRATrainer:
         self._slots: dict[str, _Slot] = {}
         self._names = itertools.count(1)
 
-    # -- the training step --------------------------------------------------------------------
+    # -- the primitives -------------------------------------------------------------------------
 
-    def step(self, key: str, adapter_files: dict[str, bytes] | None, samples: list[Sample],
-             config: TrainConfig) -> tuple[dict[str, bytes], dict[str, float]]:
-        """One AdamW step on `key`'s adapter with a token-level clipped policy-gradient loss.
+    def load_state(self, key: str, checkpoint: dict[str, bytes] | None, lora: LoraShape) -> dict[str, float]:
+        """Make `key` train from `checkpoint` (a release's content, or None for a fresh adapter
+        shaped by `lora`), its optimiser restored when the checkpoint carries one. The
+        checkpoint `key` last loaded or saved keeps its resident state (the same numbers)."""
+        checkpoint = checkpoint_part(checkpoint)
+        wanted = files_hash(checkpoint) if checkpoint is not None else ""
+        slot = self._slots.get(key)
+        if slot is not None and wanted and wanted == slot.checkpoint_hash:
+            return {"steps": float(slot.steps), "resumed": 1.0}
+        name = self._add_adapter(adapter_part(checkpoint), lora)
+        if slot is not None:
+            self.peft.delete_adapter(slot.name)
+        self.peft.set_adapter(name)  # trainable: requires_grad on this adapter only
+        named = [(n, p) for n, p in self.peft.named_parameters() if name in n.split(".")]
+        names = [".".join(part for part in n.split(".") if part != name) for n, _ in named]
+        params = [p for _, p in named]
+        slot = _Slot(name, names, params, torch.optim.AdamW(params), lora.seed, checkpoint_hash=wanted,
+                     adapter_hash=adapter_hash(checkpoint) if checkpoint is not None else "")
+        slot.steps = restore_optimizer(slot.optimizer, names, checkpoint or {})
+        self._slots[key] = slot
+        return {"steps": float(slot.steps), "resumed": 0.0}
 
-        Tokens whose ratio lies outside (1 - eps_clip, 1 + eps_clip_high) are masked out (too
-        far off-policy to trust); the loss is the mean over the rest of the batch. When every
-        token is masked, no step is taken and the adapter comes back unchanged."""
+    def forward_backward(self, key: str, data: list[Datum], loss: str, config: LossConfig) -> dict[str, float]:
+        """Add to `key`'s gradient that of `loss`'s mean over the tokens it keeps in `data`
+        (gradients of earlier calls since the last `optim_step` stay, summed)."""
         started = time.monotonic()
-        _check(samples)
-        slot = self._slot(key, adapter_part(adapter_files), config)
-        rows = [s for s in samples if s.completion_ids]
-        total = sum(len(s.completion_ids) for s in rows)
+        loss_fn = loss_function(loss)
+        for i, datum in enumerate(data):
+            try:
+                datum.check(loss)
+            except ValueError as exc:
+                raise ValueError(f"datum {i}: {exc}") from None
+        slot = self._slot(key)
+        earlier = [p.grad for p in slot.params]
+        for p in slot.params:
+            p.grad = None
+        rows = [d for d in data if d.completion_ids]
+        total = sum(len(d.completion_ids) for d in rows)
+        sums = dict(loss=0.0, ratio=0.0, kept=0.0, kl=0.0, max_log_ratio=0.0)
         with torch.random.fork_rng():  # LoRA dropout draws from a seeded generator, not the caller's
-            torch.manual_seed(config.seed * 1_000_003 + slot.steps)
+            torch.manual_seed(slot.seed * 1_000_003 + slot.steps)
             self.peft.set_adapter(slot.name)
             self.peft.train()
-            for group in slot.optimizer.param_groups:
-                group["lr"], group["weight_decay"] = warmed_up_lr(config, slot.steps), config.weight_decay
-            slot.optimizer.zero_grad(set_to_none=True)
-            sums = dict(loss=0.0, ratio=0.0, kept=0.0, kl=0.0, max_log_ratio=0.0)
             try:
-                for start in range(0, len(rows), max(1, config.micro_batch)):
-                    self._accumulate(rows[start:start + max(1, config.micro_batch)], config, sums)
+                size = max(1, config.micro_batch)
+                for start in range(0, len(rows), size):
+                    self._accumulate(rows[start:start + size], loss, loss_fn, config, sums)
             finally:
                 self.peft.eval()
         kept = int(sums["kept"])
-        grad_norm = 0.0
-        if kept:
-            for p in slot.params:  # the losses were summed; the mean is over kept tokens of the whole batch
-                if p.grad is not None:
-                    p.grad.div_(kept)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(slot.params, config.max_grad_norm))
-            if math.isfinite(grad_norm):
-                slot.optimizer.step()
-                slot.steps += 1
-        slot.optimizer.zero_grad(set_to_none=True)
-        files = self._save(slot.name)
-        slot.files_hash = adapter_hash(files)
-        metrics = {
+        for p, before in zip(slot.params, earlier):
+            if p.grad is not None and kept:
+                p.grad.div_(kept)  # the losses were summed; the mean is over this call's kept tokens
+            if before is not None:
+                p.grad = before if p.grad is None else p.grad + before
+        return {
             "loss": sums["loss"] / kept if kept else 0.0,
             "mean_ratio": sums["ratio"] / total if total else 1.0,
             "max_abs_log_ratio": sums["max_log_ratio"],
             "clipped_fraction": (total - kept) / total if total else 0.0,
             "kl": sums["kl"] / kept if kept else 0.0,
-            "grad_norm": grad_norm,
             "tokens": float(total),
-            "samples": float(len(samples)),
+            "samples": float(len(data)),
             "seconds": time.monotonic() - started,
         }
+
+    def optim_step(self, key: str, adam: AdamParams) -> dict[str, float]:
+        """One AdamW step on the accumulated gradient (clipped to `max_grad_norm`), then clear
+        it. Without a gradient (every token masked) or with a non-finite one, no step is taken."""
+        slot = self._slot(key)
+        grads = [p for p in slot.params if p.grad is not None]
+        grad_norm = 0.0
+        if grads:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(slot.params, adam.max_grad_norm))
+            if math.isfinite(grad_norm):
+                for group in slot.optimizer.param_groups:
+                    group["lr"], group["weight_decay"] = adam.lr_at(slot.steps), adam.weight_decay
+                slot.optimizer.step()
+                slot.steps += 1
+                slot.checkpoint_hash = slot.adapter_hash = ""
+        slot.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": grad_norm, "steps": float(slot.steps)}
+
+    def save_state(self, key: str) -> dict[str, bytes]:
+        """`key`'s checkpoint: its adapter files and its optimiser's state."""
+        slot = self._slot(key)
+        files = {**self._save(slot.name), **optimizer_files(slot.optimizer, slot.names, slot.steps)}
+        slot.checkpoint_hash, slot.adapter_hash = files_hash(files), adapter_hash(files)
+        return files
+
+    def step(self, key: str, checkpoint: dict[str, bytes] | None, samples: list[Sample],
+             config: TrainConfig) -> tuple[dict[str, bytes], dict[str, float]]:
+        """One SAO step, the primitives in order: load, clipped-IS forward-backward, AdamW, save."""
+        started = time.monotonic()
+        self.load_state(key, checkpoint, config.lora)
+        metrics = self.forward_backward(key, [s.datum() for s in samples], config.loss, config.loss_config)
+        metrics.update(self.optim_step(key, config.adam))
+        files = self.save_state(key)
+        metrics["seconds"] = time.monotonic() - started
         return files, metrics
 
-    def _accumulate(self, rows: list[Sample], config: TrainConfig, sums: dict[str, float]) -> None:
+    def _slot(self, key: str) -> _Slot:
+        slot = self._slots.get(key)
+        if slot is None:
+            raise ValueError(f"no training state for {key!r}: load_state it first")
+        return slot
+
+    def _accumulate(self, rows: list[Datum], loss: str, loss_fn: Any, config: LossConfig,
+                    sums: dict[str, float]) -> None:
         """Forward and backward one micro-batch, adding the summed (not averaged) loss's grads."""
-        seqs = [(s.prompt_ids, s.completion_ids) for s in rows]
-        temps = [s.temperature for s in rows]
+        seqs = [(d.prompt_ids, d.completion_ids) for d in rows]
+        temps = [d.temperature for d in rows]
         base_lp = None
         if config.kl_coef > 0:
             with torch.no_grad(), self._base_only():
                 base_lp, _ = self._completion_logprobs(seqs, temps)
-        new_lp, mask = self._completion_logprobs(seqs, temps)
-        old_lp = _right_aligned([s.rollout_logprobs for s in rows], new_lp.shape[1])
-        advantage = torch.tensor([float(s.advantage) for s in rows]).unsqueeze(1)
-        log_ratio = torch.where(mask, new_lp - old_lp, torch.zeros_like(new_lp))  # no exp() of pad garbage
-        ratio = log_ratio.exp()
-        r = ratio.detach()
-        keep = mask & (r > 1 - config.eps_clip) & (r < 1 + config.eps_clip_high)
-        clipped = torch.clamp(ratio, 1 - config.eps_clip, 1 + config.eps_clip_high)
-        per_token = -torch.minimum(ratio * advantage, clipped * advantage)  # = -ratio*A where kept
+        new_lp, real = self._completion_logprobs(seqs, temps)
+        width = new_lp.shape[1]
+        old_lp = new_lp.detach() if loss == "cross_entropy" else _right_aligned([d.behaviour_logprobs for d in rows], width)
+        weights = _right_aligned([d.mask for d in rows], width)
+        advantages = _right_aligned([d.advantages for d in rows], width)
+        live = real & (weights > 0)
+        per_token, keep = loss_fn(new_lp, old_lp, advantages, live, config)
         if base_lp is not None:
-            d = torch.where(mask, base_lp - new_lp, torch.zeros_like(new_lp))
-            k3 = d.exp() - d - 1
+            k3 = kl_to_base(new_lp, base_lp, live)
             per_token = per_token + config.kl_coef * k3
             sums["kl"] += float(torch.where(keep, k3.detach(), 0.0).sum())
-        loss = torch.where(keep, per_token, torch.zeros_like(per_token)).sum()
+        total = torch.where(keep, per_token * weights, torch.zeros_like(per_token)).sum()
         if bool(keep.any()):
-            loss.backward()
-        sums["loss"] += float(loss.detach())
-        sums["ratio"] += float(torch.where(mask, r, 0.0).sum())
+            total.backward()
+        ratio = log_ratio(new_lp.detach(), old_lp, real)
+        sums["loss"] += float(total.detach())
+        sums["ratio"] += float(torch.where(real, ratio.exp(), 0.0).sum())
         sums["kept"] += float(keep.sum())
-        sums["max_log_ratio"] = max(sums["max_log_ratio"], float(log_ratio.detach().abs().max()))
+        sums["max_log_ratio"] = max(sums["max_log_ratio"], float(ratio.abs().max()))
 
     # -- log-probs ----------------------------------------------------------------------------
 
@@ -225,44 +279,29 @@ class LoRATrainer:
 
     # -- adapters -----------------------------------------------------------------------------
 
-    def _slot(self, key: str, files: dict[str, bytes] | None, config: TrainConfig) -> _Slot:
-        """`key`'s slot, reused only when `files` are exactly what its last step returned."""
-        slot = self._slots.get(key)
-        if slot is not None and files is not None and adapter_hash(files) == slot.files_hash:
-            return slot
-        name = self._add_adapter(files, config)
-        if slot is not None:
-            self.peft.delete_adapter(slot.name)
-        self.peft.set_adapter(name)  # trainable: requires_grad on this adapter only
-        params = [p for n, p in self.peft.named_parameters() if name in n.split(".")]
-        optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-        slot = _Slot(name, params, optimizer, adapter_hash(files) if files is not None else "")
-        self._slots[key] = slot
-        return slot
-
-    def _add_adapter(self, files: dict[str, bytes] | None, config: TrainConfig) -> str:
-        """Inject a new adapter: fresh from `config` (B = 0, so it equals the base model) or with
-        the weights and shape of `files` (their own LoRA config wins over `config`'s)."""
+    def _add_adapter(self, files: dict[str, bytes] | None, lora: LoraShape) -> str:
+        """Inject a new adapter: fresh, shaped by `lora` (B = 0, so it equals the base model), or
+        with the weights and shape of `files` (their own LoRA config wins over `lora`)."""
         from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
         from safetensors.torch import load as load_safetensors
 
         name = f"a{next(self._names)}"
         if files is None:
-            lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                              target_modules=list(config.target_modules))
+            config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                target_modules=list(lora.target_modules))
         else:
             if ADAPTER_CONFIG not in files or ADAPTER_WEIGHTS not in files:
                 raise ValueError(f"adapter files need {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}, got {sorted(files)}")
             with tempfile.TemporaryDirectory(prefix="reef-train-") as folder:
                 (Path(folder) / ADAPTER_CONFIG).write_bytes(files[ADAPTER_CONFIG])
-                lora = LoraConfig.from_pretrained(folder)
-            lora.inference_mode = False
+                config = LoraConfig.from_pretrained(folder)
+            config.inference_mode = False
         with torch.random.fork_rng():  # A's random init is seeded, and leaves the caller's RNG alone
-            torch.manual_seed(config.seed)
+            torch.manual_seed(lora.seed)
             if self.peft is None:
-                self.peft = get_peft_model(self.base, lora, adapter_name=name)
+                self.peft = get_peft_model(self.base, config, adapter_name=name)
             else:
-                self.peft.add_adapter(name, lora)
+                self.peft.add_adapter(name, config)
         if files is not None:
             try:
                 result = set_peft_model_state_dict(self.peft, load_safetensors(files[ADAPTER_WEIGHTS]), adapter_name=name)
@@ -307,25 +346,14 @@ class LoRATrainer:
                 yield
             return
         wanted = adapter_hash(files)
-        resident = next((s.name for s in self._slots.values() if s.files_hash == wanted), None)
-        name = resident or self._add_adapter(files, TrainConfig())
+        resident = next((s.name for s in self._slots.values() if s.adapter_hash == wanted), None)
+        name = resident or self._add_adapter(files, LoraShape())
         try:
             self.peft.set_adapter(name, inference_mode=resident is None)
             yield
         finally:
             if resident is None:
                 self.peft.delete_adapter(name)
-
-
-def _check(samples: list[Sample]) -> None:
-    for i, s in enumerate(samples):
-        if len(s.rollout_logprobs) != len(s.completion_ids):
-            raise ValueError(f"sample {i}: {len(s.completion_ids)} completion tokens but "
-                             f"{len(s.rollout_logprobs)} rollout log-probs")
-        if not s.prompt_ids:
-            raise ValueError(f"sample {i}: empty prompt")
-        if not all(math.isfinite(x) for x in (s.advantage, *s.rollout_logprobs)):
-            raise ValueError(f"sample {i}: advantage and log-probs must be finite")
 
 
 def _right_aligned(rows: list[list[float]], width: int) -> torch.Tensor:

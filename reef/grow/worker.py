@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from reef.core.errors import ReefError
 
-if TYPE_CHECKING:  # the parent never needs torch; only the child imports the trainer for real
-    from reef.grow.samples import Sample, TrainConfig
+if TYPE_CHECKING:
+    from reef.core.training import Sample, TrainConfig
 
 LOGPROBS_KEY = "_logprobs"  # the queue of log-prob jobs that name no scenario
+# LoRATrainer's methods a job may call: the primitives, and `step` (the four of one SAO step in one job)
+METHODS = ("load_state", "forward_backward", "optim_step", "save_state", "logprobs", "step")
 
 
 class TrainingFailed(ReefError):
@@ -45,7 +47,7 @@ class TrainingFailed(ReefError):
 @dataclass(eq=False)
 class _Job:
     key: str
-    method: str  # a LoRATrainer method: "step" or "logprobs"
+    method: str  # one of METHODS
     args: tuple[Any, ...]
     future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -152,10 +154,15 @@ class TrainingWorker:
 
     # -- jobs -----------------------------------------------------------------------------------
 
-    async def train(self, key: str, adapter_files: dict[str, bytes] | None, samples: list[Sample],
+    async def call(self, key: str, method: str, *args: Any) -> Any:
+        """`LoRATrainer.<method>(key, *args)` in the child, after the jobs queued before it for
+        `key` (`reef.grow.training_client.TrainingClient` names them)."""
+        return await self._submit(key, method, (key, *args))
+
+    async def train(self, key: str, checkpoint: dict[str, bytes] | None, samples: list[Sample],
                     config: TrainConfig) -> tuple[dict[str, bytes], dict[str, float]]:
-        """`LoRATrainer.step` in the child, after the jobs queued before it for `key`."""
-        return await self._submit(key, "step", (key, adapter_files, samples, config))  # type: ignore[no-any-return]
+        """`LoRATrainer.step` (load, forward-backward, AdamW, save) in the child, as one job."""
+        return await self.call(key, "step", checkpoint, samples, config)  # type: ignore[no-any-return]
 
     async def logprobs(self, adapter_files: dict[str, bytes] | None, sequences: list[tuple[list[int], list[int]]],
                        temperature: float = 1.0, *, key: str = LOGPROBS_KEY) -> list[list[float]]:
@@ -269,7 +276,7 @@ def _child_main(conn: Connection, model_dir: str, threads: int | None) -> None:
             # takes seconds; skip it.
             os._exit(0)
         try:
-            if method not in ("step", "logprobs"):
+            if method not in METHODS:
                 raise ValueError(f"unknown training job {method!r}")
             reply = ("ok", getattr(trainer, method)(*args))
         except Exception as exc:  # noqa: BLE001 - the parent raises it as TrainingFailed

@@ -1,8 +1,9 @@
-"""recipes: the methods a scenario learns by, one file each.
+"""recipes: the methods a scenario learns by, one file each (docs/recipes.md).
 
-`sao` (weights: single-rollout policy optimisation of a LoRA adapter) and `skills` (the
-harness: rules and skills from reported feedback, through the proposers in `proposers/`). A
-recipe decides which records are eligible (counting why the others are dropped), how they form a
-batch and how a batch becomes a candidate. A scenario is bound to one recipe for life
-(`recipes:` in the config). See docs/learning.md.
+`sao` (weights: single-rollout policy optimisation of a LoRA adapter), `ttt_discover` (weights:
+complete groups of rollouts from a search harness) and `skills` (the harness: rules and skills
+from reported feedback, through the proposers in `proposers/`). A recipe decides which records
+are eligible (counting why the others are dropped), how they form a batch and how a batch
+becomes a candidate. A scenario is bound to one recipe for life (`recipes:` in the config: a
+name from `reef.config.RECIPES`, or any recipe's dotted path). See docs/learning.md.
 """

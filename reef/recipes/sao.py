@@ -3,36 +3,57 @@
 Each scored record is one sample as soon as its report arrives: no sibling groups, no barrier.
 Its advantage is the score minus a running baseline (an exponential moving average kept in the
 commit log's algorithm state, so a restart resumes it). `batch_size` samples make one
-optimiser step of a token-level policy-gradient loss with importance ratios against the
-recorded rollout log-probs (tokens outside `(1 - eps_clip, 1 + eps_clip_high)` masked out;
-optional KL penalty to the base model: `reef/grow/trainer.py`); `steps_per_candidate` steps
-make one candidate for the gate.
+optimiser step of the `clipped_is` loss: a token-level policy gradient with importance ratios
+against the recorded rollout log-probs, tokens outside `(1 - eps_clip, 1 + eps_clip_high)`
+masked out, an optional KL penalty to the base model; `steps_per_candidate` steps make one
+candidate for the gate. A batch is the newest samples: what waited behind them is superseded.
 
 A record is a sample only if it can be trained on honestly: complete, with token ids, log-probs
 and the prompt's token ids, its spans verified against the release it was frozen to
-(invariant 2), produced by a release at most `max_staleness` publications old, and not trained
-on before. Every dropped record is counted by reason. A fixed hash-chosen fraction of records is
-held out of training for the gate's offline check.
+(invariant 2), sampled without top-p, produced by a release at most `max_staleness`
+publications old, and not trained on before. Every dropped record is counted by reason. A fixed
+hash-chosen fraction of records is held out of training for the gate's offline check.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Sequence
 
-from reef.config import SAOConfig
-from reef.core.provenance import verified
-from reef.core.types import Record, RecordStatus, ReportedRecords
-from reef.grow.samples import Sample, TrainConfig
+from pydantic import BaseModel, ConfigDict, Field
+
+from reef.core.training import Sample, TrainConfig
+from reef.core.types import JSON, Record, ReportedRecords
+from reef.grow.recipe import Job, LearnerView, Made, RecipeContext, held_out, missing_records
+from reef.grow.rollouts import rollout_problem, sample_of, staleness_problem
 
 NAME = "sao"
+HOLDOUT_KEEP = 64
+
+
+class SAOConfig(BaseModel):
+    """Knobs of the `sao` recipe: `learner.sao` (docs/learning.md explains each)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_size: int = Field(8, ge=1, description="Scored samples per optimiser step")
+    steps_per_candidate: int = Field(4, ge=1, description="Optimiser steps before the gate judges the adapter")
+    lr: float = Field(5e-4, gt=0)
+    warmup_steps: int = Field(0, ge=0, description="A fresh optimiser's first steps ramp lr up linearly over this many")
+    lora_r: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    eps_clip: float = Field(0.2, gt=0, lt=1)
+    eps_clip_high: float = Field(0.28, gt=0)
+    kl_coef: float = Field(0.0, ge=0)
+    baseline_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of the running score baseline")
+    max_staleness: int = Field(2, ge=0, description="Oldest producing release a sample may come from, in releases")
 
 
 @dataclass
 class ScoredSample:
-    """A trainable sample with where it came from (for the batch log and compaction)."""
+    """A trainable sample with where it came from (for the batch log)."""
 
     record_id: str
     report_id: str
@@ -41,77 +62,97 @@ class ScoredSample:
     sample: Sample
 
 
-@dataclass
-class Intake:
-    """What one pass over new reports yielded."""
+@dataclass(frozen=True)
+class SAOBatch:
+    items: list[ScoredSample]
 
-    samples: list[ScoredSample] = field(default_factory=list)
-    held_out: list[ScoredSample] = field(default_factory=list)
-    dropped: Counter[str] = field(default_factory=Counter)
+    @property
+    def record_ids(self) -> list[str]:
+        return [s.record_id for s in self.items]
+
+    @property
+    def report_ids(self) -> list[str]:
+        return sorted({s.report_id for s in self.items})
 
 
 class SAORecipe:
     name = NAME
+    surface = "weights"
+    Settings = SAOConfig
 
-    def __init__(self, config: SAOConfig, holdout_fraction: float = 0.2) -> None:
+    def __init__(self, config: SAOConfig, context: RecipeContext | None = None) -> None:
         self.config = config
-        self.holdout_fraction = holdout_fraction
+        # held-out records feed only the gate's offline check; with evaluation tasks every record trains
+        gate = context.gate if context is not None else None
+        self.holdout_fraction = gate.holdout_fraction if gate is not None and not gate.tasks else 0.0
+        self.pending: list[ScoredSample] = []
+        self.holdout: deque[ScoredSample] = deque(maxlen=HOLDOUT_KEEP)
+        self.last_train_seconds: float | None = None
 
     def train_config(self) -> TrainConfig:
         c = self.config
-        return TrainConfig(lora_r=c.lora_r, lora_alpha=c.lora_alpha, lr=c.lr, warmup_steps=c.warmup_steps, eps_clip=c.eps_clip,
-                           eps_clip_high=c.eps_clip_high, kl_coef=c.kl_coef, micro_batch=c.batch_size)
+        return TrainConfig(lora_r=c.lora_r, lora_alpha=c.lora_alpha, lr=c.lr, warmup_steps=c.warmup_steps,
+                           eps_clip=c.eps_clip, eps_clip_high=c.eps_clip_high, kl_coef=c.kl_coef, micro_batch=c.batch_size)
 
     @property
     def candidate_size(self) -> int:
         return self.config.batch_size * self.config.steps_per_candidate
 
-    # -- intake --------------------------------------------------------------------------------
+    # -- eligibility ----------------------------------------------------------------------------
 
-    def intake(self, items: list[ReportedRecords], staleness_of: Any, consumed: set[str]) -> Intake:
-        """Turn newly reported records into samples. `staleness_of(release_id)` says how many
-        releases were published after it (None if unknown to the chain)."""
-        out = Intake()
+    def intake(self, items: Sequence[ReportedRecords], view: LearnerView) -> None:
         for item in items:
-            missing = len(item.report.references) - len(item.records)
-            if missing:
-                out.dropped["compacted_or_missing"] += missing
+            if missing_records(item):
+                view.drop("compacted_or_missing", missing_records(item))
             for record in item.records:
-                reason = self._ineligible(record, staleness_of, consumed)
+                reason = self._ineligible(record, view)
                 if reason:
-                    out.dropped[reason] += 1
+                    view.drop(reason)
                     continue
                 scored = ScoredSample(record.id, item.report.id, item.cursor, item.report.score, sample_of(record))
-                (out.held_out if self._held_out(record.id) else out.samples).append(scored)
-        return out
+                (self.holdout if held_out(record.id, self.holdout_fraction) else self.pending).append(scored)
 
-    def _ineligible(self, record: Record, staleness_of: Any, consumed: set[str]) -> str | None:
-        if record.id in consumed:
-            return "already_trained"
-        if record.status is not RecordStatus.COMPLETE:
-            return "not_complete"
-        response = record.response or {}
-        if not record.token_ids or not record.logprobs or not response.get("prompt_token_ids"):
-            return "no_tokens"
-        if record.release is None or not verified(record):
-            return "unverified"
-        if record.request.get("top_p") not in (None, 1, 1.0):
-            return "top_p"  # its log-probs are of a trimmed distribution the trainer does not reproduce
-        staleness = staleness_of(record.release.release_id)
-        if staleness is None:
-            return "unknown_release"
-        if staleness > self.config.max_staleness:
-            return "stale"
-        return None
+    def _ineligible(self, record: Record, view: LearnerView) -> str | None:
+        problem = rollout_problem(record, view.consumed)
+        if problem is None and record.release is not None:
+            problem = staleness_problem(record.release.release_id, view, self.config.max_staleness)
+        return problem
 
-    def sample_of(self, record: Record) -> Sample:
-        return sample_of(record)
+    # -- batches ------------------------------------------------------------------------------
 
-    def _held_out(self, record_id: str) -> bool:
-        digest = hashlib.sha256(record_id.encode()).digest()
-        return int.from_bytes(digest[:4], "big") / 2**32 < self.holdout_fraction
+    async def next_batch(self, view: LearnerView) -> SAOBatch | None:
+        size = self.candidate_size
+        if len(self.pending) < size:
+            return None
+        # The newest samples: the policy gradient is only as good as its samples are close to the
+        # policy being trained, so what waited behind them is superseded, not trained later.
+        batch, superseded, self.pending = self.pending[-size:], self.pending[:-size], []
+        view.drop("superseded", len(superseded))
+        return SAOBatch(batch)
 
-    # -- advantages ------------------------------------------------------------------------------
+    def resume(self, items: Sequence[ReportedRecords]) -> SAOBatch:
+        return SAOBatch([ScoredSample(item.records[0].id, item.report.id, item.cursor, item.report.score,
+                                      sample_of(item.records[0])) for item in items])
+
+    def high_water(self, cursor: int) -> int:
+        return cursor  # nothing waits here past a batch: the rest was superseded
+
+    # -- the candidate --------------------------------------------------------------------------
+
+    async def candidate(self, batch: SAOBatch, job: Job) -> Made:
+        """`steps_per_candidate` clipped-IS steps, on from `job.start`."""
+        assert job.trainer is not None
+        samples, job.algorithm_state = self.with_advantages(batch.items, job.algorithm_state)
+        c, started = self.train_config(), time.monotonic()
+        await job.trainer.load_state(job.start, c.lora)
+        metrics: dict[str, float] = {}
+        for start in range(0, len(samples), self.config.batch_size):
+            chunk = [s.datum() for s in samples[start:start + self.config.batch_size]]
+            metrics = await job.trainer.forward_backward(chunk, "clipped_is", c.loss_config)
+            metrics.update(await job.trainer.optim_step(c.adam))
+        files = await job.trainer.save_state()
+        self.last_train_seconds = round(time.monotonic() - started, 3)
+        return Made(files, metrics={"training": metrics}, held_out=[(s.score, s.sample) for s in self.holdout])
 
     def with_advantages(self, batch: list[ScoredSample], state: dict[str, Any] | None) -> tuple[list[Sample], dict[str, Any]]:
         """Advantage = score - running baseline, the baseline updated sample by sample."""
@@ -129,11 +170,10 @@ class SAORecipe:
                      candidates=int(state.get("candidates", 0)) + 1)
         return samples, state
 
+    def status(self) -> JSON:
+        return {"pending_samples": len(self.pending), "held_out": len(self.holdout),
+                "last_train_seconds": self.last_train_seconds}
 
-def sample_of(record: Record) -> Sample:
-    """The training sample a record holds (its advantage is set later)."""
-    response = record.response or {}
-    temperature = record.request.get("temperature")
-    return Sample(prompt_ids=list(response["prompt_token_ids"]), completion_ids=list(record.token_ids or []),
-                  rollout_logprobs=list(record.logprobs or []), advantage=0.0,
-                  temperature=1.0 if temperature in (None, 0) else float(temperature))
+    async def close(self) -> None:
+        return None
+

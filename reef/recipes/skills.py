@@ -15,20 +15,41 @@ abandoned) is consumed for good.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Iterable, Literal, Protocol, Sequence
 
-from reef.config import SkillsConfig
-from reef.core.types import Record, RecordStatus, ReportedRecords
-from reef.surfaces.harness import HarnessTree, Mutation
+from pydantic import BaseModel, ConfigDict, Field
+
+from reef.config import HarnessGateConfig, LLMProposerConfig
+from reef.core.errors import InvalidInput
+from reef.core.types import JSON, Record, RecordStatus, ReportedRecords
+from reef.grow.recipe import Abandon, Job, LearnerView, Made, RecipeContext, held_out, missing_records
+from reef.surfaces.harness import HarnessTree, Mutation, merge_files
 from reef.surfaces.inject import client_request
 
 NAME = "skills"
 FEEDBACK_KEYS = ("feedback", "message", "reason", "comment", "text", "note", "explanation")
 SUCCESS_KEEP = 32
+LAST_FAILURES = 5
+HOLDOUT_SALT = "holdout:"
+
+
+class SkillsConfig(BaseModel):
+    """Knobs of the `skills` recipe: `learner.skills` (docs/harness.md explains each)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    proposer: Literal["distill", "llm"] = Field("distill", description="distill: no model needed")
+    failure_below: float = Field(0.5, description="A reported score below this is a failure")
+    batch_size: int = Field(8, ge=1, description="Most failures in one batch (llm: failures needed for one)")
+    successes: int = Field(2, ge=0, description="Successes added to a batch for contrast")
+    min_recurrence: int = Field(3, ge=1, description="distill: failures with similar feedback before a rule")
+    similarity: float = Field(0.5, gt=0, le=1, description="distill: word overlap (Jaccard) of one theme")
+    max_pending: int = Field(256, ge=1, description="Failures kept waiting for a batch; the oldest go first")
+    llm: LLMProposerConfig = Field(default_factory=LLMProposerConfig)
+    gate: HarnessGateConfig = Field(default_factory=HarnessGateConfig)
 
 
 @dataclass(frozen=True)
@@ -74,13 +95,8 @@ class Proposal:
     notes: dict[str, Any] = field(default_factory=dict)  # what the proposer wants in the chain
 
 
-class ProposalFailed(Exception):
-    """The proposer gave nothing usable; `reason` goes into the log and the learner status."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.reason = reason
+class ProposalFailed(Abandon):
+    """The proposer gave nothing usable; `kind: reason` goes into the log and the learner status."""
 
 
 class Proposer(Protocol):
@@ -97,61 +113,71 @@ class Proposer(Protocol):
         """Release what the proposer holds (a model's connection pool)."""
 
 
-@dataclass
-class Intake:
-    failures: list[Observation] = field(default_factory=list)
-    successes: list[Observation] = field(default_factory=list)
-    held_out: list[Observation] = field(default_factory=list)
-    dropped: Counter[str] = field(default_factory=Counter)
-
-
 class SkillsRecipe:
     name = NAME
+    surface = "harness"
+    Settings = SkillsConfig
 
-    def __init__(self, config: SkillsConfig, proposer: Proposer, holdout_fraction: float = 0.0) -> None:
+    def __init__(self, config: SkillsConfig, context: RecipeContext | None = None, proposer: Proposer | None = None) -> None:
         self.config = config
+        self.harness_gate = config.gate
+        if proposer is None:
+            from reef.recipes.proposers import build_proposer  # the proposers import this module
+
+            assert context is not None, "a recipe context (its runtime) or a proposer"
+            proposer = build_proposer(config, context.runtime)
         self.proposer = proposer
-        self.holdout_fraction = holdout_fraction
+        # held-out records serve the gate only when it has no task file
+        self.holdout_fraction = 0.0 if config.gate.tasks else config.gate.holdout_fraction
         self.failures: list[Observation] = []
         self.successes: deque[Observation] = deque(maxlen=SUCCESS_KEEP)
+        self.held_out: deque[Observation] = deque(maxlen=config.gate.max_holdout)
+        self.proposer_failures: Counter[str] = Counter()
+        self.last_proposer_failures: deque[str] = deque(maxlen=LAST_FAILURES)
+        self._tree: tuple[str, HarnessTree] | None = None
 
-    def intake(self, items: Iterable[ReportedRecords], consumed: set[str]) -> Intake:
-        """Turn newly reported records into observations, or count why not."""
-        out = Intake()
+    # -- eligibility ----------------------------------------------------------------------------
+
+    def intake(self, items: Iterable[ReportedRecords], view: LearnerView) -> None:
+        """Sort newly reported records into failures, successes and held-out tasks, or count why not."""
         for item in items:
-            missing = len(item.report.references) - len(item.records)
-            if missing:
-                out.dropped["compacted_or_missing"] += missing
+            if missing_records(item):
+                view.drop("compacted_or_missing", missing_records(item))
             feedback = feedback_text(item.report.feedback)
             for record in item.records:
-                reason = self._ineligible(record, consumed, feedback, item.report.score)
+                reason = self._ineligible(record, view.consumed, feedback, item.report.score)
                 if reason:
-                    out.dropped[reason] += 1
+                    view.drop(reason)
                     continue
-                consumed.add(record.id)  # one report per record: a later one on it is not news
+                view.consumed.add(record.id)  # one report per record: a later one on it is not news
                 obs = observation_of(record, item, feedback)
-                if self._held_out(record.id):
-                    out.held_out.append(obs)
+                if held_out(record.id, self.holdout_fraction, HOLDOUT_SALT):
+                    self.held_out.append(obs)
                 elif obs.score < self.config.failure_below:
-                    out.failures.append(obs)
+                    self.failures.append(obs)
                 else:
-                    out.successes.append(obs)
-        return out
-
-    def take(self, intake: Intake) -> Counter[str]:
-        """Add an intake to the waiting lists; returns what overflowed."""
-        self.failures.extend(intake.failures)
-        self.successes.extend(intake.successes)
+                    self.successes.append(obs)
         overflow = len(self.failures) - self.config.max_pending
-        dropped: Counter[str] = Counter()
         if overflow > 0:
             self.failures = self.failures[overflow:]
-            dropped["pending_overflow"] += overflow
-        return dropped
+            view.drop("pending_overflow", overflow)
 
-    def next_batch(self, tree: HarnessTree) -> Batch | None:
+    def _ineligible(self, record: Record, consumed: set[str], feedback: str, score: float) -> str | None:
+        if record.id in consumed:
+            return "already_used"
+        if record.status is not RecordStatus.COMPLETE:
+            return "not_complete"
+        failure = score < self.config.failure_below
+        if failure and self.proposer.needs_feedback and not feedback and \
+                not held_out(record.id, self.holdout_fraction, HOLDOUT_SALT):
+            return "no_feedback"  # a failure the model-free proposer cannot read
+        return None
+
+    # -- batches ------------------------------------------------------------------------------
+
+    async def next_batch(self, view: LearnerView) -> Batch | None:
         """The batch the proposer wants now, removed from the waiting lists; None to wait."""
-        chosen = self.proposer.select(self.failures, tree)
+        chosen = self.proposer.select(self.failures, self._head_tree(view.head().release_id, await view.head_files()))
         if not chosen:
             return None
         taken = {o.record_id for o in chosen}
@@ -161,24 +187,54 @@ class SkillsRecipe:
             self.successes.remove(obs)
         return Batch(tuple(chosen), successes)
 
-    def waiting_low_seq(self) -> int | None:
-        """The lowest report sequence still waiting (the learner's high-water stays below it)."""
+    def resume(self, items: Sequence[ReportedRecords]) -> Batch:
+        observations = [observation_of(item.records[0], item, feedback_text(item.report.feedback)) for item in items]
+        return Batch(tuple(o for o in observations if o.score < self.config.failure_below),
+                     tuple(o for o in observations if o.score >= self.config.failure_below))
+
+    def high_water(self, cursor: int) -> int:
+        """Below the lowest report sequence still waiting, so a restart reads those again."""
         seqs = [o.report_seq for o in (*self.failures, *self.successes)]
-        return min(seqs) if seqs else None
+        return min(seqs) - 1 if seqs else cursor
 
-    def _ineligible(self, record: Record, consumed: set[str], feedback: str, score: float) -> str | None:
-        if record.id in consumed:
-            return "already_used"
-        if record.status is not RecordStatus.COMPLETE:
-            return "not_complete"
-        failure = score < self.config.failure_below
-        if failure and self.proposer.needs_feedback and not feedback and not self._held_out(record.id):
-            return "no_feedback"  # a failure the model-free proposer cannot read
-        return None
+    # -- the candidate --------------------------------------------------------------------------
 
-    def _held_out(self, record_id: str) -> bool:
-        digest = hashlib.sha256(("holdout:" + record_id).encode()).digest()
-        return int.from_bytes(digest[:4], "big") / 2**32 < self.holdout_fraction
+    async def candidate(self, batch: Batch, job: Job) -> Made:
+        """The proposer's mutations applied to the head's tree; the head's weights stay."""
+        tree = self._head_tree(job.head.release_id, job.head_files)
+        try:
+            proposal = await self.proposer.propose(tree, batch, job.serving)
+            changed = tree.apply(proposal.mutations)
+            if changed.content_id == tree.content_id:
+                raise Abandon("no_change", "the proposal leaves the harness as it is")
+        except InvalidInput as exc:
+            raise self._failed(Abandon("invalid_mutation", f"the proposal does not fit the tree: {exc}")) from None
+        except Abandon as exc:
+            raise self._failed(exc) from None
+        job.algorithm_state["candidates"] = int(job.algorithm_state.get("candidates", 0)) + 1
+        mutations = [m.to_json() for m in proposal.mutations]
+        return Made(merge_files(job.head_files, changed), metadata={"mutations": mutations},
+                    metrics={"proposal": {**proposal.notes, "mutations": mutations}},
+                    held_out=[o.as_task() for o in self.held_out])
+
+    def _failed(self, exc: Abandon) -> Abandon:
+        self.proposer_failures[exc.kind] += 1
+        self.last_proposer_failures.append(f"{exc.kind}: {exc.reason}"[:500])
+        return exc
+
+    def _head_tree(self, release_id: str, files: dict[str, bytes]) -> HarnessTree:
+        if self._tree is None or self._tree[0] != release_id:
+            self._tree = (release_id, HarnessTree.from_files(files))
+        return self._tree[1]
+
+    def status(self) -> JSON:
+        return {"proposer": self.proposer.name, "waiting_failures": len(self.failures),
+                "waiting_successes": len(self.successes), "held_out": len(self.held_out),
+                "proposer_failures": dict(self.proposer_failures),
+                "last_proposer_failures": list(self.last_proposer_failures)}
+
+    async def close(self) -> None:
+        await self.proposer.close()
 
 
 def observation_of(record: Record, item: ReportedRecords, feedback: str) -> Observation:

@@ -78,6 +78,8 @@ class VLLMRuntime(Runtime):
         self.process = process
         self._url = url.rstrip("/").removesuffix("/v1") if url else None
         self.model_name = model_name or (process.served_name if process else None)
+        # the base model's folder, for the training process (reef/serve/learning.py); None when attached
+        self.model_dir: Path | None = process.model_dir if process else None
         self.adapter_dir = adapter_dir
         self.default_max_tokens = default_max_tokens
         self.load_timeout = load_timeout

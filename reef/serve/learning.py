@@ -1,11 +1,13 @@
-"""Learning beside serving: one learner per scenario, for weights (`sao`) or the harness (`skills`).
+"""Learning beside serving: one learner per scenario, whatever its recipe.
 
-Learners run as tasks on the server's event loop and share one training process, which serves
-their jobs round-robin, so several scenarios train at once without one starving another. A
-scenario whose recipe needs weights but whose runtime cannot load them (an upstream provider)
-is listed with the reason instead of a learner. A scenario bound to `skills` gets a harness
-learner on any runtime (upstream or embedded): it needs no training process, only the runtime
-to answer the gate's tasks (and, by default, the LLM proposer's prompt).
+The scenario's bound recipe (a name or dotted path, `reef.config.find_recipe`) says which
+surface it learns; this file only builds what that surface needs and starts the generic
+learner (`reef.grow.learner`). Learners run as tasks on the server's event loop. Weights
+recipes share one training process, which serves their jobs round-robin, so several scenarios
+train at once without one starving another; a scenario whose recipe needs weights but whose
+runtime cannot load them (an upstream provider) is listed with the reason instead of a learner.
+A harness recipe gets a learner on any runtime (upstream or embedded): it needs no training
+process, only the runtime to answer the gate's tasks (and, by default, the LLM proposer's prompt).
 """
 
 from __future__ import annotations
@@ -22,15 +24,13 @@ from reef.commit.harness_gate import HarnessGate
 from reef.commit.harness_publisher import HarnessPublisher
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
-from reef.config import LearnerConfig
+from reef.config import LearnerConfig, find_recipe
 from reef.core.errors import InvalidInput
 from reef.core.types import Verdict
-from reef.grow.harness_learner import HarnessLearner
-from reef.grow.learner import WeightsLearner
+from reef.grow.learner import Learner
+from reef.grow.recipe import RecipeContext
+from reef.grow.training_client import TrainingClient
 from reef.grow.worker import TrainingWorker
-from reef.recipes.proposers import build_proposer
-from reef.recipes.sao import NAME as SAO, SAORecipe
-from reef.recipes.skills import NAME as SKILLS, SkillsRecipe
 from reef.runtimes.base import Runtime
 from reef.serve.scenarios import ScenarioDirectory
 
@@ -43,16 +43,14 @@ class Learning:
         self.state = state
         self.runtime = runtime
         self.scenarios = scenarios
-        self.learners: dict[str, WeightsLearner | HarnessLearner] = {}
+        self.learners: dict[str, Learner] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.idle: dict[str, str] = {}  # scenario -> why it has no learner
         self.worker: TrainingWorker | None = None
         self._gate: WeightsGate | None = None
-        self._harness_gate: HarnessGate | None = None
+        self._harness_gates: dict[str, HarnessGate] = {}  # by recipe
 
     def _can_train(self) -> str | None:
-        if not self.config.enabled:
-            return "learning is disabled (learner.enabled: false)"
         if getattr(self.runtime, "model_dir", None) is None:
             return f"the {self.runtime.name} runtime cannot load trained weights"
         return None
@@ -63,72 +61,68 @@ class Learning:
         self.scenarios.on_created.append(self.ensure)
 
     async def ensure(self, scenario: str) -> None:
-        """Start the learner of a scenario (weights or harness) if its recipe learns and none runs yet."""
-        chain = self.state.chain(scenario)
+        """Start the learner of a scenario if none runs yet (or say why it has none)."""
         if scenario in self.learners or scenario in self.idle:
             return
-        if chain.binding["recipe"] == SKILLS:
-            self._ensure_harness(scenario)
+        chain = self.state.chain(scenario)
+        name = chain.binding["recipe"]
+        try:
+            recipe_class = find_recipe(name)
+        except InvalidInput as exc:  # bound by an earlier config that knew it
+            self.idle[scenario] = str(exc)
             return
-        if chain.binding["recipe"] != SAO:
+        if not self.config.enabled:
+            self.idle[scenario] = "learning is disabled (learner.enabled: false)"
+            log.info("no learner", extra={"reef": {"event": "learner_idle", "scenario": scenario, "recipe": name,
+                                                    "reason": self.idle[scenario]}})
             return
-        reason = self._can_train()
+        reason = self._can_train() if recipe_class.surface == "weights" else None
         if reason:
             self.idle[scenario] = reason
-            log.info("no learner", extra={"reef": {"event": "learner_idle", "scenario": scenario, "recipe": SAO,
+            log.info("no learner", extra={"reef": {"event": "learner_idle", "scenario": scenario, "recipe": name,
                                                     "reason": reason}})
             return
+        try:
+            recipe = recipe_class(self.config.settings_for(name), RecipeContext(self.runtime, self.config.gate))
+            if recipe_class.surface == "weights":
+                publisher: Any = await self._weights_publisher(chain)
+                trainer = TrainingClient(self.worker, scenario) if self.worker else None
+            else:
+                publisher, trainer = self._harness_publisher(chain, name, recipe), None
+        except InvalidInput as exc:
+            self.idle[scenario] = f"the {name} recipe cannot start: {exc}"
+            log.error("scenario %s: %s", scenario, self.idle[scenario])
+            return
+        learner = Learner(chain, self.state.store, recipe, _logged(chain, name, publisher.decide), publisher.head_files,
+                          trainer, poll_interval=self.config.poll_interval)
+        self.learners[scenario] = learner
+        self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"learner:{scenario}")
+        log.info("learner started", extra={"reef": {"event": "learner_started", "scenario": scenario, "recipe": name,
+                                                     "surface": recipe_class.surface}})
+
+    async def _weights_publisher(self, chain: Any) -> CandidatePublisher:
         if self.worker is None:
             threads = self.config.train_threads or max(1, (os.cpu_count() or 2) // 2)  # the other half of the cores
             self.worker = TrainingWorker(Path(getattr(self.runtime, "model_dir")), threads=threads)
             await self.worker.start()
             self._gate = WeightsGate(self.config.gate, self.runtime, self.worker)
-        assert self._gate is not None
-        publisher = CandidatePublisher(chain, self._gate, self.scenarios.serve_release)
-        gate = self.config.gate
-        # held-out records feed only the offline check; with evaluation tasks every record trains
-        recipe = SAORecipe(self.config.sao, holdout_fraction=0.0 if gate.tasks else gate.holdout_fraction)
-        learner = WeightsLearner(chain, self.state.store, recipe, self.worker, _logged(chain, SAO, publisher.decide),
-                                 publisher.head_files, poll_interval=self.config.poll_interval)
-        self.learners[scenario] = learner
-        self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"learner:{scenario}")
-        log.info("learner started", extra={"reef": {"event": "learner_started", "scenario": scenario, "recipe": SAO}})
+        return CandidatePublisher(chain, self._gate, self.scenarios.serve_release)
 
-    def _ensure_harness(self, scenario: str) -> None:
-        if not self.config.enabled:
-            self.idle[scenario] = "learning is disabled (learner.enabled: false)"
-            log.info("no learner", extra={"reef": {"event": "learner_idle", "scenario": scenario, "recipe": SKILLS,
-                                                    "reason": self.idle[scenario]}})
-            return
-        skills, chain = self.config.skills, self.state.chain(scenario)
-        try:
-            if self._harness_gate is None:
-                self._harness_gate = HarnessGate(skills.gate, self.runtime)
-            proposer = build_proposer(skills, self.runtime)
-        except InvalidInput as exc:
-            self.idle[scenario] = f"the skills recipe cannot start: {exc}"
-            log.error("scenario %s: %s", scenario, self.idle[scenario])
-            return
-        publisher = HarnessPublisher(chain, self._harness_gate, CandidatePublisher(chain, None, self.scenarios.serve_release),
-                                     self.scenarios.admit, skills.gate.publish)
-        # held-out records serve the gate only when it has no task file
-        recipe = SkillsRecipe(skills, proposer, holdout_fraction=0.0 if skills.gate.tasks else skills.gate.holdout_fraction)
-        learner = HarnessLearner(chain, self.state.store, recipe, _logged(chain, SKILLS, publisher.decide),
-                                 publisher.head_harness, poll_interval=self.config.poll_interval)
-        self.learners[scenario] = learner
-        self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"harness-learner:{scenario}")
-        log.info("learner started", extra={"reef": {"event": "learner_started", "scenario": scenario, "recipe": SKILLS,
-                                                     "proposer": skills.proposer}})
+    def _harness_publisher(self, chain: Any, name: str, recipe: Any) -> HarnessPublisher:
+        gate_config = recipe.harness_gate
+        if name not in self._harness_gates:
+            self._harness_gates[name] = HarnessGate(gate_config, self.runtime)
+        return HarnessPublisher(chain, self._harness_gates[name], CandidatePublisher(chain, None, self.scenarios.serve_release),
+                                self.scenarios.admit, gate_config.publish)
 
     async def close(self) -> None:
         for task in self.tasks.values():
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
         for learner in self.learners.values():
-            if isinstance(learner, HarnessLearner):
-                await learner.recipe.proposer.close()
-        if self._harness_gate is not None:
-            await self._harness_gate.close()
+            await learner.recipe.close()
+        for gate in self._harness_gates.values():
+            await gate.close()
         if self.worker is not None:
             await self.worker.close()
 

@@ -13,38 +13,15 @@ anyone in between) chooses: set `public_url` when Reef sits behind a proxy or a 
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from importlib import resources
 
 from reef.core.errors import InvalidInput
+from reef.core.urls import checked_url
 from reef.surfaces.agent_layout import BLOCK_BEGIN, BLOCK_END, EXTENSIONS_DIR, Adapter
 
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_URL = re.compile(rf"https?://(?P<host>{_LABEL}(?:\.{_LABEL})*|\[(?P<ipv6>[0-9A-Fa-f:.]+)\])"
-                  r"(?::(?P<port>[0-9]{1,5}))?(?P<path>/[A-Za-z0-9._~/-]*)?")
 _UNQUOTABLE = re.compile(r"['\\\n\r\0]")
 _HEREDOC_END = "REEF_AGENT_WRAPPER_EOF"
-
-
-def checked_url(url: str) -> str:
-    """The server URL the wrapper calls: scheme, host (a name, an IPv4 or a bracketed IPv6
-    address), optional port and path of plain characters, nothing else."""
-    m = _URL.fullmatch(url)
-    if not m or not _plain_parts(m):
-        raise InvalidInput(f"the server URL must look like http://host[:port][/path] with plain characters, got {url!r}")
-    return url.rstrip("/")
-
-
-def _plain_parts(m: re.Match[str]) -> bool:
-    if m["port"] is not None and not 0 < int(m["port"]) < 65536:
-        return False
-    if m["ipv6"] is not None:
-        try:
-            ipaddress.IPv6Address(m["ipv6"])
-        except ValueError:
-            return False
-    return m["path"] is None or ("//" not in m["path"] and ".." not in m["path"])
 
 
 def server_url(asked: str | None, public_url: str | None, scheme: str, host_header: str | None) -> str:

@@ -25,7 +25,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
-from reef.commit.artifacts import content_id_of
+from reef.core.canonical import content_id_of
 from reef.core.errors import InvalidInput
 from reef.core.types import ArtifactKind
 

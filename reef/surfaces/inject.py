@@ -17,10 +17,8 @@ import asyncio
 import logging
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
-from reef.commit.artifacts import ArtifactStore
-from reef.commit.state import ReefState
 from reef.config import HarnessConfig
 from reef.core.chat import ChatRequest, Message
 from reef.core.errors import InvalidInput, NotFound
@@ -29,12 +27,24 @@ from reef.surfaces.harness import PREFIX, HarnessTree, render_with_skills
 
 log = logging.getLogger(__name__)
 
+class ReleaseFiles(Protocol):  # the artifact store, as far as injection reads it
+    def files(self, release_id: str) -> dict[str, bytes]: ...
+
+
+class ServingChain(Protocol):
+    def serving(self) -> ReleaseRef: ...
+
+
+class Chains(Protocol):  # reef's state: a scenario's chain by name (NotFound if none)
+    def chain(self, name: str) -> ServingChain: ...
+
+
 SEPARATOR = "\n\n"  # between the injected harness and the client's own system prompt
 EMPTY = HarnessTree()
 
 
 class HarnessInjector:
-    def __init__(self, config: HarnessConfig, artifacts: ArtifactStore, max_trees: int = 64) -> None:
+    def __init__(self, config: HarnessConfig, artifacts: ReleaseFiles, max_trees: int = 64) -> None:
         self.config = config
         self.artifacts = artifacts
         self.max_trees = max_trees
@@ -78,7 +88,7 @@ class HarnessInjector:
                  "inserted": inserted, "prefix_chars": len(rendered) + (0 if inserted else len(SEPARATOR))}
         return sent, added
 
-    async def inject_current(self, state: ReefState, scenario: str | None, request: ChatRequest) -> ChatRequest:
+    async def inject_current(self, state: Chains, scenario: str | None, request: ChatRequest) -> ChatRequest:
         """The request as the scenario's serving release would send it (for token counts);
         unchanged for a scenario that does not exist yet (counting never creates one)."""
         name = scenario or "default"

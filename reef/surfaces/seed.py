@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reef.commit.release_chain import Candidate
 from reef.config import HarnessConfig
 from reef.core.errors import InvalidInput
-from reef.core.types import ArtifactKind
+from reef.core.types import ArtifactKind, Candidate
 from reef.surfaces.harness import HarnessTree
 
 

@@ -6,8 +6,7 @@ mutations as schema-checked JSON). `build_proposer` picks one from the config.
 
 from __future__ import annotations
 
-from reef.config import SkillsConfig
-from reef.recipes.skills import Proposer
+from reef.recipes.skills import Proposer, SkillsConfig
 from reef.runtimes.base import Runtime
 
 

@@ -16,8 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from reef.config import SkillsConfig
-from reef.recipes.skills import Batch, Observation, Proposal, ProposalFailed
+from reef.recipes.skills import Batch, Observation, Proposal, ProposalFailed, SkillsConfig
 from reef.surfaces.harness import HarnessTree, Mutation
 
 RULE_PREFIX = "fb-"

@@ -19,12 +19,11 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from reef.config import SkillsConfig
 from reef.core.chat import Message
 from reef.core.errors import InvalidInput, RuntimeFailure
 from reef.core.fence import Fence
 from reef.core.types import ReleaseRef
-from reef.recipes.skills import Batch, Observation, Proposal, ProposalFailed
+from reef.recipes.skills import Batch, Observation, Proposal, ProposalFailed, SkillsConfig
 from reef.runtimes.endpoint import ModelEndpoint
 from reef.surfaces.harness import HarnessTree, Mutation
 

@@ -1,0 +1,152 @@
+"""What a recipe hands the training primitives, as plain data (no torch: the parent process
+builds these and the training process reads them).
+
+A `Datum` is one sequence to learn from: the prompt it continued, the completion, the
+log-probs the completion was sampled with (the behaviour policy), and per completion token an
+advantage and a loss weight (0 masks the token out). A loss is chosen by name (`LOSSES`);
+`LossConfig` holds its knobs, `AdamParams` those of the optimiser step, `LoraShape` the shape
+of a fresh adapter. `Sample` is the one-advantage-per-rollout shorthand SAO started with.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+# clipped_is: policy gradient with importance ratios against the behaviour log-probs; tokens whose
+#   ratio lies outside (1 - eps_clip, 1 + eps_clip_high) are masked out (SAO's loss).
+# importance_sampling: the same without clipping or masking.
+# cross_entropy: supervised: -log p of each weighted completion token (distillation targets).
+LOSSES = ("clipped_is", "importance_sampling", "cross_entropy")
+TRAINING_FOLDER = "training/"  # where a checkpoint keeps the optimiser beside its adapter
+
+
+@dataclass(frozen=True)
+class Datum:
+    prompt_ids: list[int]            # the exact prompt the completion continued
+    completion_ids: list[int]        # the tokens learned from, EOS included when the model stopped
+    behaviour_logprobs: list[float]  # per completion token, as sampled (may be empty for cross_entropy)
+    advantages: list[float]          # per completion token
+    mask: list[float]                # per completion token: its weight in the loss (0: not trained on)
+    temperature: float = 1.0         # the temperature it was sampled at (0 counts as 1)
+
+    def check(self, loss: str) -> None:
+        n = len(self.completion_ids)
+        if not self.prompt_ids:
+            raise ValueError("empty prompt")
+        if len(self.advantages) != n or len(self.mask) != n:
+            raise ValueError(f"{n} completion tokens but {len(self.advantages)} advantages and {len(self.mask)} mask weights")
+        if loss != "cross_entropy" and len(self.behaviour_logprobs) != n:
+            raise ValueError(f"{n} completion tokens but {len(self.behaviour_logprobs)} rollout log-probs")
+        if not all(math.isfinite(x) for x in (*self.advantages, *self.mask, *self.behaviour_logprobs)):
+            raise ValueError("advantages, mask weights and log-probs must be finite")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A rollout with one advantage for all its tokens (SAO's unit)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    rollout_logprobs: list[float]
+    advantage: float
+    temperature: float = 1.0
+
+    def datum(self) -> Datum:
+        n = len(self.completion_ids)
+        return Datum(self.prompt_ids, self.completion_ids, self.rollout_logprobs, [self.advantage] * n, [1.0] * n,
+                     self.temperature)
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    eps_clip: float = 0.2       # clipped_is: the ratio's lower bound is 1 - eps_clip
+    eps_clip_high: float = 0.28  # clipped_is: its upper bound is 1 + eps_clip_high
+    kl_coef: float = 0.0        # any loss: a KL penalty to the base model (adapter off), k3 estimator per token
+    micro_batch: int = 8        # sequences per forward pass (memory, not maths)
+
+
+@dataclass(frozen=True)
+class AdamParams:
+    lr: float = 5e-4
+    warmup_steps: int = 0       # the optimiser's first steps ramp lr up linearly (0: none)
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+
+    def lr_at(self, steps_taken: int) -> float:
+        """The learning rate of the next step. A fresh AdamW's first updates are about lr in
+        every direction, however noisy the gradient (its moments are one sample old), so
+        they ramp up over `warmup_steps`."""
+        if self.warmup_steps <= 0:
+            return self.lr
+        return self.lr * min(1.0, (steps_taken + 1) / self.warmup_steps)
+
+
+@dataclass(frozen=True)
+class LoraShape:
+    """A fresh adapter's shape; a checkpoint's own adapter config wins over it."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    seed: int = 0  # seeds A's initialisation and dropout
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One SAO-style optimiser step's settings: the adapter's shape, the loss's and AdamW's."""
+
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lr: float = 5e-4
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.28
+    kl_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch: int = 8
+    seed: int = 0
+    loss: str = field(default="clipped_is")
+
+    @property
+    def lora(self) -> LoraShape:
+        return LoraShape(self.lora_r, self.lora_alpha, self.lora_dropout, self.target_modules, self.seed)
+
+    @property
+    def loss_config(self) -> LossConfig:
+        return LossConfig(self.eps_clip, self.eps_clip_high, self.kl_coef, self.micro_batch)
+
+    @property
+    def adam(self) -> AdamParams:
+        return AdamParams(self.lr, self.warmup_steps, self.weight_decay, self.max_grad_norm)
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def adapter_part(files: Mapping[str, bytes] | None) -> dict[str, bytes] | None:
+    """The peft adapter inside a release's content, at its root or in a sub-folder, as the
+    embedded runtime finds it; None (the base model) when the content holds no adapter."""
+    if not files:
+        return None
+    config = next((n for n in sorted(files) if n.rsplit("/", 1)[-1] == ADAPTER_CONFIG
+                   and not n.startswith(("harness/", TRAINING_FOLDER))), None)
+    if config is None:
+        return None
+    prefix = config[: -len(ADAPTER_CONFIG)]
+    return {n[len(prefix):]: data for n, data in files.items() if n.startswith(prefix) and "/" not in n[len(prefix):]}
+
+
+def checkpoint_part(files: Mapping[str, bytes] | None) -> dict[str, bytes] | None:
+    """What training continues from in a release's content: its adapter and the optimiser
+    state beside it (`training/`); None when it holds no adapter (train a fresh one)."""
+    adapter = adapter_part(files)
+    if adapter is None or files is None:
+        return None
+    return {**adapter, **{n: d for n, d in files.items() if n.startswith(TRAINING_FOLDER)}}

@@ -1,0 +1,47 @@
+"""What a learner counts for its status, and how it reads a rejection."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from reef.core.types import Verdict
+
+WORSE_P = 0.05  # a rejected candidate is trained on unless the gate is this sure it is worse
+
+
+@dataclass
+class LearnerStats:
+    state: str = "starting"
+    batches: int = 0
+    candidates: int = 0
+    published: int = 0
+    review: int = 0
+    rejected: int = 0
+    abandoned: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    last_verdict: dict[str, Any] | None = None
+    last_error: str | None = None
+
+    def count(self, verdict: Verdict) -> None:
+        self.last_verdict = {"decision": verdict.decision,
+                             **{k: v for k, v in verdict.metrics.items() if k != "per_task"}}
+        if verdict.decision == "select":
+            self.published += 1
+        elif verdict.decision == "review":
+            self.review += 1
+        else:
+            self.rejected += 1
+
+
+def promising(verdict: Verdict) -> bool:
+    """A rejected candidate worth training on from: one the gate could not show to be worse than
+    the serving release (`p_worse` above WORSE_P: a few more losses than wins on a small task
+    set is noise, and throwing the candidate away would throw away every step it took). A
+    candidate the gate is sure is worse is dropped, so a drift away from the task is not built on.
+    Without the paired test (the offline check), only one that won more than it lost."""
+    p_worse = verdict.metrics.get("p_worse")
+    if p_worse is not None:
+        return float(p_worse) > WORSE_P
+    return int(verdict.metrics.get("wins", 0)) > int(verdict.metrics.get("losses", 0))

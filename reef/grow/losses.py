@@ -1,0 +1,58 @@
+"""The losses `forward_backward` knows, by name (see `reef.core.training.LOSSES`).
+
+Each takes, per completion token of a micro-batch ([B, C], right-aligned): the log-probs under
+the adapter being trained (`new`, with grad), the behaviour log-probs the tokens were sampled
+with (`old`), the advantages, and `live` (a real token with a non-zero weight). It returns the
+per-token loss and which tokens count (the mean is over those, across the whole call).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from reef.core.training import LossConfig
+
+Tensor = torch.Tensor
+LossFn = Callable[[Tensor, Tensor, Tensor, Tensor, LossConfig], tuple[Tensor, Tensor]]
+
+
+def log_ratio(new: Tensor, old: Tensor, live: Tensor) -> Tensor:
+    return torch.where(live, new - old, torch.zeros_like(new))  # no exp() of pad garbage
+
+
+def clipped_is(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor, config: LossConfig) -> tuple[Tensor, Tensor]:
+    """Tokens too far off-policy to trust (ratio outside the clip range) are masked out; on
+    the rest this is -ratio * advantage."""
+    ratio = log_ratio(new, old, live).exp()
+    r = ratio.detach()
+    keep = live & (r > 1 - config.eps_clip) & (r < 1 + config.eps_clip_high)
+    clipped = torch.clamp(ratio, 1 - config.eps_clip, 1 + config.eps_clip_high)
+    return -torch.minimum(ratio * advantages, clipped * advantages), keep
+
+
+def importance_sampling(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor,
+                        config: LossConfig) -> tuple[Tensor, Tensor]:
+    return -log_ratio(new, old, live).exp() * advantages, live
+
+
+def cross_entropy(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor, config: LossConfig) -> tuple[Tensor, Tensor]:
+    return -new, live
+
+
+LOSS_FUNCTIONS: dict[str, LossFn] = {"clipped_is": clipped_is, "importance_sampling": importance_sampling,
+                                     "cross_entropy": cross_entropy}
+
+
+def kl_to_base(new: Tensor, base: Tensor, live: Tensor) -> Tensor:
+    """KL(adapter || base) per token, the k3 estimator (non-negative, low variance)."""
+    d = torch.where(live, base - new, torch.zeros_like(new))
+    return d.exp() - d - 1
+
+
+def loss_function(name: str) -> LossFn:
+    try:
+        return LOSS_FUNCTIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown loss {name!r}; known: {', '.join(LOSS_FUNCTIONS)}") from None
