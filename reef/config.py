@@ -392,7 +392,9 @@ def _env_field(path: tuple[str, ...]) -> Any:
         if not part:
             return None
         model = _env_model(annotation)
-        if model is not None:
+        if model is LearnerConfig and part in RECIPES and part not in model.model_fields:
+            annotation = find_recipe(part).Settings  # learner.<recipe>: that recipe's own section
+        elif model is not None:
             field = model.model_fields.get(part)
             if field is None:
                 return None

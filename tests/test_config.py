@@ -112,7 +112,11 @@ def test_every_setting_has_a_variable_that_sets_it() -> None:
                 out.append((f"{name}{key.upper()}", attrs + (key,), field.get_default(call_default_factory=True)))
         return out
 
+    from reef.config import RECIPES, find_recipe
+
     found = leaves(ServeConfig, "REEF_", ())
+    for recipe in RECIPES:  # learner.<recipe>: each built-in recipe's own section
+        found += leaves(find_recipe(recipe).Settings, f"REEF_LEARNER__{recipe.upper()}__", ("learner", recipe))
     assert len(found) > 80 and ("REEF_LEARNER__SAO__LR", ("learner", "sao", "lr"), 5e-4) in found
     for name, attrs, default in found:
         written = str(default) if isinstance(default, (str, Path)) else json.dumps(default)
