@@ -70,7 +70,8 @@ class VLLMConfig(Strict):
 
 # The built-in recipes by name; any other recipe is named by its dotted path (docs/recipes.md).
 RECIPES = {"sao": "reef.recipes.sao:SAORecipe", "skills": "reef.recipes.skills:SkillsRecipe",
-           "ttt_discover": "reef.recipes.ttt_discover:TTTDiscoverRecipe"}
+           "ttt_discover": "reef.recipes.ttt_discover:TTTDiscoverRecipe",
+           "openclaw_rl": "reef.recipes.openclaw_rl:OpenClawRLRecipe"}
 RECIPE_PARTS = ("name", "surface", "Settings", "intake", "next_batch", "resume", "high_water", "candidate",
                 "status", "close")
 

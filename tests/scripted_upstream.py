@@ -7,7 +7,7 @@
 
 Routes: POST /v1/chat/completions, POST /v1/messages, POST /v1/messages/count_tokens,
 GET /v1/models. Scripted answers are served FIFO across both dialects; with the queue empty it
-answers "echo: <last user text>", or, after `answer_by_system(...)`, a text chosen by what the
+answers "echo: <last user text>", or `answer_with(fn)`'s `fn(body)`, or, after `answer_by_system(...)`, a text chosen by what the
 system prompt contains (a stand-in model that follows a rule only when the rule is there). Streams use each dialect's real SSE shape, text split into
 word chunks. A raw ASGI app (no framework) on uvicorn, so the default path stays cheap: it is
 also the fast local upstream for proxy benchmarks (`python -m tests.scripted_upstream --port N`,
@@ -238,6 +238,7 @@ class ScriptedApp:
         self.closing = False
         self.by_system: list[tuple[str, str]] = []  # (marker in the system prompt, answer)
         self.by_system_otherwise: str | None = None
+        self.answer_fn: Callable[[dict[str, Any]], str] | None = None  # see ScriptedUpstream.answer_with
         self.hits: list[tuple[str, str]] = []
         self.huge_sent = 0  # bytes of the last "huge" answer sent before the client hung up (or all of them)
 
@@ -276,7 +277,9 @@ class ScriptedApp:
             step = self.queue.popleft()
         except IndexError:
             step = None
-        if step is None and self.by_system_otherwise is not None:
+        if step is None and self.answer_fn is not None:
+            step, text = _DEFAULT, self.answer_fn(body)
+        elif step is None and self.by_system_otherwise is not None:
             system = _system_text(body)
             step = _DEFAULT
             text = next((answer for marker, answer in self.by_system if marker in system), self.by_system_otherwise)
@@ -434,6 +437,11 @@ class ScriptedUpstream:
         system prompt contains, else `otherwise` (instead of the echo)."""
         self.app.by_system = list(answers.items())
         self.app.by_system_otherwise = otherwise
+
+    def answer_with(self, answer: Callable[[dict[str, Any]], str] | None) -> None:
+        """With no scripted answer queued, answer `answer(body)` (a stand-in model that reads the
+        request: a judge, a simulated user); None goes back to the default."""
+        self.app.answer_fn = answer
 
     def clear(self) -> None:
         """Forget queued answers and recorded requests."""

@@ -16,6 +16,8 @@ the log is what makes check-head, commit-artifact, append one compare-and-swap e
   process state, not logged: after a restart the serving pointer starts at the head.
 - `begin_batch` logs a learner's batch before training; it stays open until a `publish` or
   `reject` names it, or `abandon_batch` closes it. `open_batches` tells a restarted learner.
+  A batch closes once (naming a closed one is a `Conflict`) and a record is in one batch at
+  most, so two learners on one scenario (a lease changing hands) cannot train a batch twice.
 - `compact` deletes consumed records from the experience store, logged first.
 """
 
@@ -143,6 +145,7 @@ class ReleaseChain:
             raise InvalidInput("a rejected candidate is logged with reject(), never published")
         with self.log.transaction():
             head = self._check_head(expected_parent)
+            self._check_batch_open(batch_id)
             entry = self._commit_artifact(
                 candidate, head, Operation.TRAINING, pending=verdict.decision == "review",
                 verdict=verdict, batch_id=batch_id, algorithm_state=algorithm_state,
@@ -165,6 +168,7 @@ class ReleaseChain:
             raise InvalidInput("reject() logs a verdict of reject")
         with self.log.transaction():
             head = self._check_head(expected_head)
+            self._check_batch_open(batch_id)
             extra = {"candidate_content_id": candidate_content_id, **_batch_metric(batch_id), **(metrics or {})}
             return self._append_on_head(head, Operation.REJECTION, verdict=verdict, metrics=extra,
                                         algorithm_state=algorithm_state, high_water=high_water)
@@ -208,6 +212,10 @@ class ReleaseChain:
             open_ = self.open_batches()
             if len(open_) >= max_open:
                 raise Conflict(f"batch {open_[-1]['batch_id']} is still open; finish or abandon it first")
+            earlier = {rid for e in self._entries() if e.operation is Operation.BATCH and e.batch
+                       for rid in e.batch["record_ids"]}
+            if reused := [rid for rid in record_ids if rid in earlier]:  # a sample is in one batch at most
+                raise Conflict(f"records already in a logged batch: {', '.join(reused[:5])}")
             head = _head_entry(self._entries())
             batch = {"batch_id": batch_id, "record_ids": list(record_ids), "report_ids": list(report_ids),
                      "from_release_id": head.release.release_id}
@@ -238,6 +246,14 @@ class ReleaseChain:
         if not entries:
             raise NotFound(f"scenario {self.scenario!r} has no commit log")
         return entries
+
+    def _check_batch_open(self, batch_id: str | None) -> None:
+        """A logged batch closes once: publishing or rejecting one the log shows closed (by
+        another learner that took over the scenario, say) is a `Conflict`."""
+        if batch_id is None or batch_id in {b["batch_id"] for b in self.open_batches()}:
+            return
+        if any(e.operation is Operation.BATCH and e.batch and e.batch["batch_id"] == batch_id for e in self._entries()):
+            raise Conflict(f"batch {batch_id} of scenario {self.scenario!r} is already closed")
 
     def _check_head(self, expected: str) -> CommitEntry:
         head = _head_entry(self._entries())

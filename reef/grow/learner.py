@@ -75,7 +75,7 @@ class Learner:
         self.consumed = batched_record_ids(chain)
         self.algorithm_state = dict(chain.algorithm_state() or {})  # ahead of the log while a candidate is judged
         self.view = LearnerView(self.scenario, self.consumed, self._staleness_of, chain.head, self._head_files,
-                                self.stats.dropped)
+                                self.stats.dropped, store)
         self.working: dict[str, bytes] | None = None  # the last candidate, once training goes on from it
         self.working_head: str | None = None  # the head `working` continues from; a rollback resets it
         self.lineage = 0  # bumped whenever `working` is dropped: candidates trained from it are void

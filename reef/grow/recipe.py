@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from reef.config import GateConfig
 from reef.core.types import JSON, Release, ReleaseRef, ReportedRecords
 from reef.grow.training_client import TrainingClient
+from reef.observe.store import ExperienceStore
 from reef.runtimes.base import Runtime
 
 SURFACES = ("weights", "harness")
@@ -70,6 +71,8 @@ class LearnerView:
     head: Callable[[], Release]
     head_files: Callable[[], Awaitable[dict[str, bytes]]]
     dropped: Counter[str] = field(default_factory=Counter)
+    store: ExperienceStore | None = None  # read-only: the scenario's records, for a recipe that learns from
+    # traffic itself rather than from reports (openclaw_rl stitches sessions from it)
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.dropped[reason] += n

@@ -286,9 +286,18 @@ class VLLMRuntime(Runtime):
             raise RuntimeFailure(f"runtime load {load_id!r} of release {release.release_id} is not loaded here")
         return load_id if load.adapter is not None else str(self.model_name)  # type: ignore[return-value]
 
-    def _unavailable(self, what: str) -> RuntimeFailure:
-        if self._down or (self.process is not None and not self.process.alive()):
-            return EngineUnavailable(f"vLLM is not serving ({self._down or 'it exited'}); retry shortly")
+    async def _unavailable(self, what: str) -> RuntimeFailure:
+        """A 503 when vLLM is down (a connection reset can arrive a moment before its process is
+        seen to exit, so that is waited for up to a second; an attached vLLM is asked /health),
+        else a 502 saying `what`."""
+        for _ in range(10):
+            if self._down or (self.process is not None and not self.process.alive()):
+                return EngineUnavailable(f"vLLM is not serving ({self._down or 'it exited'}); retry shortly")
+            if self.process is None:
+                break
+            await asyncio.sleep(0.1)
+        if self.process is None and not await self._healthy():
+            return EngineUnavailable(f"vLLM at {self.url} does not answer /health; retry shortly")
         return RuntimeFailure(f"vLLM at {self.url} {what}")
 
     async def generate(self, request: ChatRequest, release: ReleaseRef) -> AsyncIterator[Delta]:
@@ -312,11 +321,11 @@ class VLLMRuntime(Runtime):
                 if response.status != 200:
                     raw = await response.text()
                     if response.status == 404 and self._down is None and load_id in self._loads:
-                        raise self._unavailable("does not hold the adapter (reloading)")
+                        raise await self._unavailable("does not hold the adapter (reloading)")
                     if 400 <= response.status < 500:
                         raise RuntimeFailure(f"vLLM refused the request ({response.status}): {_message(raw)}",
                                              status=response.status, error_type="invalid_request_error")
-                    raise self._unavailable(f"failed ({response.status}): {_message(raw)}")
+                    raise await self._unavailable(f"failed ({response.status}): {_message(raw)}")
                 events = SSEParser()
                 async for piece in response.content.iter_any():
                     for _event, data in events.feed(piece):
@@ -349,9 +358,9 @@ class VLLMRuntime(Runtime):
         except UpstreamProblem as exc:
             raise RuntimeFailure(f"vLLM {exc}") from None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
-            raise self._unavailable(f"broke the answer off ({type(exc).__name__})") from None
+            raise await self._unavailable(f"broke the answer off ({type(exc).__name__})") from None
         if reason is None:
-            raise self._unavailable("ended the stream before the answer finished")
+            raise await self._unavailable("ended the stream before the answer finished")
         rest, calls = stream.finish(ids)
         if rest:
             yield TextDelta(rest, (), (), load_id)
@@ -371,9 +380,9 @@ class VLLMRuntime(Runtime):
             async with self._client.post(f"{self.url}/tokenize", json=body) as response:
                 raw = await response.text()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise self._unavailable(f"could not count tokens ({type(exc).__name__})") from None
+            raise await self._unavailable(f"could not count tokens ({type(exc).__name__})") from None
         if response.status != 200:
-            raise self._unavailable(f"could not count tokens ({response.status}): {_message(raw)}")
+            raise await self._unavailable(f"could not count tokens ({response.status}): {_message(raw)}")
         return int(json.loads(raw)["count"])
 
 

@@ -6,6 +6,8 @@ they built (the tiny model, an upstream pointed at a scripted provider).
 
 from __future__ import annotations
 
+import os
+import socket
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -26,7 +28,7 @@ from reef.serve.body_limit import BodyLimit
 from reef.serve.hot_routes import HOT, HotRoutes
 from reef.serve.http_errors import error_response, reef_error_handler
 from reef.serve.inference import InferenceService
-from reef.serve.learning import Learning
+from reef.serve.learning import Learning, Leases
 from reef.serve.logs import RequestLog
 from reef.serve.metrics import Metrics
 from reef.serve.scenarios import HeadFollower, ScenarioDirectory
@@ -63,7 +65,8 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     state = ReefState.open(config.state_dir, store=open_store(config), artifacts_remote=config.artifacts.remote)
     metrics = Metrics()
     scenarios = ScenarioDirectory(state, runtime, config.recipes, config.harness)
-    learning = Learning(config.learner, state, runtime, scenarios)
+    front_end = f"{socket.gethostname()}:{config.port} pid {os.getpid()}"  # how other front ends name this one
+    learning = Learning(config.learner, state, runtime, scenarios, _leases(state, front_end), front_end)
     # a commit log other front ends append to (PostgreSQL): serve whatever head they publish
     follower = HeadFollower(state, scenarios) if getattr(state.commit_logs, "shared", False) else None
     metrics.watch_runtime(runtime)
@@ -116,6 +119,17 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     app.add_middleware(Dashboard)  # outside the token check: /ui's static files hold no data
     app.add_middleware(RequestLog, hot=HOT)  # outermost: a request refused by any guard gets its line too
     return app
+
+
+def _leases(state: ReefState, front_end: str) -> Leases | None:
+    """Learner leases where front ends share the commit log (PostgreSQL): one learner per scenario
+    across the deployment. None on one node (the JSONL log): this process runs every learner."""
+    if not getattr(state.commit_logs, "shared", False):
+        return None
+    from reef.commit.leases import PgLeases
+
+    logs = state.commit_logs
+    return PgLeases(logs.dsn, logs.schema, front_end)  # type: ignore[attr-defined]
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

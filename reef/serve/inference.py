@@ -61,16 +61,35 @@ class Admission:
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], limits: RequestLimits) -> Admission:
         record_id = headers.get("x-reef-agent-record-id")
-        session = headers.get("x-reef-session")
         tags = _tags(headers, limits)
         return cls(
             scenario=headers.get("x-reef-scenario") or "default",
             recipe=headers.get("x-reef-recipe") or None,
             release_id=headers.get("x-reef-release-id") or None,
-            session=check_id(session, "x-reef-session") if session else None,
+            session=_session(headers),
             record_id=check_id(record_id, "x-reef-agent-record-id") if record_id else None,
             tags=tags,
         )
+
+
+AGENT_SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id")  # Claude Code's, opencode's
+
+
+def _session(headers: Mapping[str, str]) -> str | None:
+    """The record's session: `x-reef-session` (checked: a bad one is a 400), else the session id
+    the agent already sends (Claude Code, opencode); an agent's id that is no valid id is left out
+    rather than refusing the agent's request."""
+    explicit = headers.get("x-reef-session")
+    if explicit:
+        return check_id(explicit, "x-reef-session")
+    for name in AGENT_SESSION_HEADERS:
+        value = headers.get(name)
+        if value:
+            try:
+                return check_id(value, name)
+            except InvalidInput:
+                return None
+    return None
 
 
 def _tags(headers: Mapping[str, str], limits: RequestLimits) -> dict[str, str]:

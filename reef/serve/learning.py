@@ -8,6 +8,13 @@ train at once without one starving another; a scenario whose recipe needs weight
 runtime cannot load them (an upstream provider) is listed with the reason instead of a learner.
 A harness recipe gets a learner on any runtime (upstream or embedded): it needs no training
 process, only the runtime to answer the gate's tasks (and, by default, the LLM proposer's prompt).
+
+With leases (several front ends on one PostgreSQL database, `reef.commit.leases`), a scenario's
+learner runs on one front end only: the one holding its lease. Every front end wants every
+scenario its configuration lets it learn; every second each tries to take the leases nobody
+holds and checks the ones it holds. A front end that loses a lease (its database connection
+dropped) stops that learner at once; the one that takes it builds a fresh learner from the
+commit log, which resumes (or abandons, logged) the batches the log shows open.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 from reef.commit.gate import WeightsGate
 from reef.commit.harness_gate import HarnessGate
@@ -35,10 +42,23 @@ from reef.runtimes.base import Runtime
 from reef.serve.scenarios import ScenarioDirectory
 
 log = logging.getLogger("reef.learning")
+LEASE_INTERVAL_S = 1.0  # how often a front end checks its leases and tries to take the free ones
+
+
+class Leases(Protocol):  # reef.commit.leases.PgLeases
+    kind: str
+    holder: str
+
+    def keep(self) -> set[str]: ...
+    def try_take(self, scenario: str) -> bool: ...
+    def release(self, scenario: str) -> None: ...
+    def holders(self, scenarios: list[str]) -> dict[str, str | None]: ...
+    def close(self) -> None: ...
 
 
 class Learning:
-    def __init__(self, config: LearnerConfig, state: ReefState, runtime: Runtime, scenarios: ScenarioDirectory) -> None:
+    def __init__(self, config: LearnerConfig, state: ReefState, runtime: Runtime, scenarios: ScenarioDirectory,
+                 leases: Leases | None = None, front_end: str | None = None) -> None:
         self.config = config
         self.state = state
         self.runtime = runtime
@@ -49,6 +69,12 @@ class Learning:
         self.worker: TrainingWorker | None = None
         self._gate: WeightsGate | None = None
         self._harness_gates: dict[str, HarnessGate] = {}  # by recipe
+        self.leases = leases
+        self.front_end = front_end
+        self.wanted: set[str] = set()  # with leases: scenarios this front end would learn if it held the lease
+        self.holders: dict[str, str | None] = {}  # scenario -> the front end holding its lease (last look)
+        self.lease_error: str | None = None
+        self._lease_task: asyncio.Task[None] | None = None
 
     def _can_train(self) -> str | None:
         if getattr(self.runtime, "model_dir", None) is None:
@@ -59,10 +85,13 @@ class Learning:
         for name in self.state.scenarios():
             await self.ensure(name)
         self.scenarios.on_created.append(self.ensure)
+        if self.leases is not None:
+            self._lease_task = asyncio.get_running_loop().create_task(self._keep_leases(), name="learner-leases")
 
     async def ensure(self, scenario: str) -> None:
-        """Start the learner of a scenario if none runs yet (or say why it has none)."""
-        if scenario in self.learners or scenario in self.idle:
+        """Start the learner of a scenario if none runs yet (or say why it has none); with
+        leases, only once this front end holds the scenario's lease."""
+        if scenario in self.learners or scenario in self.idle or scenario in self.wanted:
             return
         chain = self.state.chain(scenario)
         name = chain.binding["recipe"]
@@ -82,6 +111,15 @@ class Learning:
             log.info("no learner", extra={"reef": {"event": "learner_idle", "scenario": scenario, "recipe": name,
                                                     "reason": reason}})
             return
+        if self.leases is not None:
+            self.wanted.add(scenario)  # the lease loop starts it once this front end holds the lease
+            return
+        await self._start_learner(scenario)
+
+    async def _start_learner(self, scenario: str) -> None:
+        chain = self.state.chain(scenario)
+        name = chain.binding["recipe"]
+        recipe_class = find_recipe(name)
         try:
             recipe = recipe_class(self.config.settings_for(name), RecipeContext(self.runtime, self.config.gate))
             if recipe_class.surface == "weights":
@@ -100,6 +138,53 @@ class Learning:
         log.info("learner started", extra={"reef": {"event": "learner_started", "scenario": scenario, "recipe": name,
                                                      "surface": recipe_class.surface}})
 
+    async def _stop_learner(self, scenario: str, reason: str) -> None:
+        learner, task = self.learners.pop(scenario, None), self.tasks.pop(scenario, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if learner is not None:
+            await learner.recipe.close()
+            log.warning("learner stopped", extra={"reef": {"event": "learner_stopped", "scenario": scenario,
+                                                            "reason": reason}})
+
+    async def _keep_leases(self) -> None:
+        """Every LEASE_INTERVAL_S: stop the learners whose lease was lost, take the free leases
+        of the scenarios this front end wants and start their learners, note who holds what."""
+        assert self.leases is not None
+        while True:
+            try:
+                await self.lease_round()
+                self.lease_error = None
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the database is down: tried again next round
+                problem = f"{type(exc).__name__}: {exc}"
+                if problem != self.lease_error:
+                    log.warning("learner leases: %s", problem)
+                self.lease_error = problem
+                self.holders = {}
+            await asyncio.sleep(LEASE_INTERVAL_S)
+
+    async def lease_round(self) -> None:
+        assert self.leases is not None
+        held = await asyncio.to_thread(self.leases.keep)
+        for scenario in list(self.learners):
+            if scenario not in held:
+                await self._stop_learner(scenario, "lost its lease (the database connection dropped)")
+            elif self.tasks[scenario].done():  # its loop ended (e.g. it could not read the log): start again
+                await self._stop_learner(scenario, "its loop ended")
+        for scenario in sorted(self.wanted - set(self.learners)):
+            if scenario in self.idle:
+                continue
+            if await asyncio.to_thread(self.leases.try_take, scenario):
+                log.info("learner lease taken", extra={"reef": {"event": "lease_taken", "scenario": scenario,
+                                                                 "front_end": self.leases.holder}})
+                await self._start_learner(scenario)
+                if scenario in self.idle:  # its recipe cannot start here: let another front end try
+                    await asyncio.to_thread(self.leases.release, scenario)
+        self.holders = await asyncio.to_thread(self.leases.holders, sorted(self.wanted))
+
     async def _weights_publisher(self, chain: Any) -> CandidatePublisher:
         if self.worker is None:
             threads = self.config.train_threads or max(1, (os.cpu_count() or 2) // 2)  # the other half of the cores
@@ -116,9 +201,14 @@ class Learning:
                                 self.scenarios.admit, gate_config.publish)
 
     async def close(self) -> None:
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            await asyncio.gather(self._lease_task, return_exceptions=True)
         for task in self.tasks.values():
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if self.leases is not None:
+            await asyncio.to_thread(self.leases.close)  # after the learners stopped: then the next may start
         for learner in self.learners.values():
             await learner.recipe.close()
         for gate in self._harness_gates.values():
@@ -127,9 +217,13 @@ class Learning:
             await self.worker.close()
 
     def status(self) -> dict[str, Any]:
+        leases = [{"scenario": s, "holder": self.holders.get(s), "held_here": s in self.learners}
+                  for s in sorted(self.wanted) if s not in self.idle]
         return {"learners": [learner.status() for learner in self.learners.values()],
                 "idle": [{"scenario": s, "reason": r} for s, r in self.idle.items()],
-                "training_queue": self.worker.pending() if self.worker else {}}
+                "training_queue": self.worker.pending() if self.worker else {},
+                "front_end": self.front_end, "lease_kind": self.leases.kind if self.leases else None,
+                "leases": leases, "lease_error": self.lease_error}
 
 
 def _logged(chain: Any, recipe: str, decide: Callable[[Any], Awaitable[Verdict]]) -> Callable[[Any], Awaitable[Verdict]]:
