@@ -112,9 +112,13 @@ def _scenario_row(state: ReefState, name: str) -> dict:
               help="Embedded or vLLM runtime: a transformers model folder instead of SmolLM2.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", type=click.Choice(["text", "json"]), help="text: key=value lines; json: one object a line.")
+@click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Processes behind the one port (needs a postgresql:// store; docs/deploy.md).")
+@click.option("--worker-of", hidden=True, help="Internal: INDEX:FD, a worker of `--workers` on an inherited socket.")
 def serve(config_path: Path | None, host: str | None, port: int | None, state_dir: Path | None, tokens: tuple[str, ...],
           insecure: bool | None, runtime: str | None, upstream_url: str | None, upstream_model: str | None,
-          upstream_dialect: str | None, model_dir: Path | None, log_level: str | None, log_format: str | None) -> None:
+          upstream_dialect: str | None, model_dir: Path | None, log_level: str | None, log_format: str | None,
+          workers: int = 1, worker_of: str | None = None) -> None:
     """Serve OpenAI- and Anthropic-compatible requests, record them, take reports.
 
     With no upstream configured it serves the embedded SmolLM2-135M-Instruct on the CPU,
@@ -125,6 +129,7 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
       reef serve
       REEF_TOKEN=secret reef serve --host 0.0.0.0
       REEF_UPSTREAM_API_KEY=sk-... reef serve --upstream-url https://api.openai.com/v1 --upstream-model gpt-4o-mini
+      reef serve -c reef.yaml --workers 4      # store: postgresql://...
     """
     import uvicorn
 
@@ -142,6 +147,16 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
         handler = logs.configure(config.log_level, config.log_format)  # Reef's, uvicorn's and every library's lines
         say = logs.announcer(config.log_format, handler)
         config.check_exposure()
+        if workers > 1 and worker_of is None:
+            from reef.serve.workers import supervise
+
+            sys.exit(supervise(config, workers, say))
+        sock = None
+        if worker_of is not None:
+            from reef.serve.workers import worker_config, worker_socket
+
+            index, fd = (int(part) for part in worker_of.split(":"))
+            config, sock = worker_config(config, index), worker_socket(fd)
         _check_install(config)  # git, and the extras the settings need, before a minute of model loading
         built = build_runtime(config, progress=say)
         app = create_app(config, built)
@@ -149,12 +164,16 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
         raise click.ClickException(str(exc)) from None
     auth = f"{len(config.tokens)} token(s)" if config.tokens else "no token (loopback only)"
     say(f"serving {built.name} runtime on http://{config.host}:{config.port} (state {config.state_dir}, auth: {auth})")
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
-                log_config=None,  # uvicorn's lines go through the handler `logs.configure` set
-                http=timed_protocol(config.header_timeout, config.body_timeout, config.limits.max_header_bytes),
-                ws="none",  # Reef serves no websockets, and the timed protocol hands no upgrade over
-                timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # a float works
-                timeout_graceful_shutdown=config.shutdown_timeout)  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
+        log_config=None,  # uvicorn's lines go through the handler `logs.configure` set
+        http=timed_protocol(config.header_timeout, config.body_timeout, config.limits.max_header_bytes),
+        ws="none",  # Reef serves no websockets, and the timed protocol hands no upgrade over
+        timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # a float works
+        timeout_graceful_shutdown=config.shutdown_timeout))  # type: ignore[arg-type]
+    server.run(sockets=[sock] if sock is not None else None)  # a worker: the supervisor's listening socket
+    if not server.started:  # e.g. the port is taken (uvicorn logged why)
+        sys.exit(3)
 
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import reef
 ROOT = Path(reef.__file__).resolve().parent
 LAYERS = [  # lowest first; a package may import its own modules and those of lower layers
     {"core"},
-    {"config", "client"},
+    {"config", "client", "extras"},
     {"observe", "runtimes", "ui"},
     {"surfaces"},
     {"commit", "grow"},
