@@ -11,7 +11,9 @@ open long enough to kill its learner in the middle of it).
   chain linear, no batch id logged twice, no batch closed twice, no record in two batches;
 - PostgreSQL stopped under load: requests answer 503 in their dialect (OpenAI, Anthropic) while
   it is down; started again, both front ends serve again by themselves and exactly one holds
-  the lease again.
+  the lease again;
+- `reef serve --workers 2` on one port: two worker pids answer, one holds the lease, a rollback
+  is served by both (each keep-alive connection stays with one worker).
 """
 
 from __future__ import annotations
