@@ -15,7 +15,7 @@ Printed and written to bench/results/openclaw_rl.json: test success (greedy exac
 the demo's 91 test questions, never asked by the users, never trained or selected on) of the
 starting and the final release, releases published and rejected, turns trained, and the judge
 calls spent. Run on its own, on an otherwise idle machine (at most `--minutes` of traffic, plus
-two test passes and the start):
+the start, two passes over the test questions and at most `--settle-minutes` for the last verdict):
 
     .venv/bin/python bench/openclaw_rl.py [--minutes 15] [--concurrency 4] [--out bench/results/openclaw_rl.json]
 """
@@ -141,6 +141,13 @@ def decisions(url: str) -> list[dict[str, Any]]:
     return response.json()["decisions"] if response.status_code == 200 else []
 
 
+def settle(url: str, minutes: float) -> None:
+    """After the users stop: wait (at most `minutes`) for the candidate in training or at the gate."""
+    deadline = time.monotonic() + minutes * 60
+    while time.monotonic() < deadline and learner_status(url).get("state") in ("training", "evaluating", "logging batch"):
+        time.sleep(2)
+
+
 async def test_success(url: str, concurrency: int) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=300.0) as client:
         return await measure_test(client, demo_tasks.SHOWN_EXAMPLES, concurrency)
@@ -155,6 +162,8 @@ def main() -> None:
     parser.add_argument("--turns-per-batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--settle-minutes", type=float, default=5.0,
+                        help="after the users stop, wait this long at most for the candidate at the gate")
     parser.add_argument("--model-dir", type=Path, default=None, help="default: SmolLM2-135M-Instruct")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "openclaw_rl.json")
     args = parser.parse_args()
@@ -175,6 +184,7 @@ def main() -> None:
             print(f"  start release {start['release_id']}: test success {start['success']:.3f}")
             tally = Tally()
             asyncio.run(users(server.url, args.minutes, args.concurrency, args.tries, args.seed, tally))
+            settle(server.url, args.settle_minutes)
             status, found = learner_status(server.url), decisions(server.url)
             final = asyncio.run(test_success(server.url, args.concurrency))
             judge_calls = next(calls)

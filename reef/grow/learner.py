@@ -12,8 +12,12 @@ on from it, so the training process does not idle through every evaluation; at m
 are open, one at the gate and one in training. A candidate trained on from one the gate then
 found surely worse is abandoned (logged) unjudged, and a rollback sends training back to the
 head. A harness candidate is made from the head and judged against exactly that head, one at a
-time. On start, the batches the log shows open are resumed in order if their records are all
-still there, and abandoned (logged) otherwise. Serving never waits on any of this.
+time. With traces on (`reef.observe.spans`), making a candidate is a span `reef.learn` (the
+training client's `reef.train.*` step spans are its children) and judging it one `reef.gate`,
+both with `reef.scenario`, `reef.batch_id` and `reef.recipe`; the gate's carries the decision
+and the verdict's numeric metrics (`reef.gate.*`). On start, the batches the log shows open are
+resumed in order if their records are all still there, and abandoned (logged) otherwise.
+Serving never waits on any of this.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from reef.grow.learner_stats import LearnerStats, promising
 from reef.grow.loop import keep_stepping
 from reef.grow.recipe import Abandon, Batch, Job, LearnerView, Made, Recipe
 from reef.grow.training_client import TrainingClient
+from reef.observe import spans
 from reef.observe.store import ExperienceStore
 
 log = logging.getLogger("reef.learner")
@@ -141,7 +146,9 @@ class Learner:
         job = await self._job(batch_id)
         self.stats.state = WORKING_STATE[self.recipe.surface]
         try:
-            made = await self.recipe.candidate(batch, job)
+            with spans.span("reef.learn", self._span_attributes(batch_id, {
+                    "reef.surface": self.recipe.surface, "reef.batch.records": len(batch.record_ids)}), ok=(Abandon,)):
+                made = await self.recipe.candidate(batch, job)
         except Abandon as exc:
             await self._abandon(batch_id, f"{exc.kind}: {exc.reason}")
             return
@@ -179,7 +186,10 @@ class Learner:
     async def _judge(self, candidate: LearnedCandidate) -> None:
         """The gate, then publish or reject (which closes the batch in the log)."""
         try:
-            verdict = await self.decide(candidate)
+            with spans.span("reef.gate", self._span_attributes(candidate.batch_id), ok=(StaleHead,)) as span:
+                verdict = await self.decide(candidate)
+                span.set_attributes({"reef.gate.decision": verdict.decision,
+                                     **spans.numeric("reef.gate.", verdict.metrics)})
         except StaleHead as exc:  # a rollback or promote moved the head while the gate ran
             self._drop_working("the head moved during evaluation")
             await self._abandon(candidate.batch_id, f"head_moved: the head moved during evaluation: {exc}")
@@ -205,6 +215,10 @@ class Learner:
         except Exception as exc:  # noqa: BLE001 - logged and shown; its batch is abandoned
             log.exception("learner %s: evaluation failed", self.scenario)
             self.stats.last_error = f"{type(exc).__name__}: {exc}"
+
+    def _span_attributes(self, batch_id: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"reef.scenario": self.scenario, "reef.batch_id": batch_id, "reef.recipe": self.recipe.name,
+                **(extra or {})}
 
     def _drop_working(self, reason: str) -> None:
         self.working, self.lineage, self.drop_reason = None, self.lineage + 1, reason

@@ -19,7 +19,12 @@ Export: OTLP over HTTP to `traces.otlp_endpoint`, else to `OTEL_EXPORTER_OTLP_EN
 processor on its own thread. With neither, Reef uses the process's global tracer provider, so an
 application that embeds Reef (or a test, with the SDK's in-memory exporter) sees the spans.
 
-Spans for training steps and gate runs are not here yet (they belong in `reef/grow`).
+Learning is traced too, on the same tracer: `build` hands it to `reef.observe.spans`, through
+which the learner opens `reef.learn` (making one candidate), the training client
+`reef.train.{forward_backward,optim_step,load_state,save_state}` (its children, one per call into
+the training process) and the learner `reef.gate` (judging and settling one candidate), each
+with `reef.scenario`, `reef.batch_id` and `reef.recipe`; `close` turns them off again. That
+tracer is process-wide: one traced app per process.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any, Mapping
 
 from reef.config import TracesConfig
 from reef.core.errors import InvalidInput
+from reef.observe import spans
 
 ENDPOINT_ENV = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
@@ -42,6 +48,7 @@ class Tracing:
         self.tracer = tracer
         self.provider_name = provider_name
         self.processor = processor  # owned here (OTLP): flushed and shut down by `close`
+        spans.configure(tracer)  # learning spans (reef.grow, reef.commit) go to the same tracer
         self._extract = propagate.extract
         self._current = trace.get_current_span
         self._server, self._internal = trace.SpanKind.SERVER, trace.SpanKind.INTERNAL
@@ -58,6 +65,8 @@ class Tracing:
         return RequestSpan(span, self._error)
 
     def close(self) -> None:
+        if spans.tracer() is self.tracer:
+            spans.configure(None)
         if self.processor is not None:
             self.processor.shutdown()  # flushes what is queued
 
