@@ -362,6 +362,69 @@ def test_an_adapter_diff_is_summarised_never_dumped(page: Any, reef: ReefServer)
     sync_api.expect(diff.locator("pre")).to_have_count(0)
 
 
+def serve_tiny(model_dir: Path, work: Path) -> ReefServer:
+    """`reef serve` running the embedded tiny model whose `tiny` scenario learns weights with
+    `sao`: a LoRA step per four scored samples, judged by the offline gate on held-out reports
+    (a generous bound: this shows the page following learning, not the gate's taste)."""
+    settings = {"tokens": [TOKEN], "log_level": "info",
+                "embedded": {"model_dir": str(model_dir), "default_max_tokens": 8, "threads": 1},
+                "recipes": {"scenarios": {TINY: "sao"}},
+                "learner": {"poll_interval": 0.1, "train_threads": 1,
+                            "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
+                            "gate": {"holdout_fraction": 0.5, "offline_bound": 1000.0}}}
+    return ReefServer(work, settings)
+
+
+TINY = "tiny"
+
+
+def test_the_tiny_model_learns_and_the_open_page_shows_the_new_release_in_the_chain_and_on_the_curve(
+        page: Any, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The embedded model, real LoRA training in the training process, the gate, a published
+    adapter: the page, opened before any of it and never reloaded, shows the new release."""
+    with serve_tiny(tiny_model_dir, tmp_path) as reef:
+        oai = openai.OpenAI(base_url=reef.base_url, api_key=TOKEN, max_retries=0, timeout=60)
+
+        def ask_and_report(n: int, offset: int = 0) -> None:
+            with client(reef) as c:
+                for i in range(offset, offset + n):
+                    raw = oai.chat.completions.with_raw_response.create(
+                        model="tiny", messages=[{"role": "user", "content": f"Say {i}."}], temperature=1.0,
+                        extra_headers={"x-reef-scenario": TINY})
+                    c.report(raw.headers["x-reef-agent-record-id"], score=float(i % 2))
+
+        def trained() -> list[dict[str, Any]]:
+            with client(reef) as c:
+                return [r for r in c.releases(TINY)["releases"] if r["operation"] == "training"]
+
+        ask_and_report(1)
+        sign_in(page, reef, where=f"#/s/{TINY}/chain")
+        nodes = page.get_by_test_id("chain").get_by_test_id("release")
+        sync_api.expect(nodes).to_have_count(1)  # the creation only
+        url_before = page.url
+        page.evaluate("window.reefTestMarker = 'not reloaded'")  # gone if the page ever reloads
+        deadline, sent = time.monotonic() + 90, 1
+        while not trained() and time.monotonic() < deadline:  # scored traffic until a candidate is published
+            ask_and_report(4, sent)
+            sent += 4
+        published = wait_for(trained, timeout=max(deadline - time.monotonic(), 1.0), what="a published adapter")[-1]
+        learned = page.locator(f"[data-testid=release][data-release='{published['release_id']}']")
+        sync_api.expect(learned).to_have_count(1)  # appears by itself: the page polls
+        assert page.url == url_before
+        sync_api.expect(learned).to_contain_text("select")
+        sync_api.expect(learned).to_contain_text("weights")
+        assert published["verdict"]["metrics"]["gate"] == "offline"
+
+        page.get_by_test_id("tab-curve").click()  # the same page: a tab, not a reload
+        table = page.get_by_test_id("curve-table")
+        sync_api.expect(table.locator("tbody tr")).not_to_have_count(1)
+        sync_api.expect(table).to_contain_text(published["release_id"][:8])
+        sync_api.expect(page.get_by_test_id("curve").locator("line.tick")).not_to_have_count(1)  # one per release
+        sync_api.expect(page.get_by_test_id("curve").locator("line.live-bar")).not_to_have_count(1)  # scored traffic
+        assert page.url == f"{reef.url}/ui/#/s/{TINY}/curve"  # a hash change: the page was never reloaded
+        assert page.evaluate("window.reefTestMarker") == "not reloaded"
+
+
 def test_screenshots_exist_when_asked() -> None:
     if not SCREENSHOTS:
         pytest.skip("REEF_UI_SCREENSHOTS=1 writes docs/ui-*.png")

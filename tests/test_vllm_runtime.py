@@ -1,7 +1,9 @@
 """`reef serve --runtime vllm` against a REAL vLLM (the CPU build) that Reef starts and supervises:
 both SDKs, plain and streaming, records with vLLM's token ids and log-probs verified against the
 frozen release; LoRA releases hot-loaded into the engine (served by the adapter, rolled back,
-unloaded; a corrupt adapter refused while the old release keeps serving); a kill -9 of vLLM
+unloaded; a corrupt adapter refused while the old release keeps serving); an adapter release
+exported as a PEFT folder (`reef export release`) loaded into vLLM directly, answering with the
+token ids Reef served for it; a kill -9 of vLLM
 answered with 503s until Reef has restarted it and loaded the serving adapter again.
 
 One vLLM for the module (it takes about 50 s to start and 25 s more for its first request here).
@@ -169,6 +171,46 @@ def test_an_adapter_release_is_served_rolled_back_and_unloaded(oai: openai.OpenA
     while client.status()["serving"]["adapters"] and time.monotonic() < deadline:
         time.sleep(0.1)  # unloaded once no request pins it
     assert client.status()["serving"]["adapters"] == []
+
+
+def test_an_exported_adapter_loads_into_vllm_and_answers_as_reef_served_it(
+        reef: ReefServer, oai: openai.OpenAI, client: ReefClient, releases: dict[str, object], tmp_path: Path) -> None:
+    """`reef export release` writes the adapter release as a PEFT folder; loaded into the same
+    vLLM directly (`POST /v1/load_lora_adapter`, as any vLLM user would), it gives, greedily on
+    the exact prompt tokens Reef sent, the very token ids Reef served and recorded."""
+    from click.testing import CliRunner
+
+    from reef.cli import main
+
+    client.rollback("tuned", str(releases["adapter"]))
+    _, receipt = greedy(oai)
+    served = fetch(client, receipt)
+    assert served["verified"] is True and served["token_ids"]
+    assert served["release"]["release_id"] != releases["adapter"]  # the rollback's release: the adapter's content
+
+    dest = tmp_path / "exported"
+    exported = CliRunner().invoke(main, ["export", "release", "tuned", str(releases["adapter"]), str(dest),
+                                         "--state-dir", str(reef.state_dir)], catch_exceptions=False)
+    assert exported.exit_code == 0, exported.output
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in dest.iterdir()}
+
+    assert reef.process is not None
+    command = (Path("/proc") / str(_vllm_pid(reef.process.pid)) / "cmdline").read_bytes().split(b"\0")
+    vllm = f"http://127.0.0.1:{int(command[command.index(b'--port') + 1])}"
+    loaded = httpx.post(f"{vllm}/v1/load_lora_adapter", timeout=120,
+                        json={"lora_name": "exported", "lora_path": str(dest)})
+    assert loaded.status_code == 200, loaded.text
+    try:
+        answer = httpx.post(f"{vllm}/v1/completions", timeout=120, json={
+            "model": "exported", "prompt": served["response"]["prompt_token_ids"], "max_tokens": 8,
+            "temperature": 0, "return_token_ids": True}).json()
+        base = httpx.post(f"{vllm}/v1/completions", timeout=120, json={
+            "model": "tiny", "prompt": served["response"]["prompt_token_ids"], "max_tokens": 8,
+            "temperature": 0, "return_token_ids": True}).json()
+    finally:
+        httpx.post(f"{vllm}/v1/unload_lora_adapter", timeout=60, json={"lora_name": "exported"})
+    assert answer["choices"][0]["token_ids"] == served["token_ids"], answer
+    assert base["choices"][0]["token_ids"] != served["token_ids"]  # the adapter is what makes the difference
 
 
 def _vllm_pid(reef_pid: int) -> int:
