@@ -209,7 +209,8 @@ class EmbeddedRuntime(Runtime):
             for file_name, data in files.items():
                 (Path(folder) / file_name).write_bytes(data)
             try:
-                self.model.load_adapter(folder, adapter_name=name)
+                with _transformers_quiet():
+                    self.model.load_adapter(folder, adapter_name=name)
             except Exception:
                 if name in (getattr(self.model, "peft_config", None) or {}):
                     self.model.delete_adapter(name)  # no half-injected adapter stays behind
@@ -434,3 +435,18 @@ def _adapter_files(files: Mapping[str, bytes]) -> dict[str, bytes] | None:
     prefix = config[: -len("adapter_config.json")]
     return {name[len(prefix):]: data for name, data in files.items()
             if name.startswith(prefix) and "/" not in name[len(prefix):]}
+
+
+@contextlib.contextmanager
+def _transformers_quiet() -> Iterator[None]:
+    """transformers 5 prints a "LOAD REPORT" calling every LoRA weight of a named adapter
+    MISSING ("newly initialized") while peft loads those very weights right after (checked: the
+    loaded lora_B equals the file's). On every publish that misleads whoever reads the log."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
