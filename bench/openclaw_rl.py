@@ -69,7 +69,8 @@ def settings(workdir: Path, heldout: Path, port: int, judge_url: str, model_dir:
         "runtime": "embedded", "log_level": "warning", "embedded": embedded,
         "recipes": {"default": "openclaw_rl"},
         "learner": {
-            "openclaw_rl": {"turns_per_batch": args.turns_per_batch, "lr": args.lr, "session_idle_s": 60,
+            "openclaw_rl": {"turns_per_batch": args.turns_per_batch, "steps_per_candidate": args.steps_per_candidate,
+                            "lr": args.lr, "session_idle_s": 60,
                             "judge": {"url": judge_url, "model": "scripted-judge", "votes": args.votes}},
             "gate": {"tasks": str(heldout.resolve()), "scorer": "reef.demo.tasks:gate_score",
                      "max_tokens": GATE_MAX_TOKENS, "temperature": 0},
@@ -160,6 +161,7 @@ def main() -> None:
     parser.add_argument("--tries", type=int, default=2, help="answers a user waits for before moving on")
     parser.add_argument("--votes", type=int, default=3, help="judge calls per turn")
     parser.add_argument("--turns-per-batch", type=int, default=8)
+    parser.add_argument("--steps-per-candidate", type=int, default=1, help="optimiser steps over a batch")
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--settle-minutes", type=float, default=5.0,
