@@ -160,8 +160,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="scripted users at once")
     parser.add_argument("--tries", type=int, default=2, help="answers a user waits for before moving on")
     parser.add_argument("--votes", type=int, default=3, help="judge calls per turn")
-    parser.add_argument("--turns-per-batch", type=int, default=8)
-    parser.add_argument("--steps-per-candidate", type=int, default=1, help="optimiser steps over a batch")
+    parser.add_argument("--turns-per-batch", type=int, default=16, help="(8 with 1 step published nothing in 11 min)")
+    parser.add_argument("--steps-per-candidate", type=int, default=4, help="optimiser steps over a batch")
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--settle-minutes", type=float, default=5.0,
