@@ -30,9 +30,6 @@ docs/learning.md and docs/recipes.md say more.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-import re
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -41,7 +38,6 @@ from typing import Callable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reef.config import ModelEndpointConfig
 from reef.core.chat import ChatRequest, Message, Tool, ToolCall
 from reef.core.errors import NotFound, RuntimeFailure
 from reef.core.fence import Fence
@@ -49,43 +45,13 @@ from reef.core.training import AdamParams, Datum, LoraShape, LossConfig, Sample,
 from reef.core.types import JSON, Record, RecordStatus, ReportedRecords
 from reef.grow.recipe import Abandon, Job, LearnerView, Made, RecipeContext, held_out
 from reef.grow.rollouts import rollout_problem, sample_of, staleness_problem
+from reef.recipes.judge import JudgeConfig, judge_messages, majority, parse_verdict
+from reef.recipes.session_turns import client_messages, prefix_digests, turn_key, until_assistant
 from reef.runtimes.endpoint import ModelEndpoint
-from reef.surfaces.inject import client_request
 
 NAME = "openclaw_rl"
 HOLDOUT_KEEP = 64
 SCAN_LIMIT = 512  # records read per learner step
-_VERDICT = re.compile(r"VERDICT\s*:?\s*([+-]?)\s*([01])\b", re.IGNORECASE)
-_HINT = re.compile(r"HINT\s*:\s*(.+)", re.IGNORECASE)
-
-INSTRUCTIONS = """You judge one answer of an AI assistant by what happened right after it.
-You see the last messages before the answer (context), the answer, and the next state: the
-user's next message, or the results of the tools the answer called.
-Rate the answer:
-+1 if the next state shows it worked (the user accepts it, thanks, moves on to something new;
-   the tool succeeded);
--1 if the next state shows it failed (the user corrects it, says it is wrong, repeats or
-   rephrases the request, complains; the tool failed because of the answer);
-0 if the next state says nothing either way.
-
-{fence_rule}
-
-Answer with the line `VERDICT: +1`, `VERDICT: -1` or `VERDICT: 0`.{hint_rule}"""
-
-HINT_RULE = """
-Then one line `HINT: <one short sentence>`: what the assistant should have known before it
-answered, as the next state reveals it (`HINT: none` if it reveals nothing)."""
-
-
-class OpenClawJudgeConfig(ModelEndpointConfig):
-    """The judge: any OpenAI- or Anthropic-compatible model (no `url`: the scenario's runtime)."""
-
-    votes: int = Field(3, ge=1, description="Calls per turn; the most common vote wins, a tie is 0")
-    max_tokens: int = Field(96, ge=1)
-    temperature: float = Field(0.7, ge=0, description="Votes of a judge at 0 repeat one another")
-    context_messages: int = Field(4, ge=0, description="Messages before the answer the judge is shown")
-    excerpt_chars: int = Field(1500, ge=100, description="Most characters of one message shown to the judge")
-    concurrency: int = Field(8, ge=1, description="Judge calls in flight at once")
 
 
 class HintConfig(BaseModel):
@@ -119,7 +85,7 @@ class OpenClawRLConfig(BaseModel):
     max_staleness: int = Field(2, ge=0, description="Oldest release a turn may come from, in publications")
     max_open_turns: int = Field(4096, ge=1, description="Turns waiting for their next state; the oldest go first")
     max_waiting: int = Field(256, ge=1, description="Turns with a next state waiting for a batch; the oldest go first")
-    judge: OpenClawJudgeConfig = Field(default_factory=OpenClawJudgeConfig)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
     hints: HintConfig = Field(default_factory=HintConfig)
 
 
@@ -432,7 +398,7 @@ class OpenClawRLRecipe:
         """One judge call: (+1 / -1 / 0, or None when it failed; the hint, if asked and given)."""
         if self.judge is None:
             raise Abandon("no_judge", "the recipe has no judge (no runtime and no judge.url)")
-        messages = judge_messages(turn, self.config, Fence())
+        messages = judge_messages(turn.record, turn.next_state, self.config.judge, Fence(), self.config.hints.enabled)
         async with self._calls:
             self.counts["judge_calls"] += 1
             try:
@@ -488,113 +454,7 @@ class _Drops:
         self.counts[reason] += n
 
 
-# -- stitching ----------------------------------------------------------------------------------
-
-
-def client_messages(record: Record) -> list[JSON]:
-    """The client's own messages (the harness Reef injected taken out)."""
-    return list(client_request(record.request or {}, record.harness).get("messages") or [])
-
-
-def _canon(message: JSON) -> bytes:
-    """A message as the same client text in either dialect: role, trimmed text, tool calls by
-    name and arguments (ids differ between a runtime's answer and a client's echo of it)."""
-    calls = []
-    for call in message.get("tool_calls") or ():
-        arguments = call.get("arguments")
-        try:
-            arguments = json.dumps(json.loads(arguments) if isinstance(arguments, str) else arguments, sort_keys=True)
-        except (TypeError, ValueError):
-            pass
-        calls.append([call.get("name"), arguments])
-    content = message.get("content")
-    text = content.strip() if isinstance(content, str) else json.dumps(content, sort_keys=True)
-    return json.dumps([message.get("role"), text, calls], ensure_ascii=False).encode() + b"\x1e"
-
-
-def prefix_digests(messages: Sequence[JSON]) -> list[tuple[int, str]]:
-    """(index, hash of messages[:index + 1]) for every assistant message: one pass."""
-    running = hashlib.sha256()
-    out = []
-    for index, message in enumerate(messages):
-        running.update(_canon(message))
-        if message.get("role") == "assistant":
-            out.append((index, running.copy().hexdigest()))
-    return out
-
-
-def turn_key(messages: Sequence[JSON], response: JSON) -> str:
-    """The hash a next turn's messages start with: this turn's messages plus its answer."""
-    running = hashlib.sha256()
-    for message in messages:
-        running.update(_canon(message))
-    running.update(_canon({"role": "assistant", "content": response.get("text") or "",
-                           "tool_calls": response.get("tool_calls") or []}))
-    return running.hexdigest()
-
-
-def until_assistant(messages: Sequence[JSON]) -> tuple[JSON, ...]:
-    """What came right after an answer: the messages up to the next assistant message."""
-    out = []
-    for message in messages:
-        if message.get("role") == "assistant":
-            break
-        out.append(message)
-    return tuple(out)
-
-
-# -- the judge ----------------------------------------------------------------------------------
-
-
-def majority(votes: Sequence[int]) -> int:
-    """The most common vote; a tie for the most is 0."""
-    if not votes:
-        return 0
-    ranked = Counter(votes).most_common()
-    if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
-        return 0
-    return ranked[0][0]
-
-
-def parse_verdict(answer: str) -> tuple[int | None, str | None]:
-    """(+1 / -1 / 0 from `VERDICT: ...`, or None; the `HINT: ...` line unless it is `none`)."""
-    found = _VERDICT.search(answer)
-    vote = None
-    if found:
-        vote = int(found.group(2)) * (-1 if found.group(1) == "-" else 1)
-    hint = _HINT.search(answer)
-    text = hint.group(1).strip() if hint else ""
-    return vote, (text if text and text.lower().strip(". ") not in ("none", "n/a") else None)
-
-
-def _as_text(message: JSON, limit: int) -> str:
-    text = message.get("content") or ""
-    if not isinstance(text, str):
-        text = json.dumps(text)
-    for call in message.get("tool_calls") or ():
-        text += f"\n[calls tool {call.get('name')} with {call.get('arguments')}]"
-    role = message.get("role", "?")
-    if role == "tool":
-        role = f"tool result{' ' + str(message['name']) if message.get('name') else ''}"
-    text = text.strip()
-    return f"{role}: {text[:limit]}{' …' if len(text) > limit else ''}"
-
-
-def judge_messages(turn: Ready, config: OpenClawRLConfig, fence: Fence) -> list[Message]:
-    """The judge's prompt: the instructions, and the client's text only inside fenced data blocks."""
-    j = config.judge
-    system = INSTRUCTIONS.format(fence_rule=fence.rule(), hint_rule=HINT_RULE if config.hints.enabled else "")
-    before = client_messages(turn.record)
-    context = [_as_text(m, j.excerpt_chars) for m in before[len(before) - j.context_messages:]] \
-        if j.context_messages else []
-    response = turn.record.response or {}
-    answer = _as_text({"role": "assistant", "content": response.get("text") or "",
-                       "tool_calls": response.get("tool_calls") or []}, j.excerpt_chars)
-    parts = ["# Context", fence.block("context", "\n\n".join(context) or "(none)"),
-             "# The answer to rate", fence.block("answer", answer),
-             "# Next state", fence.block("next state", "\n\n".join(_as_text(m, j.excerpt_chars) for m in turn.next_state)),
-             "Now give your verdict."]
-    return [Message("system", system), Message("user", "\n\n".join(parts))]
+# -- hints ---------------------------------------------------------------------------------------
 
 
 def hinted_request(record: Record, hint: str) -> ChatRequest:
