@@ -62,7 +62,7 @@ from psycopg import sql
 from reef.core.canonical import canonical_json, check_scenario_name
 from reef.core.errors import Conflict, Corruption, InvalidInput, StaleHead, StorageUnavailable
 from reef.core.types import CommitEntry, Operation
-from reef.observe.postgres_store import ConnectionPool, _DeadConnection, _describe, _in_transaction
+from reef.observe.postgres_store import ConnectionPool, _describe, run_with_retries
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
@@ -152,20 +152,7 @@ class PgCommitLogs:
     def run(self, work: Callable[[Cursor], T], begin: str | None = None) -> T:
         """`work` on a pooled connection (`begin`: in one transaction), retried when the
         connection was found dead before anything was written."""
-        for attempt in range(1, _ATTEMPTS + 1):
-            try:
-                with self.pool.connection() as conn:
-                    return _in_transaction(conn, begin, work)
-            except _DeadConnection as exc:
-                self.pool.discard_idle()
-                if attempt == _ATTEMPTS:
-                    raise StorageUnavailable(f"{self.where}: {exc.__cause__}") from exc.__cause__
-            except psycopg.errors.TransactionRollback as exc:
-                if attempt == _ATTEMPTS:
-                    raise StorageUnavailable(f"{self.where}: kept failing: {exc}") from exc
-            except psycopg.Error as exc:
-                raise StorageUnavailable(f"{self.where}: {type(exc).__name__}: {exc}") from exc
-        raise AssertionError("unreachable")
+        return run_with_retries(self.pool, self.where, work, begin)
 
     # -- CommitLogs ------------------------------------------------------------------------
 

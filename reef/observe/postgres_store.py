@@ -176,20 +176,7 @@ class PostgresStore(ExperienceStore):
 
     def _run(self, work: Callable[[Cursor], T], begin: str | None = "BEGIN") -> T:
         """Run `work` in one transaction (`begin=None`: one autocommitted statement) and commit."""
-        for attempt in range(1, _ATTEMPTS + 1):
-            try:
-                with self._pool.connection() as conn:
-                    return _in_transaction(conn, begin, work)
-            except _DeadConnection as exc:
-                self._pool.discard_idle()
-                if attempt == _ATTEMPTS:
-                    raise StorageUnavailable(f"{self._where}: {exc.__cause__}") from exc.__cause__
-            except psycopg.errors.TransactionRollback as exc:  # deadlock or serialization failure
-                if attempt == _ATTEMPTS:
-                    raise StorageUnavailable(f"{self._where}: write kept failing: {exc}") from exc
-            except psycopg.Error as exc:
-                raise StorageUnavailable(f"{self._where}: {type(exc).__name__}: {exc}") from exc
-        raise AssertionError("unreachable")
+        return run_with_retries(self._pool, self._where, work, begin)
 
     # -- records -------------------------------------------------------------------------
 
@@ -378,6 +365,26 @@ class PostgresStore(ExperienceStore):
 
     def count_reports(self, scenario: str | None = None) -> int:
         return self._run(lambda cur: _count(cur, "reports", scenario), begin=None)
+
+
+def run_with_retries(pool: ConnectionPool, where: str, work: Callable[[Cursor], T], begin: str | None) -> T:
+    """`work` on a pooled connection (`begin`: in one transaction, else one autocommitted
+    statement), committed; retried when the connection was found dead before anything was
+    written, or on a deadlock or serialization failure. Every other failure is StorageUnavailable."""
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            with pool.connection() as conn:
+                return _in_transaction(conn, begin, work)
+        except _DeadConnection as exc:
+            pool.discard_idle()
+            if attempt == _ATTEMPTS:
+                raise StorageUnavailable(f"{where}: {exc.__cause__}") from exc.__cause__
+        except psycopg.errors.TransactionRollback as exc:  # deadlock or serialization failure
+            if attempt == _ATTEMPTS:
+                raise StorageUnavailable(f"{where}: write kept failing: {exc}") from exc
+        except psycopg.Error as exc:
+            raise StorageUnavailable(f"{where}: {type(exc).__name__}: {exc}") from exc
+    raise AssertionError("unreachable")
 
 
 def _in_transaction(conn: Connection, begin: str | None, work: Callable[[Cursor], T]) -> T:
