@@ -133,7 +133,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         messages=tuple(_message(raw, i) for i, raw in enumerate(b.messages)),
         dialect="openai",
         tools=tools,
-        tool_choice=_tool_choice(b.tool_choice, tools),
+        tool_choice=parse_tool_choice(b.tool_choice, tools),
         max_tokens=b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens,
         temperature=b.temperature,
         top_p=b.top_p,
@@ -216,23 +216,26 @@ def _tool(raw: Any, i: int) -> Tool:
     return Tool(name=f.name, description=f.description, parameters=f.parameters)
 
 
-def _tool_choice(raw: Any, tools: tuple[Tool, ...]) -> Any:
+def parse_tool_choice(raw: Any, tools: tuple[Tool, ...], *, nested: bool = True) -> Any:
+    """OpenAI's tool_choice: "none" | "auto" | "required" | a named function, whose name is under
+    `function` in chat completions (`nested`) and at the top in the Responses API."""
     if raw is None or raw in ("auto", "none"):
         return raw
     if raw == "required":
         if not tools:
             raise InvalidInput("tool_choice: 'required' needs tools")
         return raw
+    where = "tool_choice.function.name" if nested else "tool_choice.name"
     if not isinstance(raw, dict):
         raise InvalidInput("tool_choice: must be 'none', 'auto', 'required' or a named function")
     if raw.get("type") != "function":
         raise InvalidInput(f"tool_choice.type: only 'function' is supported, got {raw.get('type')!r}")
-    fn = raw.get("function")
-    name = fn.get("name") if isinstance(fn, dict) else None
+    holder = raw.get("function") if nested else raw
+    name = holder.get("name") if isinstance(holder, dict) else None
     if not isinstance(name, str) or not name:
-        raise InvalidInput("tool_choice.function.name: Field required")
+        raise InvalidInput(f"{where}: Field required")
     if name not in {t.name for t in tools}:
-        raise InvalidInput(f"tool_choice.function.name: no tool named {name!r}")
+        raise InvalidInput(f"{where}: no tool named {name!r}")
     return {"name": name}
 
 

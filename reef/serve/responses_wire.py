@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta, Tool, ToolCall, ToolCallDelta, Usage
 from reef.core.errors import InvalidInput
+from reef.serve.openai_wire import parse_tool_choice
 from reef.serve.wire_validation import check_body, validate_wire
 
 SUPPORTED = frozenset({
@@ -146,7 +147,7 @@ def parse_responses_request(body: Any) -> ChatRequest:
         raise InvalidInput("input: must be a string or a list of input items")
     parsed = [_tool(raw, i) for i, raw in enumerate(b.tools or [])]
     tools = tuple(t for t, _ in parsed)
-    tool_choice = _tool_choice(b.tool_choice, tools)
+    tool_choice = parse_tool_choice(b.tool_choice, tools, nested=False)
     _ECHO.set({"instructions": b.instructions, "tools": [echo for _, echo in parsed],
                "tool_choice": "auto" if b.tool_choice is None else b.tool_choice,
                "parallel_tool_calls": True if b.parallel_tool_calls is None else b.parallel_tool_calls,
@@ -241,25 +242,6 @@ def _tool(raw: Any, i: int) -> tuple[Tool, dict[str, Any]]:
     echo = {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
             "strict": t.strict}
     return tool, echo
-
-
-def _tool_choice(raw: Any, tools: tuple[Tool, ...]) -> Any:
-    if raw is None or raw in ("auto", "none"):
-        return raw
-    if raw == "required":
-        if not tools:
-            raise InvalidInput("tool_choice: 'required' needs tools")
-        return raw
-    if not isinstance(raw, dict):
-        raise InvalidInput("tool_choice: must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}")
-    if raw.get("type") != "function":
-        raise InvalidInput(f"tool_choice.type: only 'function' is supported, got {raw.get('type')!r}")
-    name = raw.get("name")
-    if not isinstance(name, str) or not name:
-        raise InvalidInput("tool_choice.name: Field required")
-    if name not in {t.name for t in tools}:
-        raise InvalidInput(f"tool_choice.name: no tool named {name!r}")
-    return {"name": name}
 
 
 # -- responses --------------------------------------------------------------------------------
