@@ -127,15 +127,7 @@ class JsonlCommitLogs:
         return logs
 
     def adopt(self, scenario: str, entries: Sequence[CommitEntry]) -> bool:
-        log = self.open(scenario)
-        try:
-            with log.transaction():
-                if log.last_step:
-                    return False
-                log.append_all(entries)
-                return True
-        finally:
-            log.close()
+        return adopt_entries(self, scenario, entries)
 
     def close(self) -> None:
         pass
@@ -296,3 +288,17 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def adopt_entries(logs: CommitLogs, scenario: str, entries: Sequence[CommitEntry]) -> bool:
+    """Write a scenario's whole history into a log that has none yet (an import); False, and
+    nothing written, when the log already has steps."""
+    log = logs.open(scenario)
+    try:
+        with log.transaction():
+            if log.last_step:
+                return False
+            log.append_all(entries)
+            return True
+    finally:
+        log.close()

@@ -59,6 +59,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import psycopg
 from psycopg import sql
 
+from reef.commit.commit_log import adopt_entries
 from reef.core.canonical import canonical_json, check_scenario_name
 from reef.core.errors import Conflict, Corruption, InvalidInput, StaleHead, StorageUnavailable
 from reef.core.types import CommitEntry, Operation
@@ -182,15 +183,7 @@ class PgCommitLogs:
         return logs
 
     def adopt(self, scenario: str, entries: Sequence[CommitEntry]) -> bool:
-        log = self.open(scenario)
-        try:
-            with log.transaction():
-                if log.last_step:
-                    return False
-                log.append_all(entries)
-                return True
-        finally:
-            log.close()
+        return adopt_entries(self, scenario, entries)
 
     def heads(self) -> dict[str, int]:
         """Every scenario's last step, in one query (what a follower compares)."""
