@@ -191,6 +191,20 @@ def test_a_learner_may_keep_two_batches_open_and_close_them_in_any_order(state: 
     assert chain.open_batches() == [] and chain.consumed_record_ids() == {"rec1"}
 
 
+def test_a_batch_closes_once_and_a_record_is_in_one_batch_at_most(state: ReefState) -> None:
+    """Invariant 9 under two learners that both believe they hold a scenario (a lease lost
+    late): the second close of a batch and a second batch of the same record are refused."""
+    chain = state.create("s", "sao")
+    head = chain.head()
+    chain.begin_batch("b1", ["rec1", "rec2"], ["rep1"], high_water=1, expected_step=1)
+    chain.reject("sha256:x", head.release_id, verdict=Verdict("reject"), batch_id="b1")
+    with pytest.raises(Conflict, match="already closed"):
+        chain.publish(adapter(2), head.release_id, verdict=SELECT, batch_id="b1")
+    with pytest.raises(Conflict, match="already in a logged batch: rec2"):
+        chain.begin_batch("b2", ["rec2", "rec3"], ["rep2"], high_water=2, expected_step=chain.last_step())
+    assert chain.head().release_id == head.release_id and chain.open_batches() == []
+
+
 def test_compaction_deletes_only_consumed_records_and_is_logged(state: ReefState) -> None:
     chain = state.create("s", "sao")
     for rid in ("rec1", "rec2"):
