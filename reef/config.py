@@ -172,6 +172,10 @@ class LearnerConfig(Strict):
     enabled: bool = Field(True, description="Train scenarios whose recipe learns weights")
     poll_interval: float = Field(0.5, gt=0)
     train_threads: int | None = Field(None, ge=1, description="torch threads of the training process")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the training process trains: auto "
+                                                  "takes a CUDA GPU when torch sees one")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="The trainer's weights: auto is float32 on the CPU, the engine's dtype on a GPU")
     gate: GateConfig = Field(default_factory=GateConfig)
 
     @model_validator(mode="after")

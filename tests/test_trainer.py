@@ -338,3 +338,35 @@ def test_real_model_step_is_on_policy() -> None:
     print(f"real model step: {time.monotonic() - started:.2f} s for {m['tokens']:.0f} tokens; {m}")
     assert m["max_abs_log_ratio"] < 0.005 and m["clipped_fraction"] == 0.0
     assert any(t.any() for k, t in weights(files).items() if "lora_B" in k)  # it took the step
+
+
+# -- where it trains (learner.device, learner.dtype) --------------------------------------------
+
+
+def test_placement_defaults_to_fp32_on_the_cpu_and_the_engines_dtype_on_a_gpu() -> None:
+    from reef.grow.trainer import resolve_device, resolve_dtype
+
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_dtype("auto", "cpu", "bfloat16") is torch.float32  # the embedded runtime's, on-policy to 1e-3
+    assert resolve_dtype("auto", "cuda", None) is torch.bfloat16
+    assert resolve_dtype("auto", "cuda", "float16") is torch.float16
+    assert resolve_dtype("bfloat16", "cpu", None) is torch.bfloat16
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_cuda_without_a_gpu_is_refused_with_the_reason(tiny_model_dir: Path) -> None:
+    with pytest.raises(RuntimeError, match="sees no CUDA device; use learner.device: cpu or auto"):
+        LoRATrainer(tiny_model_dir, device="cuda")
+
+
+def test_a_bf16_trainer_trains_and_saves_an_fp32_adapter(tiny_model_dir: Path, rollouts: list[Rollout]) -> None:
+    """Base weights in bf16 (as an engine serves them on a GPU); the adapter and its optimiser
+    stay fp32 (peft's default), so checkpoints are the same format on every device."""
+    trainer = LoRATrainer(tiny_model_dir, dtype="bfloat16")
+    assert trainer.base.dtype is torch.bfloat16
+    files, metrics = trainer.step("bf16", None, samples_of(rollouts[:4], [1.0, -1.0, 1.0, -1.0]), TrainConfig(lr=1e-2))
+    assert metrics["steps"] == 1.0 and metrics["grad_norm"] > 0
+    assert {t.dtype for t in weights(files).values()} == {torch.float32}
+    seqs = [(p, c) for p, c, _, _ in rollouts[:4]]
+    assert trainer.logprobs(files, seqs) != trainer.logprobs(None, seqs)  # the step moved the adapter

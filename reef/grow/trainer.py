@@ -1,4 +1,5 @@
-"""The training primitives on a LoRA adapter, in fp32 on the CPU, as the embedded runtime samples.
+"""The training primitives on a LoRA adapter: fp32 on the CPU, as the embedded runtime samples
+(`learner.device` / `learner.dtype` put it on a GPU in the engine's dtype).
 
 A recipe trains through five calls, each naming a key (a scenario) whose adapter and AdamW
 state stay resident between calls, the way tinker's training client works:
@@ -84,7 +85,8 @@ class _Slot:
 
 
 class LoRATrainer:
-    def __init__(self, model_dir: Path, threads: int | None = None) -> None:
+    def __init__(self, model_dir: Path, threads: int | None = None, device: str = "auto", dtype: str = "auto",
+                 engine_dtype: str | None = None) -> None:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
@@ -92,7 +94,9 @@ class LoRATrainer:
         if threads:
             torch.set_num_threads(threads)  # process-wide; the worker process owns its own pool
         self.model_dir = Path(model_dir)
-        self.base: Any = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
+        self.device = torch.device(resolve_device(device))
+        self.dtype = resolve_dtype(dtype, self.device.type, engine_dtype)
+        self.base: Any = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=self.dtype).to(self.device).eval()
         self.base.requires_grad_(False)
         self.pad_id = int(self.base.config.pad_token_id or 0)  # any id will do: pads are masked out
         self.peft: Any = None  # the PeftModel wrapping `base`, made with the first adapter
@@ -219,9 +223,12 @@ class LoRATrainer:
                 base_lp, _ = self._completion_logprobs(seqs, temps)
         new_lp, real = self._completion_logprobs(seqs, temps)
         width = new_lp.shape[1]
-        old_lp = new_lp.detach() if loss == "cross_entropy" else _right_aligned([d.behaviour_logprobs for d in rows], width)
-        weights = _right_aligned([d.mask for d in rows], width)
-        advantages = _right_aligned([d.advantages for d in rows], width)
+        def aligned(rows_: list[list[float]]) -> torch.Tensor:
+            return _right_aligned(rows_, width).to(self.device)
+
+        old_lp = new_lp.detach() if loss == "cross_entropy" else aligned([d.behaviour_logprobs for d in rows])
+        weights = aligned([d.mask for d in rows])
+        advantages = aligned([d.advantages for d in rows])
         live = real & (weights > 0)
         per_token, keep = loss_fn(new_lp, old_lp, advantages, live, config)
         if base_lp is not None:
@@ -264,17 +271,18 @@ class LoRATrainer:
         generation; logits only for the last C + 1 positions (the 49k vocabulary is the cost)."""
         width = max(len(p) + len(c) for p, c in seqs)
         longest = max(len(c) for _, c in seqs)
-        ids = torch.tensor([[self.pad_id] * (width - len(p) - len(c)) + p + c for p, c in seqs])
-        attention = torch.tensor([[0] * (width - len(p) - len(c)) + [1] * (len(p) + len(c)) for p, c in seqs])
+        ids = torch.tensor([[self.pad_id] * (width - len(p) - len(c)) + p + c for p, c in seqs], device=self.device)
+        attention = torch.tensor([[0] * (width - len(p) - len(c)) + [1] * (len(p) + len(c)) for p, c in seqs],
+                                 device=self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         logits = self.base(input_ids=ids, attention_mask=attention, position_ids=positions,
                            logits_to_keep=longest + 1).logits[:, :-1, :].float()
-        scale = torch.tensor([t if t > 0 else 1.0 for t in temps], dtype=torch.float32).view(-1, 1, 1)
+        scale = torch.tensor([t if t > 0 else 1.0 for t in temps], dtype=torch.float32, device=self.device).view(-1, 1, 1)
         logprobs = torch.log_softmax(logits / scale, dim=-1)
         targets = ids[:, width - longest:]
         picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        lengths = torch.tensor([len(c) for _, c in seqs]).unsqueeze(1)
-        mask = torch.arange(longest).unsqueeze(0) >= (longest - lengths)
+        lengths = torch.tensor([len(c) for _, c in seqs], device=self.device).unsqueeze(1)
+        mask = torch.arange(longest, device=self.device).unsqueeze(0) >= (longest - lengths)
         return picked, mask
 
     # -- adapters -----------------------------------------------------------------------------
@@ -354,6 +362,32 @@ class LoRATrainer:
         finally:
             if resident is None:
                 self.peft.delete_adapter(name)
+
+
+def resolve_device(device: str) -> str:
+    """`learner.device`: auto takes CUDA when torch sees a GPU, else the CPU; cuda without a
+    GPU is an error that says why, not a silent fall back to a hundred times slower training."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise RuntimeError(f"learner.device is {device!r} but torch {torch.__version__} ({build}) sees no CUDA "
+                           "device; use learner.device: cpu or auto")
+    return device
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device_type: str, engine_dtype: str | None) -> torch.dtype:
+    """`learner.dtype`: auto is fp32 on the CPU (the embedded runtime's, and bf16 moved on-policy
+    ratios by up to 1.57 there) and the engine's dtype on a GPU (bf16 unless the engine says
+    otherwise), so the trainer's log-probs are those of the weights the engine samples from."""
+    if dtype != "auto":
+        return DTYPES[dtype]
+    if device_type == "cpu":
+        return torch.float32
+    return DTYPES.get(engine_dtype or "", torch.bfloat16)
 
 
 def _right_aligned(rows: list[list[float]], width: int) -> torch.Tensor:

@@ -53,9 +53,11 @@ class _Job:
 
 
 class TrainingWorker:
-    def __init__(self, model_dir: Path, threads: int | None = None, *, close_timeout: float = 30.0) -> None:
+    def __init__(self, model_dir: Path, threads: int | None = None, *, device: str = "auto", dtype: str = "auto",
+                 engine_dtype: str | None = None, close_timeout: float = 30.0) -> None:
         self.model_dir = Path(model_dir)
         self.threads = threads
+        self.placement = (device, dtype, engine_dtype)  # LoRATrainer's device, dtype and the engine's dtype
         self.close_timeout = close_timeout
         self._queues: dict[str, collections.deque[_Job]] = {}
         self._turns: collections.deque[str] = collections.deque()  # keys with queued jobs, in serving order
@@ -81,7 +83,7 @@ class TrainingWorker:
     async def _spawn(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
-        process = context.Process(target=_child_main, args=(child, str(self.model_dir), self.threads),
+        process = context.Process(target=_child_main, args=(child, str(self.model_dir), self.threads, self.placement),
                                   name="reef-trainer", daemon=True)
         process.start()
         child.close()  # the child holds the only other end, so its death reads as EOF here
@@ -249,7 +251,8 @@ def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
         future.set_result(outcome)
 
 
-def _child_main(conn: Connection, model_dir: str, threads: int | None) -> None:
+def _child_main(conn: Connection, model_dir: str, threads: int | None,
+                placement: tuple[str, str, str | None] = ("auto", "auto", None)) -> None:
     """The child: load the trainer, then answer jobs until told to stop or the parent goes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -261,7 +264,8 @@ def _child_main(conn: Connection, model_dir: str, threads: int | None) -> None:
             torch.set_num_threads(threads)
         from reef.grow.trainer import LoRATrainer
 
-        trainer = LoRATrainer(Path(model_dir), threads)
+        device, dtype, engine_dtype = placement
+        trainer = LoRATrainer(Path(model_dir), threads, device, dtype, engine_dtype)
         conn.send(("ready", None))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
         conn.send(("error", f"{type(exc).__name__}: {exc}"))

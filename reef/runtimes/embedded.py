@@ -31,7 +31,8 @@ from reef.core.chat import ChatRequest, Delta, Finish, FinishReason, TextDelta, 
 from reef.core.errors import RuntimeFailure
 from reef.core.types import ReleaseRef
 from reef.runtimes.base import Runtime
-from reef.runtimes.chatml import STOP_TOKENS, TextStream, chat_messages, sample
+from reef.runtimes.chatml import STOP_TOKENS, TextStream, chat_messages
+from reef.runtimes.sampling import sample
 
 _UNSET = object()  # "adapter state unknown": forces the next batch step to set it again
 # Many resident adapters is the point here, not the mistake peft warns about.

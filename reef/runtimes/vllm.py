@@ -72,7 +72,7 @@ class VLLMRuntime(Runtime):
 
     def __init__(self, *, process: VLLMProcess | None = None, url: str | None = None, model_name: str | None = None,
                  adapter_dir: Path, default_max_tokens: int = 256, timeout: float = 120.0,
-                 load_timeout: float = 120.0, health_interval: float = 1.0) -> None:
+                 load_timeout: float = 120.0, health_interval: float = 1.0, engine_dtype: str | None = None) -> None:
         if (process is None) == (url is None):
             raise ValueError("a vLLM runtime either supervises a process or attaches to a url")
         self.process = process
@@ -80,6 +80,7 @@ class VLLMRuntime(Runtime):
         self.model_name = model_name or (process.served_name if process else None)
         # the base model's folder, for the training process (reef/serve/learning.py); None when attached
         self.model_dir: Path | None = process.model_dir if process else None
+        self.engine_dtype = engine_dtype  # the trainer matches it on a GPU (learner.dtype: auto)
         self.adapter_dir = adapter_dir
         self.default_max_tokens = default_max_tokens
         self.load_timeout = load_timeout
@@ -410,10 +411,8 @@ def adapter_files(files: Mapping[str, bytes]) -> dict[str, bytes] | None:
 def build_vllm_runtime(config: ServeConfig, progress: Callable[[str], None] | None = None) -> VLLMRuntime:
     """The runtime `runtime: vllm` asks for: attached to `vllm.url`, or a vLLM Reef starts (its
     environment installed first if absent, the model folder converted first if it is SmolLM2's)."""
-    from reef.extras import require
     from reef.runtimes.model_files import default_cache_dir
 
-    require("the vLLM runtime (runtime: vllm) builds Reef's ChatML prompts with", "embedded")
     v = config.vllm
     cache = config.embedded.cache_dir or default_cache_dir()
     adapters = cache / "vllm-adapters" / f"{os.getpid()}-{secrets.token_hex(3)}"
@@ -427,12 +426,19 @@ def build_vllm_runtime(config: ServeConfig, progress: Callable[[str], None] | No
     model_dir = v.model_dir or config.embedded.model_dir
     name = v.model_name or (model_dir.name if model_dir else "smollm2-135m-instruct")
     if model_dir is None:
+        from reef.extras import require
+
+        require("converting SmolLM2 for the vLLM runtime (without vllm.model_dir)", "embedded")
         model_dir = ensure_embedded_model(cache, progress)
     python = ensure_vllm_env(v.env_dir or default_env_dir(cache), progress)
     args = ["--enable-lora", "--max-lora-rank", str(v.max_lora_rank), "--max-loras", str(v.max_loras),
             "--max-model-len", str(v.max_model_len), "--dtype", v.dtype, *v.extra_args]
+    if not any(a.startswith("--logprobs-mode") for a in v.extra_args):
+        # the log-probs of the distribution each token was drawn from (temperature and top-p
+        # applied; the model's own when greedy), as the embedded runtime records and the trainer assumes
+        args += ["--logprobs-mode", "processed_logprobs"]
     process = VLLMProcess(python, Path(model_dir), name, args=args, env={"VLLM_CPU_KVCACHE_SPACE": str(v.kv_cache_gb)},
                           log_path=cache / "vllm-logs" / f"vllm-{os.getpid()}.log", startup_timeout=v.startup_timeout)
     if progress:
         progress(f"starting vLLM on {model_dir} (about a minute on a CPU; log {process.log_path})")
-    return VLLMRuntime(process=process, **common)  # type: ignore[arg-type]
+    return VLLMRuntime(process=process, engine_dtype=v.dtype, **common)  # type: ignore[arg-type]

@@ -37,7 +37,7 @@ from reef.core.types import Verdict
 from reef.grow.learner import Learner
 from reef.grow.recipe import RecipeContext
 from reef.grow.training_client import TrainingClient
-from reef.grow.worker import TrainingWorker
+from reef.grow.worker import TrainingFailed, TrainingWorker
 from reef.runtimes.base import Runtime
 from reef.serve.scenarios import ScenarioDirectory
 
@@ -127,7 +127,7 @@ class Learning:
                 trainer = TrainingClient(self.worker, scenario) if self.worker else None
             else:
                 publisher, trainer = self._harness_publisher(chain, name, recipe), None
-        except InvalidInput as exc:
+        except (InvalidInput, TrainingFailed) as exc:  # a bad setting, or a trainer that cannot start here
             self.idle[scenario] = f"the {name} recipe cannot start: {exc}"
             log.error("scenario %s: %s", scenario, self.idle[scenario])
             return
@@ -188,8 +188,11 @@ class Learning:
     async def _weights_publisher(self, chain: Any) -> CandidatePublisher:
         if self.worker is None:
             threads = self.config.train_threads or max(1, (os.cpu_count() or 2) // 2)  # the other half of the cores
-            self.worker = TrainingWorker(Path(getattr(self.runtime, "model_dir")), threads=threads)
-            await self.worker.start()
+            worker = TrainingWorker(Path(getattr(self.runtime, "model_dir")), threads=threads,
+                                    device=self.config.device, dtype=self.config.dtype,
+                                    engine_dtype=getattr(self.runtime, "engine_dtype", None))
+            await worker.start()  # TrainingFailed (e.g. learner.device: cuda without a GPU) leaves no worker
+            self.worker = worker
             self._gate = WeightsGate(self.config.gate, self.runtime, self.worker)
         return CandidatePublisher(chain, self._gate, self.scenarios.serve_release)
 
