@@ -53,10 +53,12 @@ class VLLMConfig(Strict):
     url: str | None = Field(None, description="Attach to this running vLLM (same machine: it reads adapter "
                                              "folders Reef writes); default: Reef starts its own")
     model_dir: Path | None = Field(None, description="A Hugging Face model folder; default: embedded.model_dir, "
-                                                    "else SmolLM2 from the cache")
+                                                    "else SmolLM2 from the cache. With url: the weights the "
+                                                    "attached vLLM serves, so the learner can train them")
     model_name: str | None = Field(None, description="The base model's name in /v1/models; default: the folder's")
     env_dir: Path | None = Field(None, description="vLLM's own virtual environment; default <cache>/vllm-env")
-    dtype: str = Field("bfloat16", description="--dtype of the engine")
+    dtype: str = Field("auto", description="--dtype of the engine; auto: float32 while the learner is on (the "
+                                          "trainer's weights exactly), else bfloat16")
     max_model_len: int = Field(2048, ge=16)
     max_lora_rank: int = Field(16, ge=1, description="Largest adapter rank vLLM accepts (>= learner.sao.lora_r)")
     max_loras: int = Field(4, ge=1, description="Adapters in one batch")
@@ -65,6 +67,22 @@ class VLLMConfig(Strict):
     startup_timeout: float = Field(600.0, gt=0, description="Seconds vLLM may take to become healthy")
     load_timeout: float = Field(120.0, gt=0, description="Seconds an adapter load may take before it fails")
     timeout: float = Field(120.0, gt=0, description="Seconds one read from vLLM may wait")
+    default_max_tokens: int = Field(256, ge=1)
+
+
+class SGLangConfig(Strict):
+    """The SGLang runtime (docs/engines.md): an SGLang server started with --enable-lora, which Reef attaches to."""
+
+    url: str | None = Field(None, description="The SGLang server's address (required by runtime sglang)")
+    model_dir: Path | None = Field(None, description="The served model's folder on this machine: its tokenizer "
+                                                    "renders prompts, the learner trains its weights; default: "
+                                                    "embedded.model_dir, else SGLang's tokenizer_path (no weights "
+                                                    "learning)")
+    model_name: str | None = Field(None, description="The model name /v1/models lists; default: SGLang's model_path")
+    adapter_dir: Path | None = Field(None, description="Where adapter folders are written for SGLang to read (the same "
+                                                      "path on its machine); default <cache>/sglang-adapters")
+    load_timeout: float = Field(120.0, gt=0, description="Seconds an adapter load may take before it fails")
+    timeout: float = Field(120.0, gt=0, description="Seconds one read from SGLang may wait")
     default_max_tokens: int = Field(256, ge=1)
 
 
@@ -258,9 +276,13 @@ class ServeConfig(Strict):
     insecure: bool = Field(False, description="Allow a non-loopback address without a token")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     limits: RequestLimits = Field(default_factory=RequestLimits)
-    runtime: Literal["embedded", "upstream", "vllm"] | None = Field(None, description="Default: upstream if a URL is set")
+    runtime: Literal["embedded", "upstream", "vllm", "sglang"] | None = Field(
+        None, description="Default: upstream if a URL is set")
     store: str = Field("sqlite", description="'sqlite' (in the state dir) or a postgresql:// DSN")
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
+    shared_state_dir: bool = Field(False, description="Several processes on this machine serve state_dir together "
+                                                      "(set for the workers of --workers): each follows the others' "
+                                                      "releases, one learner per scenario by a file lock")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field("text", description="text: key=value lines; json: one object a line")
     public_url: str | None = Field(None, description="The URL the agent install script names; default: the Host asked")
@@ -271,6 +293,7 @@ class ServeConfig(Strict):
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     embedded: EmbeddedConfig = Field(default_factory=EmbeddedConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    sglang: SGLangConfig = Field(default_factory=SGLangConfig)
     recipes: RecipeConfig = Field(default_factory=RecipeConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     harness: HarnessConfig = Field(default_factory=HarnessConfig)

@@ -15,7 +15,9 @@ takes no smaller head), so greedy output is gibberish but deterministic.
 from __future__ import annotations
 
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -31,6 +33,11 @@ from tests.helpers.reef_server import ReefServer
 pytestmark = pytest.mark.slow
 USER = [{"role": "user", "content": "Name a colour."}]
 ENV = Path(os.environ["REEF_VLLM_ENV"]) if os.environ.get("REEF_VLLM_ENV") else default_env_dir()
+# the learner trains scenarios that get reports (only `learns` here), on the model vLLM serves; a
+# generous offline bound: the test is about the loop's mechanics on the engine, not the gate's taste
+LEARNER = {"poll_interval": 0.1, "train_threads": 1,
+           "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
+           "gate": {"holdout_fraction": 0.3, "offline_bound": 1000.0}}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +73,7 @@ def releases(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="module")
 def reef(releases: dict[str, object]) -> Iterator[ReefServer]:
     work = Path(str(releases["work"]))
-    settings = {"state_dir": str(work / "state"), "runtime": "vllm", "learner": {"enabled": False},
+    settings = {"state_dir": str(work / "state"), "runtime": "vllm", "learner": LEARNER,
                 "vllm": {"model_dir": str(releases["model"]), "model_name": "tiny", "env_dir": str(ENV),
                          "default_max_tokens": 8, "load_timeout": 60,
                          "extra_args": ["--enforce-eager"]}}  # no compile: no 25 s warm-up
@@ -233,8 +240,41 @@ def test_a_killed_vllm_is_restarted_with_the_serving_adapter(reef: ReefServer, o
     load = client.rollback("tuned", str(releases["adapter"]))["serving"]["runtime_load_id"]
     tuned_text, _ = greedy(oai)
     assert reef.process is not None
-    os.kill(_vllm_pid(reef.process.pid), 9)
-    killed = time.monotonic()
+    stop = threading.Event()
+    with ThreadPoolExecutor(3) as pool:  # load through the kill: three clients sending all along
+        load_runs = [pool.submit(_keep_asking, reef, stop) for _ in range(3)]
+        time.sleep(1)
+        os.kill(_vllm_pid(reef.process.pid), 9)
+        killed = time.monotonic()
+        _wait_until_served_again(reef, killed)
+        stop.set()
+        answers = [a for run in load_runs for a in run.result()]
+    print(f"vLLM back {time.monotonic() - killed:.1f}s after kill -9; under load: "
+          f"{sum(1 for s, _ in answers if s == 200)} answered, {sum(1 for s, _ in answers if s == 503)} refused (503)")
+    assert {status for status, _ in answers} <= {200, 503} and any(s == 503 for s, _ in answers)
+    for status, receipt in answers:  # nothing acknowledged is lost: every receipt names a stored record
+        if receipt:
+            stored = client.record(receipt)["record"]
+            assert stored["status"] == ("complete" if status == 200 else "incomplete"), (status, stored["status"])
+    assert all(receipt for status, receipt in answers if status == 200)
+    assert greedy(oai)[0] == tuned_text  # the adapter is back, same name
+    assert client.status()["serving"]["adapters"] == [load]
+
+
+def _keep_asking(reef: ReefServer, stop: threading.Event) -> list[tuple[int, str | None]]:
+    """Plain requests until `stop`: (status, receipt) of each."""
+    answers = []
+    with httpx.Client(timeout=120) as http:
+        while not stop.is_set():
+            response = http.post(f"{reef.base_url}/chat/completions", headers={"x-reef-scenario": "tuned"},
+                                 json={"model": "tiny", "messages": USER, "max_tokens": 8, "temperature": 1.0})
+            answers.append((response.status_code, response.headers.get("x-reef-agent-record-id")))
+            if response.status_code != 200:
+                time.sleep(0.5)
+    return answers
+
+
+def _wait_until_served_again(reef: ReefServer, killed: float) -> None:
     refusals = 0
     while True:
         response = httpx.post(f"{reef.base_url}/chat/completions", timeout=120, headers={"x-reef-scenario": "tuned"},
@@ -248,7 +288,45 @@ def test_a_killed_vllm_is_restarted_with_the_serving_adapter(reef: ReefServer, o
         assert ant.status_code in (503, 200) and (ant.status_code == 200 or ant.json()["type"] == "error")
         assert time.monotonic() - killed < 240, "vLLM was not restarted"
         time.sleep(1)
-    print(f"vLLM back {time.monotonic() - killed:.1f}s after kill -9 ({refusals} requests refused with 503)")
     assert refusals >= 1
-    assert response.json()["choices"][0]["message"]["content"] == tuned_text  # the adapter is back, same name
-    assert client.status()["serving"]["adapters"] == [load]
+
+
+def test_the_learner_trains_on_vllms_records_and_vllm_serves_what_it_published(
+        reef: ReefServer, oai: openai.OpenAI, client: ReefClient) -> None:
+    """The whole weights loop on the engine: vLLM's records (its token ids and processed
+    log-probs) are the samples, the trainer (fp32 on the CPU, the same weights) makes a candidate
+    from them, the gate admits it, vLLM loads it, and the next request is served by it."""
+    base_text, _ = greedy(oai, "learns")
+    deadline = time.monotonic() + 240
+    published: list[dict] = []
+    i = 0
+    while not published:
+        assert time.monotonic() < deadline, f"nothing published: {client.status()['learning']}"
+        for _ in range(4):
+            raw = oai.chat.completions.with_raw_response.create(
+                model="tiny", messages=[{"role": "user", "content": f"Say {i}."}], max_tokens=8, temperature=1.0,
+                extra_headers={"x-reef-scenario": "learns"})
+            client.report(raw.headers["x-reef-agent-record-id"], score=float(i % 2))
+            i += 1
+        published = [d for d in client._call("GET", "/reef/scenarios/learns/decisions")["decisions"]  # noqa: SLF001
+                     if d["verdict"]["decision"] == "select"]
+    learner = next(s for s in client.status()["learning"]["learners"] if s["scenario"] == "learns")
+    assert not {"no_tokens", "unverified", "unknown_release"} & set(learner["dropped"]), learner["dropped"]
+    assert learner["last_error"] is None, learner["last_error"]
+
+    def serving_a_published_release() -> dict | None:  # once vLLM loaded it (a later one may be out meanwhile)
+        serving = client.scenario("learns")["serving"]
+        decided = client._call("GET", "/reef/scenarios/learns/decisions")["decisions"]  # noqa: SLF001
+        return serving if serving["release_id"] in {d["release_id"] for d in decided
+                                                    if d["verdict"]["decision"] == "select"} else None
+
+    deadline = time.monotonic() + 30
+    while (serving := serving_a_published_release()) is None:
+        assert time.monotonic() < deadline, (client.scenario("learns"), client.releases("learns"))
+        time.sleep(0.2)
+    assert serving["runtime_load_id"] in client.status()["serving"]["adapters"]  # loaded into vLLM
+    text, receipt = greedy(oai, "learns")
+    record = fetch(client, receipt)
+    assert record["verified"] is True and record["release"]["release_id"] == serving["release_id"]
+    assert {span["runtime_load_id"] for span in record["spans"]} == {serving["runtime_load_id"]}
+    print(f"vLLM learning: first publication after {i} scored requests; greedy {base_text!r} -> {text!r}")

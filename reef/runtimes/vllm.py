@@ -41,6 +41,7 @@ from reef.core.chat import ChatRequest, Delta, Finish, FinishReason, TextDelta, 
 from reef.core.errors import RuntimeFailure
 from reef.core.types import ReleaseRef
 from reef.runtimes.base import Runtime
+from reef.runtimes.engine_common import EngineUnavailable, adapter_files, error_message, load_adapter
 from reef.runtimes.upstream_wire import SSEParser, UpstreamProblem, error_text, loads_json
 from reef.runtimes.vllm_env import VLLMProcess
 
@@ -49,16 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reef.vllm")
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "error"}
-RETRY_AFTER = "5"
-
-
-class EngineUnavailable(RuntimeFailure):
-    """vLLM is down or restarting: 503, in the client's dialect, with a Retry-After."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, error_type="overloaded_error")
-        self.status = 503
-        self.with_headers({"retry-after": RETRY_AFTER})
 
 
 @dataclass
@@ -72,14 +63,16 @@ class VLLMRuntime(Runtime):
 
     def __init__(self, *, process: VLLMProcess | None = None, url: str | None = None, model_name: str | None = None,
                  adapter_dir: Path, default_max_tokens: int = 256, timeout: float = 120.0,
-                 load_timeout: float = 120.0, health_interval: float = 1.0, engine_dtype: str | None = None) -> None:
+                 load_timeout: float = 120.0, health_interval: float = 1.0, engine_dtype: str | None = None,
+                 model_dir: Path | None = None) -> None:
         if (process is None) == (url is None):
             raise ValueError("a vLLM runtime either supervises a process or attaches to a url")
         self.process = process
         self._url = url.rstrip("/").removesuffix("/v1") if url else None
         self.model_name = model_name or (process.served_name if process else None)
-        # the base model's folder, for the training process (reef/serve/learning.py); None when attached
-        self.model_dir: Path | None = process.model_dir if process else None
+        # the base model's folder, for the training process (reef/serve/learning.py); attached, only
+        # when the configuration names it (vllm.model_dir: the weights that vLLM serves)
+        self.model_dir: Path | None = process.model_dir if process else model_dir
         self.engine_dtype = engine_dtype  # the trainer matches it on a GPU (learner.dtype: auto)
         self.adapter_dir = adapter_dir
         self.default_max_tokens = default_max_tokens
@@ -214,21 +207,9 @@ class VLLMRuntime(Runtime):
         if self._down:
             raise EngineUnavailable(f"cannot load content {content_id}: {self._down}")
         folder = self.adapter_dir / name
-        folder.mkdir(parents=True)
-        for file_name, data in adapter.items():
-            (folder / file_name).write_bytes(data)
-        try:
-            await asyncio.wait_for(self._post_adapter("load", {"lora_name": name, "lora_path": str(folder)}),
-                                   self.load_timeout)
-        except (Exception, asyncio.CancelledError) as exc:
-            with contextlib.suppress(Exception):  # nothing half-loaded stays behind
-                await asyncio.wait_for(self._post_adapter("unload", {"lora_name": name}), 30)
-            shutil.rmtree(folder, ignore_errors=True)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            if isinstance(exc, asyncio.TimeoutError):
-                raise RuntimeFailure(f"vLLM did not load content {content_id} within {self.load_timeout:.0f}s") from None
-            raise RuntimeFailure(f"vLLM could not load content {content_id} as a LoRA adapter: {exc}") from None
+        await load_adapter("vLLM", content_id, folder, adapter, timeout=self.load_timeout,
+                           load=lambda: self._post_adapter("load", {"lora_name": name, "lora_path": str(folder)}),
+                           unload=lambda: self._post_adapter("unload", {"lora_name": name}))
         self._loads[name] = _Load(folder)
         return name
 
@@ -251,7 +232,7 @@ class VLLMRuntime(Runtime):
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise RuntimeFailure(f"vLLM {action}_lora_adapter failed: {type(exc).__name__} {exc}") from None
         if response.status != 200:
-            raise RuntimeFailure(f"vLLM {action}_lora_adapter answered {response.status}: {_message(text)}")
+            raise RuntimeFailure(f"vLLM {action}_lora_adapter answered {response.status}: {error_message(text)}")
 
     def resident_adapters(self) -> list[str]:
         """The adapters this runtime has loaded into vLLM (their load names), for /reef/status."""
@@ -324,9 +305,9 @@ class VLLMRuntime(Runtime):
                     if response.status == 404 and self._down is None and load_id in self._loads:
                         raise await self._unavailable("does not hold the adapter (reloading)")
                     if 400 <= response.status < 500:
-                        raise RuntimeFailure(f"vLLM refused the request ({response.status}): {_message(raw)}",
+                        raise RuntimeFailure(f"vLLM refused the request ({response.status}): {error_message(raw)}",
                                              status=response.status, error_type="invalid_request_error")
-                    raise await self._unavailable(f"failed ({response.status}): {_message(raw)}")
+                    raise await self._unavailable(f"failed ({response.status}): {error_message(raw)}")
                 events = SSEParser()
                 async for piece in response.content.iter_any():
                     for _event, data in events.feed(piece):
@@ -383,29 +364,8 @@ class VLLMRuntime(Runtime):
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise await self._unavailable(f"could not count tokens ({type(exc).__name__})") from None
         if response.status != 200:
-            raise await self._unavailable(f"could not count tokens ({response.status}): {_message(raw)}")
+            raise await self._unavailable(f"could not count tokens ({response.status}): {error_message(raw)}")
         return int(json.loads(raw)["count"])
-
-
-def _message(raw: str) -> str:
-    try:
-        return error_text(json.loads(raw))[0][:500]
-    except ValueError:
-        return raw[:500].strip() or "(empty body)"
-
-
-def adapter_files(files: Mapping[str, bytes]) -> dict[str, bytes] | None:
-    """The PEFT adapter inside a release's content (at its root or in a sub-folder, as the
-    trainer's `save_pretrained` puts a named adapter), or None when the content carries no
-    weights (a harness-only release serves the base model). The same rule as the embedded
-    runtime's, without importing torch."""
-    config = next((name for name in sorted(files) if name.rsplit("/", 1)[-1] == "adapter_config.json"
-                   and not name.startswith("harness/")), None)
-    if config is None:
-        return None
-    prefix = config[: -len("adapter_config.json")]
-    return {name[len(prefix):]: data for name, data in files.items()
-            if name.startswith(prefix) and "/" not in name[len(prefix):]}
 
 
 def build_vllm_runtime(config: ServeConfig, progress: Callable[[str], None] | None = None) -> VLLMRuntime:
@@ -419,7 +379,7 @@ def build_vllm_runtime(config: ServeConfig, progress: Callable[[str], None] | No
     common = {"adapter_dir": adapters, "default_max_tokens": v.default_max_tokens, "timeout": v.timeout,
               "load_timeout": v.load_timeout}
     if v.url:
-        return VLLMRuntime(url=v.url, model_name=v.model_name, **common)  # type: ignore[arg-type]
+        return VLLMRuntime(url=v.url, model_name=v.model_name, model_dir=v.model_dir, **common)  # type: ignore[arg-type]
     from reef.runtimes.model_files import ensure_embedded_model
     from reef.runtimes.vllm_env import default_env_dir, ensure_vllm_env
 
@@ -432,7 +392,7 @@ def build_vllm_runtime(config: ServeConfig, progress: Callable[[str], None] | No
         model_dir = ensure_embedded_model(cache, progress)
     python = ensure_vllm_env(v.env_dir or default_env_dir(cache), progress)
     args = ["--enable-lora", "--max-lora-rank", str(v.max_lora_rank), "--max-loras", str(v.max_loras),
-            "--max-model-len", str(v.max_model_len), "--dtype", v.dtype, *v.extra_args]
+            "--max-model-len", str(v.max_model_len), "--dtype", engine_dtype(config), *v.extra_args]
     if not any(a.startswith("--logprobs-mode") for a in v.extra_args):
         # the log-probs of the distribution each token was drawn from (temperature and top-p
         # applied; the model's own when greedy), as the embedded runtime records and the trainer assumes
@@ -441,4 +401,14 @@ def build_vllm_runtime(config: ServeConfig, progress: Callable[[str], None] | No
                           log_path=cache / "vllm-logs" / f"vllm-{os.getpid()}.log", startup_timeout=v.startup_timeout)
     if progress:
         progress(f"starting vLLM on {model_dir} (about a minute on a CPU; log {process.log_path})")
-    return VLLMRuntime(process=process, engine_dtype=v.dtype, **common)  # type: ignore[arg-type]
+    return VLLMRuntime(process=process, engine_dtype=engine_dtype(config), **common)  # type: ignore[arg-type]
+
+
+def engine_dtype(config: ServeConfig) -> str:
+    """`vllm.dtype: auto`: float32 while the learner is on, bfloat16 otherwise. Measured on
+    SmolLM2 (docs/engines.md): a bf16 engine's log-probs are 0.05 nats a token from the fp32
+    trainer's (1.7% of tokens masked by the clip before any step), an fp32 engine's 1e-4, for 25%
+    more serving time; the CPU build Reef installs serves fp32 as readily as bf16."""
+    if config.vllm.dtype != "auto":
+        return config.vllm.dtype
+    return "float32" if config.learner.enabled else "bfloat16"
