@@ -232,7 +232,8 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     assert (tmp_path / "out" / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "out" / "serve.log").exists()
     assert "reef demo:" in out.getvalue()
-    assert curve["settings"] == {"examples": demo_tasks.SHOWN_EXAMPLES, "temperature": 0.5, "lr": 1e-4, "minutes": 0.4}
+    assert curve["settings"] == {"examples": demo_tasks.SHOWN_EXAMPLES, "temperature": 0.5, "lr": 1e-4, "minutes": 0.4,
+                                 "runtime": "embedded"}
     config = yaml.safe_load((tmp_path / "work" / "serve.yaml").read_text())
     assert config["learner"]["sao"]["lr"] == 1e-4
     with SQLiteStore(tmp_path / "work" / "state" / "experience.db") as store:
@@ -287,3 +288,18 @@ def _demo_has_traffic(config: Path) -> bool:
     except (httpx.HTTPError, ValueError):
         return False
     return any(s.get("cursor", 0) > 0 for s in status["learning"]["learners"])
+
+
+def test_the_vllm_demo_serves_with_vllm_and_trains_the_same_model_folder(tmp_path: Path) -> None:
+    """`reef demo --runtime vllm`: the same settings, served by a vLLM Reef starts on the folder
+    the trainer trains (a full run is in docs/learning.md; tests/test_vllm_runtime.py runs the loop)."""
+    from reef.config import load_config
+    from reef.demo.server import demo_settings
+
+    heldout = demo_tasks.write_heldout_jsonl(tmp_path / "heldout.jsonl")
+    settings = demo_settings(tmp_path, heldout, 8765, tmp_path / "model", runtime="vllm")
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(settings))
+    config = load_config(tmp_path / "serve.yaml", env={})
+    assert config.runtime_kind == "vllm" and config.vllm.default_max_tokens == config.embedded.default_max_tokens
+    assert config.embedded.model_dir == (tmp_path / "model").resolve()  # vLLM's default model folder
+    assert config.learner.enabled and config.vllm.dtype == "auto"  # fp32 while learning

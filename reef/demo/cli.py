@@ -25,9 +25,12 @@ import click
               help="Sampling temperature of the demo's traffic (the gate answers greedily)  [default: 1.0]")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=None,
               help="The learner's learning rate (AdamW on the LoRA adapter)  [default: 2e-4]")
+@click.option("--runtime", type=click.Choice(["embedded", "vllm"]), default="embedded", show_default=True,
+              help="What serves the model: Reef's embedded runtime, or a vLLM Reef starts (installed into its "
+                   "own environment on first use, a few minutes; docs/engines.md) serving the same weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON at the end.")
 def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None, workdir: Path | None,
-         examples: int | None, temperature: float | None, lr: float | None, as_json: bool) -> None:
+         examples: int | None, temperature: float | None, lr: float | None, runtime: str, as_json: bool) -> None:
     """Watch Reef learn: the whole loop on the embedded model, with a live learning curve.
 
     Starts its own `reef serve` (SmolLM2-135M-Instruct on the CPU) and sends it one-word
@@ -44,6 +47,7 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
     Example:
       reef demo                          # 15 minutes, curve in ./reef-demo/
       reef demo --minutes 5 --out-dir /tmp/curve
+      reef demo --runtime vllm           # the same loop, served by vLLM (CPU build)
     """
     from reef.core.errors import ReefError
     from reef.extras import require
@@ -60,7 +64,7 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
         result = run_demo(minutes=minutes, workdir=workdir, model_dir=model_dir, concurrency=concurrency,
                           out_dir=out_dir, examples=SHOWN_EXAMPLES if examples is None else examples,
                           temperature=TRAFFIC_TEMPERATURE if temperature is None else temperature,
-                          lr=LEARNING_RATE if lr is None else lr)
+                          lr=LEARNING_RATE if lr is None else lr, runtime=runtime)
     except DemoServerError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

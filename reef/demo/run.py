@@ -72,6 +72,7 @@ class DemoStats:
     examples: int = demo_tasks.SHOWN_EXAMPLES
     temperature: float = TRAFFIC_TEMPERATURE
     lr: float = LEARNING_RATE
+    runtime: str = "embedded"
     requests: int = 0
     in_flight: int = 0
     reports: int = 0
@@ -264,7 +265,7 @@ async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer
 def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path | None = None, concurrency: int = 8,
              out_dir: Path = Path("reef-demo"), console: Any = None,
              examples: int = demo_tasks.SHOWN_EXAMPLES, temperature: float = TRAFFIC_TEMPERATURE,
-             lr: float = LEARNING_RATE) -> DemoResult:
+             lr: float = LEARNING_RATE, runtime: str = "embedded") -> DemoResult:
     from rich.console import Console
 
     console = console or Console()
@@ -275,15 +276,16 @@ def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path |
     heldout = demo_tasks.write_heldout_jsonl(workdir / "heldout.jsonl", examples)
     port = free_port()
     config = workdir / "serve.yaml"
-    config.write_text(yaml.safe_dump(demo_settings(workdir, heldout, port, model_dir, lr), sort_keys=False))
+    config.write_text(yaml.safe_dump(demo_settings(workdir, heldout, port, model_dir, lr, runtime), sort_keys=False))
     server = DemoServer(config, port, (out_dir / "serve.log").resolve())
     console.print(f"reef demo: starting reef serve on {server.url} (state in {workdir}, log {server.log_path})")
-    stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr)
+    stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr, runtime=runtime)
     interrupted = False
     with _sigterm_as_interrupt():
         try:
             server.start()
-            stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr)  # a fresh clock
+            stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr,
+                              runtime=runtime)  # a fresh clock
             asyncio.run(drive(server.url, stats, concurrency, server, console))
         except KeyboardInterrupt:
             interrupted = True
@@ -346,7 +348,7 @@ def _finish(stats: DemoStats, out_dir: Path, server: DemoServer, interrupted: bo
         server_log=str(server.log_path),
     )
     settings = {"examples": stats.examples, "temperature": stats.temperature, "lr": stats.lr,
-                "minutes": stats.minutes}
+                "minutes": stats.minutes, "runtime": stats.runtime}
     curve = {"scenario": SCENARIO, "settings": settings, "heldout": heldout, "rejected": rejected, "traffic": stats.traffic,
              "releases": stats.releases(), "test": stats.test, "decisions": stats.decisions, "summary": result.to_json()}
     write_curve(curve, out_dir)
@@ -360,7 +362,7 @@ def _summary_line(r: DemoResult) -> str:
         return "-" if v is None else f"{100 * v:.1f}%"
 
     gain = "-" if r.improvement_points is None else f"{r.improvement_points:+.1f} points"
-    return (f"reef demo: {r.minutes:.1f} min, {r.requests} requests, {r.reports} reports, {r.releases_published} "
+    return (f"reef demo: {r.minutes:.1f} min, {r.requests} requests ({r.requests / max(r.minutes, 1e-9):.0f} a minute), {r.reports} reports, {r.releases_published} "
             f"releases published, {r.releases_rejected} rejected; held-out success {pct(r.start_heldout_success)} -> "
             f"{pct(r.final_heldout_success)} (best {pct(r.best_heldout_success)}, {gain}); test success (nothing "
             f"selected on it) {pct(r.start_test_success)} -> {pct(r.final_test_success)}; curve: {r.png}")

@@ -44,19 +44,22 @@ LEARNING_RATE = 2e-4
 
 
 def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | None,
-                  lr: float = LEARNING_RATE) -> dict[str, Any]:
-    """serve.yaml for the demo: the embedded model, short answers, and a learner whose gate runs
-    the held-out tasks through the strict verifier."""
+                  lr: float = LEARNING_RATE, runtime: str = "embedded") -> dict[str, Any]:
+    """serve.yaml for the demo: the embedded model (or vLLM, serving the same model folder the
+    trainer trains), short answers, and a learner whose gate runs the held-out tasks through the
+    strict verifier."""
     embedded: dict[str, Any] = {"default_max_tokens": TRAFFIC_MAX_TOKENS}
     if model_dir is not None:
         embedded["model_dir"] = str(Path(model_dir).resolve())
+    engine = {"vllm": {"default_max_tokens": TRAFFIC_MAX_TOKENS}} if runtime == "vllm" else {}
     return {
         "host": "127.0.0.1",
         "port": port,
         "state_dir": str((workdir / "state").resolve()),
-        "runtime": "embedded",
+        "runtime": runtime,
         "log_level": "warning",
         "embedded": embedded,
+        **engine,
         "learner": {
             "sao": {"batch_size": 8, "steps_per_candidate": 6, "lr": lr},
             "gate": {"tasks": str(heldout.resolve()), "scorer": "reef.demo.tasks:gate_score",
