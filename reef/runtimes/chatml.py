@@ -1,8 +1,9 @@
-"""ChatML for SmolLM2: prompts from messages and tools, tool calls parsed from output, output
-text decoded incrementally (stop strings, split characters, tool-call holdback), and sampling
-that reports the log-prob of the distribution a token was actually drawn from.
+"""ChatML for SmolLM2: prompts from messages and tools (as turns, or as the token ids a runtime
+that tokenizes itself sends), tool calls parsed from output, and output text decoded
+incrementally (stop strings, split characters, tool-call holdback).
 
-No runtime state lives here; the embedded runtime and the learner share these functions.
+No runtime state lives here; the runtimes (embedded, vLLM, SGLang) and the learner share these
+functions. Sampling is `sampling.py`'s.
 """
 
 from __future__ import annotations
@@ -33,6 +34,20 @@ def chat_messages(request: ChatRequest) -> list[dict[str, str]]:
         else:
             messages.insert(0, {"role": "system", "content": instruction})
     return messages
+
+
+def prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
+    """The prompt's token ids: the tokenizer's chat template over `chat_messages`, the assistant
+    turn opened. The runtimes that tokenize themselves (embedded, SGLang) share it, so an engine
+    is given the very tokens the embedded model would be."""
+    text = tokenizer.apply_chat_template(chat_messages(request), add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def stop_token_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids of the `STOP_TOKENS` the tokenizer knows: an answer ends at any of them."""
+    ids = (tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS)
+    return frozenset(i for i in ids if isinstance(i, int) and i >= 0)
 
 
 def _message_dict(message: Message) -> dict[str, str]:

@@ -31,7 +31,7 @@ from reef.core.chat import ChatRequest, Delta, Finish, FinishReason, TextDelta, 
 from reef.core.errors import RuntimeFailure
 from reef.core.types import ReleaseRef
 from reef.runtimes.base import Runtime
-from reef.runtimes.chatml import STOP_TOKENS, TextStream, chat_messages
+from reef.runtimes.chatml import TextStream, prompt_ids, stop_token_ids
 from reef.runtimes.sampling import sample
 
 _UNSET = object()  # "adapter state unknown": forces the next batch step to set it again
@@ -120,8 +120,7 @@ class EmbeddedRuntime(Runtime):
             torch.set_num_threads(self.threads)  # process-wide: torch has one intra-op pool
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
-        ids = (self.tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS)
-        self._stop_ids = frozenset(i for i in ids if isinstance(i, int) and i >= 0)
+        self._stop_ids = stop_token_ids(self.tokenizer)
 
     async def close(self) -> None:
         worker = self._worker
@@ -228,8 +227,7 @@ class EmbeddedRuntime(Runtime):
     # -- generation: the async side ------------------------------------------------------------
 
     def prompt_ids(self, request: ChatRequest) -> list[int]:
-        text = self.tokenizer.apply_chat_template(chat_messages(request), add_generation_prompt=True, tokenize=False)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return prompt_ids(self.tokenizer, request)  # chatml's function (a method's name is not in scope here)
 
     async def count_tokens(self, request: ChatRequest) -> int:
         return len(self.prompt_ids(request))

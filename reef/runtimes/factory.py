@@ -24,6 +24,10 @@ def build_runtime(config: ServeConfig, progress: Callable[[str], None] | None = 
         from reef.runtimes.vllm import build_vllm_runtime
 
         return build_vllm_runtime(config, progress)
+    if config.runtime_kind == "sglang":
+        from reef.runtimes.sglang import build_sglang_runtime
+
+        return build_sglang_runtime(config)
     require_embedded(config)
     from reef.runtimes.embedded import EmbeddedRuntime
     from reef.runtimes.model_files import default_cache_dir, ensure_embedded_model

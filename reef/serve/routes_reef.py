@@ -171,7 +171,7 @@ def build_router() -> APIRouter:
             "version": __version__,
             "serving": {"runtime": app.runtime.name, "models": app.runtime.served_models(),
                         "in_flight": int(app.metrics.in_flight._value.get()),  # noqa: SLF001
-                        # an engine's resident adapters (runtime vllm); null where the runtime lists none
+                        # an engine's resident adapters (runtimes vllm, sglang); null where the runtime lists none
                         "adapters": app.runtime.resident_adapters() if hasattr(app.runtime, "resident_adapters") else None},
             "learning": app.learning.status(),
             "provenance": {"runtime_verifies_tokens": app.runtime.verifies_tokens,
