@@ -103,17 +103,19 @@ def _scenario_row(state: ReefState, name: str) -> dict:
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), help="State directory  [default: .reef]")
 @click.option("--token", "tokens", multiple=True, help="Accepted bearer token (repeat for rotation). Prefer REEF_TOKEN.")
 @click.option("--insecure", is_flag=True, default=None, help="Allow a non-loopback address without a token.")
-@click.option("--runtime", type=click.Choice(["embedded", "upstream", "vllm"]),
-              help="Default: upstream when a URL is set. vllm: a vLLM server Reef starts (docs/engines.md).")
+@click.option("--runtime", type=click.Choice(["embedded", "upstream", "vllm", "sglang"]),
+              help="Default: upstream when a URL is set. vllm: a vLLM server Reef starts; sglang: the SGLang "
+                   "server at sglang.url (docs/engines.md).")
 @click.option("--upstream-url", help="OpenAI- or Anthropic-compatible provider base URL (REEF_UPSTREAM_URL).")
 @click.option("--upstream-model", help="Model sent upstream (REEF_UPSTREAM_MODEL).")
 @click.option("--upstream-dialect", type=click.Choice(["openai", "anthropic"]), help="The provider's API.")
 @click.option("--model-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="Embedded or vLLM runtime: a transformers model folder instead of SmolLM2.")
+              help="Embedded, vLLM or SGLang runtime: a transformers model folder instead of SmolLM2.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-format", type=click.Choice(["text", "json"]), help="text: key=value lines; json: one object a line.")
 @click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
-              help="Processes behind the one port (needs a postgresql:// store; docs/deploy.md).")
+              help="Processes behind the one port, sharing the state directory or a postgresql:// store "
+                   "(docs/deploy.md).")
 @click.option("--worker-of", hidden=True, help="Internal: INDEX:FD, a worker of `--workers` on an inherited socket.")
 def serve(config_path: Path | None, host: str | None, port: int | None, state_dir: Path | None, tokens: tuple[str, ...],
           insecure: bool | None, runtime: str | None, upstream_url: str | None, upstream_model: str | None,
@@ -129,7 +131,7 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
       reef serve
       REEF_TOKEN=secret reef serve --host 0.0.0.0
       REEF_UPSTREAM_API_KEY=sk-... reef serve --upstream-url https://api.openai.com/v1 --upstream-model gpt-4o-mini
-      reef serve -c reef.yaml --workers 4      # store: postgresql://...
+      reef serve -c reef.yaml --workers 4      # four processes on one port and one state directory
     """
     import uvicorn
 

@@ -7,7 +7,10 @@ reads any lines another process added, so the expected-step check is a true comp
 
 Damage: a last line without its newline is a torn write (the writer died before the fsync
 that would have acknowledged it) and is truncated; anything else that does not parse, or a
-step out of sequence, raises `Corruption` naming the file and line.
+step out of sequence, raises `Corruption` naming the file and line. The truncation happens only
+while the reader holds the `flock`, and every writer holds it from its write to its fsync, so a
+tail seen there is always a dead writer's, never a live one's half-written line: several
+processes can open and repair one state directory at once, and the first to look repairs it.
 
 `CommitLog` and `CommitLogs` are the interface the release chain and the state directory use;
 `JsonlCommitLog` / `JsonlCommitLogs` (here: one file per scenario in `<state>/commits/`, the
@@ -29,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import ContextManager, Iterator, Protocol, Sequence, runtime_checkable
 
+from reef.commit.jsonl_heads import JsonlHeads, JsonlWatch
 from reef.core.canonical import canonical_json, check_scenario_name, scenario_key
 from reef.core.errors import Conflict, Corruption, InvalidInput, StaleHead, StorageUnavailable
 from reef.core.types import CommitEntry
@@ -91,12 +95,19 @@ class CommitLogs(Protocol):
 
 
 class JsonlCommitLogs:
-    """One JSONL file per scenario under `directory` (`<key>.jsonl`, key = urlsafe base64)."""
+    """One JSONL file per scenario under `directory` (`<key>.jsonl`, key = urlsafe base64).
 
-    def __init__(self, directory: Path | str) -> None:
+    `shared`: several processes serve this state directory (`reef serve --workers N` on it), so
+    each follows the others' appends (`heads`, `watch`: `reef/commit/jsonl_heads.py`) as front
+    ends on PostgreSQL do. The files are safe to share either way: every read and append holds
+    the file's `flock`; `shared` only says whether to look for other writers' steps."""
+
+    def __init__(self, directory: Path | str, *, shared: bool = False) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.where = str(self.directory)
+        self.shared = shared
+        self._heads = JsonlHeads(self.directory)
 
     def path_of(self, scenario: str) -> Path:
         return self.directory / f"{scenario_key(check_scenario_name(scenario))}.jsonl"
@@ -128,6 +139,18 @@ class JsonlCommitLogs:
 
     def adopt(self, scenario: str, entries: Sequence[CommitEntry]) -> bool:
         return adopt_entries(self, scenario, entries)
+
+    def exists(self, scenario: str) -> bool:
+        """Whether the scenario has a log file (a look that creates none)."""
+        return self.path_of(scenario).is_file()
+
+    def heads(self) -> dict[str, int]:
+        """Every scenario with steps, and its last step (read without the files' locks)."""
+        return self._heads.heads()
+
+    def watch(self) -> JsonlWatch:
+        """Wakes a follower when any log file changes (`JsonlWatch.wait`)."""
+        return JsonlWatch(self.directory)
 
     def close(self) -> None:
         pass

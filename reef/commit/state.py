@@ -18,6 +18,13 @@ naming file and line), each scenario's head must have its artifact (else `Missin
 naming it), each scenario's git ref is repaired from its log, and logged compactions are
 applied again (a crash may have come between the log line and the delete).
 
+Several processes may open one state directory at once and serve it together (`shared`,
+`reef serve --workers N`): each repair happens while holding what the writers hold (a log's
+torn line is cut under the file's `flock`, a scenario's ref is reset under its log's
+transaction), so a process opening it never undoes a live writer's work in progress; the
+SQLite store is shared by its own locking (WAL, a busy timeout); git objects any process wrote
+are read by every other (one repository), and each scenario's git writes happen under its log.
+
 Older releases are checked when their content is read (`ArtifactStore.files` refuses a missing
 or corrupted artifact, naming the release), not at open: checking them all made every restart
 as slow as the chain was long. `verify_artifacts` checks them all (`reef inspect` runs it).
@@ -33,7 +40,7 @@ from reef.commit.artifacts import ArtifactManifest, ArtifactStore, require_git
 from reef.commit.commit_log import CommitLogs, JsonlCommitLogs
 from reef.commit.release_chain import Candidate, ReleaseChain, last_artifact_release
 from reef.core.canonical import check_scenario_name
-from reef.core.errors import Conflict, MissingArtifact, NotFound
+from reef.core.errors import Conflict, InvalidInput, MissingArtifact, NotFound
 from reef.core.types import ArtifactKind, CommitEntry, Operation, ReleaseRef
 from reef.observe.sqlite_store import SQLiteStore
 from reef.observe.store import ExperienceStore
@@ -44,7 +51,7 @@ EMPTY = Candidate({}, ArtifactKind.EMPTY, {"kind": "empty"})
 class ReefState:
     def __init__(
         self, root: Path | str, store: ExperienceStore | None = None, commit_logs: CommitLogs | None = None,
-        artifacts_remote: str | None = None,
+        artifacts_remote: str | None = None, *, shared: bool = False,
     ) -> None:
         require_git()  # before anything is created: a state directory is no use without it
         self.root = Path(root)
@@ -54,7 +61,8 @@ class ReefState:
         self._lock = threading.Lock()
         self._chains: dict[str, ReleaseChain] = {}
         try:
-            self.commit_logs = commit_logs if commit_logs is not None else commit_logs_for(self.store, self.commits_dir)
+            self.commit_logs = (commit_logs if commit_logs is not None
+                                else commit_logs_for(self.store, self.commits_dir, shared=shared))
             self.artifacts = ArtifactStore(self.root / "artifacts.git", remote=artifacts_remote)
             self._recover()
         except BaseException:
@@ -66,12 +74,13 @@ class ReefState:
     @classmethod
     def open(
         cls, root: Path | str, store: ExperienceStore | None = None, commit_logs: CommitLogs | None = None,
-        artifacts_remote: str | None = None,
+        artifacts_remote: str | None = None, *, shared: bool = False,
     ) -> ReefState:
         """Open the state directory. The commit logs follow the store (`commit_logs_for`)
         unless given; `artifacts_remote` (a git URL or a bare repository's path) shares the
-        artifacts with every front end that names it."""
-        return cls(root, store, commit_logs, artifacts_remote)
+        artifacts with every front end that names it; `shared`: other processes serve this
+        state directory too, so its JSONL logs are followed (PostgreSQL logs always are)."""
+        return cls(root, store, commit_logs, artifacts_remote, shared=shared)
 
     def close(self) -> None:
         self._close_logs()
@@ -99,26 +108,39 @@ class ReefState:
             return sorted(self._chains)
 
     def chain(self, scenario: str) -> ReleaseChain:
+        """The scenario's chain. On a shared log, one that another process or front end created
+        and this one has not followed yet is found in the log (a rollback sent to one worker
+        right after the creation on another is not a 404)."""
         with self._lock:
             chain = self._chains.get(scenario)
+        if chain is None and getattr(self.commit_logs, "shared", False) and _is_scenario_name(scenario):
+            chain = self.discover(scenario)
         if chain is None:
             raise NotFound(f"unknown scenario {scenario!r}")
         return chain
 
     def discover(self, scenario: str) -> ReleaseChain | None:
         """A scenario another front end created on the shared commit log: its chain, now known
-        here too (None while its log has no step)."""
+        here too (None while its log has no step). The log is read outside this state's lock: it
+        may wait for another process's hold on the log, and lookups of other scenarios must not."""
         check_scenario_name(scenario)
         with self._lock:
             chain = self._chains.get(scenario)
-            if chain is not None:
-                return chain
-            log = self.commit_logs.open(scenario)
-            if not log.entries():
-                log.close()
-                return None
-            chain = self._chains[scenario] = ReleaseChain(scenario, log, self.artifacts)
+        if chain is not None:
             return chain
+        if isinstance(self.commit_logs, JsonlCommitLogs) and not self.commit_logs.exists(scenario):
+            return None  # no file for a name nobody created (opening would make one)
+        log = self.commit_logs.open(scenario)
+        if not log.entries():
+            log.close()
+            return None
+        with self._lock:
+            chain = self._chains.get(scenario)
+            if chain is None:
+                chain = self._chains[scenario] = ReleaseChain(scenario, log, self.artifacts)
+                return chain
+        log.close()  # found meanwhile (created here, or discovered by another thread)
+        return chain
 
     def head(self, scenario: str) -> ReleaseRef:
         return self.chain(scenario).head().ref
@@ -197,8 +219,7 @@ class ReefState:
                 logged = last_artifact_release(entries)
                 for release_id in {chain.head().release_id, logged}:  # served, and mirrored by the git ref
                     self._verify(scenario, release_id)
-                if self.artifacts.scenario_head(scenario) != logged:
-                    self.artifacts.reset_scenario_head(scenario, logged)
+                self._repair_ref(chain, logged)
                 if self.artifacts.remote is not None and logged and not self.artifacts.remote_has(scenario, logged):
                     self._publish_to_remote(chain)
                 compacted = [rid for entry in entries for rid in entry.compacted_ids]
@@ -207,6 +228,18 @@ class ReefState:
         finally:
             for log in logs:
                 log.close()
+
+    def _repair_ref(self, chain: ReleaseChain, logged: str | None) -> None:
+        """Reset the scenario's git ref to the last release its log names (a crash between the
+        git commit and the log line leaves it ahead). Only while holding the log: another
+        process on this state directory may be between its commit and its append right now,
+        and its ref is ahead for that moment, not for ever; once the log is held, nobody is."""
+        if self.artifacts.scenario_head(chain.scenario) == logged:
+            return
+        with chain.log.transaction():
+            logged = last_artifact_release(chain.log.entries())
+            if self.artifacts.scenario_head(chain.scenario) != logged:
+                self.artifacts.reset_scenario_head(chain.scenario, logged)
 
     def _publish_to_remote(self, chain: ReleaseChain) -> None:
         """Releases the log names that the remote lacks (a state directory from before the
@@ -246,16 +279,24 @@ class ReefState:
                 log.close()
 
 
-def commit_logs_for(store: ExperienceStore, commits_dir: Path) -> CommitLogs:
+def commit_logs_for(store: ExperienceStore, commits_dir: Path, *, shared: bool = False) -> CommitLogs:
     """The commit-log backend that goes with `store`: the same PostgreSQL database and schema
     for a `PostgresStore` (every front end on it shares the logs), else one JSONL file per
-    scenario in `commits_dir`."""
+    scenario in `commits_dir` (followed across processes when `shared`)."""
     pg = sys.modules.get("reef.observe.postgres_store")  # loaded if `store` is one; never imported here
     if pg is not None and isinstance(store, pg.PostgresStore):
         from reef.commit.pg_commit_log import PgCommitLogs
 
         return PgCommitLogs(store.dsn, schema=store.schema)
-    return JsonlCommitLogs(commits_dir)
+    return JsonlCommitLogs(commits_dir, shared=shared)
+
+
+def _is_scenario_name(name: str) -> bool:
+    try:
+        check_scenario_name(name)
+        return True
+    except InvalidInput:
+        return False
 
 
 def _check_binding(scenario: str, bound: dict, asked: dict) -> None:

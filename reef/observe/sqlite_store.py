@@ -6,6 +6,11 @@ savepoint in one `BEGIN IMMEDIATE` transaction, commits once (one fsync for the 
 then answers each caller. A caller's write is durable when its call returns; a failing write
 rolls back its own savepoint and leaves the rest of the group intact. Readers use one
 connection per thread and never block the writer (WAL).
+
+Several processes may share the file (the workers of `reef serve --workers N` on one state
+directory): SQLite's file locks make their writers take turns, each `BEGIN IMMEDIATE` waiting up
+to `BUSY_TIMEOUT_S` for another process's transaction instead of failing with SQLITE_BUSY, and
+each process's readers see what the others committed.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ T = TypeVar("T")
 Write = Callable[[sqlite3.Connection], Any]
 
 SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 30.0  # a write waits this long for another process's transaction (SQLITE_BUSY)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -92,10 +98,10 @@ class SQLiteStore(ExperienceStore):
     # -- connections ---------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        conn.execute("PRAGMA journal_mode=WAL")
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+        _use_wal(conn)
         conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
         return conn
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
@@ -412,6 +418,21 @@ class SQLiteStore(ExperienceStore):
 
 # Errors after which SQLite may have rolled the whole transaction back (primary result codes).
 _TRANSACTION_FATAL = {7, 8, 10, 11, 13, 14, 26}  # NOMEM, READONLY, IOERR, CORRUPT, FULL, CANTOPEN, NOTADB
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL (a no-op once it is). Switching a new file takes a lock SQLite
+    does not wait for (no busy handler), so processes opening one new store at once (the
+    workers of a shared state directory) retry it within the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _run_one(conn: sqlite3.Connection, write: Write, single_statement: bool) -> tuple[bool, Any]:

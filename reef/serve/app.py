@@ -17,6 +17,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reef import __version__
+from reef.commit.commit_log import JsonlCommitLogs
+from reef.commit.file_leases import FileLeases
 from reef.commit.state import ReefState
 from reef.config import ServeConfig
 from reef.core.errors import ReefError
@@ -62,12 +64,13 @@ def open_store(config: ServeConfig) -> ExperienceStore | None:
 
 def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     tracing = build_tracing(config.traces, runtime)  # None when off: then opentelemetry is never imported
-    state = ReefState.open(config.state_dir, store=open_store(config), artifacts_remote=config.artifacts.remote)
+    state = ReefState.open(config.state_dir, store=open_store(config), artifacts_remote=config.artifacts.remote,
+                           shared=config.shared_state_dir)
     metrics = Metrics()
     scenarios = ScenarioDirectory(state, runtime, config.recipes, config.harness)
     front_end = f"{socket.gethostname()}:{config.port} pid {os.getpid()}"  # how other front ends name this one
     learning = Learning(config.learner, state, runtime, scenarios, _leases(state, front_end), front_end)
-    # a commit log other front ends append to (PostgreSQL): serve whatever head they publish
+    # a commit log others append to (PostgreSQL, a shared state directory): serve whatever head they publish
     follower = HeadFollower(state, scenarios) if getattr(state.commit_logs, "shared", False) else None
     metrics.watch_runtime(runtime)
     metrics.watch_learning(learning.status)
@@ -122,10 +125,13 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
 
 
 def _leases(state: ReefState, front_end: str) -> Leases | None:
-    """Learner leases where front ends share the commit log (PostgreSQL): one learner per scenario
-    across the deployment. None on one node (the JSONL log): this process runs every learner."""
+    """Learner leases where front ends share the commit log: one learner per scenario across the
+    deployment, by an advisory lock on PostgreSQL, by a file lock on a shared state directory.
+    None for one process on its own state directory: it runs every learner."""
     if not getattr(state.commit_logs, "shared", False):
         return None
+    if isinstance(state.commit_logs, JsonlCommitLogs):
+        return FileLeases(state.root / "leases", front_end)
     from reef.commit.leases import PgLeases
 
     logs = state.commit_logs

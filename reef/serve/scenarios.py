@@ -6,11 +6,14 @@ contradicting `x-reef-recipe` / `x-reef-release-id` with 409 before anything is 
 sure its serving release is loaded in the runtime, and returns the release the request is
 frozen to, pinned so that a swap never unloads it while the request runs.
 
-`HeadFollower` keeps a front end on the head of a commit log it shares with others (PostgreSQL):
-woken by the log's notifications, and every second regardless, it reads every scenario's last
-step, and for each that moved it serves the new head (`follow_head`: fetch the content if this
-front end lacks it, load it, move the serving pointer; the previous load is unloaded once no
-request of this front end pins it). Scenarios another front end created become known here.
+`HeadFollower` keeps a front end on the head of a commit log it shares with others (PostgreSQL,
+or the JSONL logs of a state directory several processes serve): woken by the log's watch (a
+PostgreSQL notification; a log file that changed, `reef/commit/jsonl_heads.py`), and every
+second regardless, it reads every scenario's last step, and for each that moved it serves the new
+head (`follow_head`: fetch the content if this front end lacks it, load it, move the serving
+pointer; the previous load is unloaded once no request of this front end pins it). Scenarios
+another front end created become known here, and the `on_created` hooks run for each scenario
+the first time the follower sees it (`Learning.ensure`, which is idempotent, wants its lease).
 """
 
 from __future__ import annotations
@@ -219,7 +222,7 @@ class HeadFollower:
             if self.seen.get(name) == step:
                 continue
             try:
-                known = name in self.state.scenarios()
+                first_look = name not in self.seen
                 chain = await asyncio.to_thread(self.state.discover, name)
                 if chain is None:
                     continue
@@ -232,7 +235,7 @@ class HeadFollower:
             if ref is not None:
                 log.info("following the head", extra={"reef": {"event": "head_followed", "scenario": name,
                                                                  "release_id": ref.release_id, "step": step}})
-            if not known:
+            if first_look:  # e.g. created by another front end, or found by `ReefState.chain`
                 for hook in self.scenarios.on_created:
                     await hook(name)
 

@@ -6,14 +6,19 @@ workers, each a `reef serve` with the same arguments that serves on the inherite
 dies is started again after a second; SIGTERM or SIGINT to the supervisor stops every worker
 the way SIGTERM stops one `reef serve` (running requests finish, up to `shutdown_timeout`).
 
-The workers share the state by the rules of several front ends (docs/deploy.md), so `--workers`
-needs a PostgreSQL store: records, reports and the commit log in the database, each worker's
-learner held by a lease, each worker following the head. Each worker has its own state directory,
-`<state_dir>/workers/<index>`, and the workers share release contents through the artifact remote:
-`artifacts.remote` if set, else a bare repository at `<state_dir>/artifacts-remote.git` that the
-supervisor creates. With the SQLite store and JSONL commit logs one process owns the state
-directory (opening it runs recovery, which repairs what a crashed writer left, and a process does
-not notice another's appends), so `--workers` refuses them.
+The workers share the state by the rules of several front ends (docs/deploy.md): each follows
+the head the others publish, and each scenario's learner runs on the one worker holding its lease.
+Two ways, after the store:
+
+- SQLite (the default): every worker serves the one state directory (`shared_state_dir`): the
+  SQLite store in WAL mode, the JSONL commit logs under their `flock`, the one artifact
+  repository, learner leases as file locks (`reef/commit/file_leases.py`). The supervisor opens
+  the state directory once before starting them (recovery runs alone, a new SQLite file is made
+  in WAL mode once); a worker started again opens it while the others write, which is safe.
+- PostgreSQL: records, reports and the commit log in the database, leases as advisory locks.
+  Each worker has its own state directory, `<state_dir>/workers/<index>`, and the workers share
+  release contents through the artifact remote: `artifacts.remote` if set, else a bare
+  repository at `<state_dir>/artifacts-remote.git` that the supervisor creates.
 """
 
 from __future__ import annotations
@@ -35,14 +40,36 @@ QUICK_FAILURES = 5  # a worker that exits this many times in a row within STARTU
 STARTUP_S = 30.0
 
 
+def on_postgres(config: ServeConfig) -> bool:
+    return config.store.startswith(("postgresql://", "postgres://"))
+
+
 def shared_remote(config: ServeConfig) -> str:
     return config.artifacts.remote or str(config.state_dir / "artifacts-remote.git")
 
 
 def worker_config(config: ServeConfig, index: int) -> ServeConfig:
-    """A worker's settings: its own state directory, the shared artifact remote."""
+    """A worker's settings. SQLite: the one state directory, shared. PostgreSQL: its own state
+    directory, the shared artifact remote."""
+    if not on_postgres(config):
+        return config.model_copy(update={"shared_state_dir": True})
     artifacts = config.artifacts.model_copy(update={"remote": shared_remote(config)})
     return config.model_copy(update={"state_dir": config.state_dir / "workers" / str(index), "artifacts": artifacts})
+
+
+def prepare_state(config: ServeConfig) -> str:
+    """Before any worker starts: open the shared state directory once (SQLite), or create the
+    artifact remote (PostgreSQL, none set). What the workers' state is, for the first line."""
+    if not on_postgres(config):
+        from reef.commit.state import ReefState
+
+        ReefState.open(config.state_dir, artifacts_remote=config.artifacts.remote, shared=True).close()
+        return f"state {config.state_dir}, shared"
+    remote = shared_remote(config)
+    if config.artifacts.remote is None and not Path(remote).exists():
+        Path(remote).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "init", "--bare", "--quiet", remote], check=True)
+    return f"state {config.state_dir}/workers/*, artifacts {remote}"
 
 
 def worker_socket(fd: int) -> socket.socket:
@@ -51,14 +78,7 @@ def worker_socket(fd: int) -> socket.socket:
 
 def supervise(config: ServeConfig, workers: int, say: Callable[[str], None]) -> int:
     """Bind, start the workers, keep them running until SIGTERM or SIGINT; the exit status."""
-    if not config.store.startswith(("postgresql://", "postgres://")):
-        raise InvalidInput(
-            "--workers needs a postgresql:// store: with the SQLite store and JSONL commit logs one process owns "
-            "the state directory (docs/deploy.md); run one process without --workers, or set store: postgresql://...")
-    remote = shared_remote(config)
-    if config.artifacts.remote is None and not Path(remote).exists():
-        Path(remote).parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["git", "init", "--bare", "--quiet", remote], check=True)
+    where = prepare_state(config)
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -80,8 +100,7 @@ def supervise(config: ServeConfig, workers: int, say: Callable[[str], None]) -> 
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    say(f"{workers} workers on http://{config.host}:{config.port} (supervisor pid {os.getpid()}; "
-        f"state {config.state_dir}/workers/*, artifacts {remote})")
+    say(f"{workers} workers on http://{config.host}:{config.port} (supervisor pid {os.getpid()}; {where})")
     children = {i: start(i) for i in range(workers)}
     started = {i: time.monotonic() for i in children}
     quick = dict.fromkeys(children, 0)
