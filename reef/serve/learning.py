@@ -171,7 +171,7 @@ class Learning:
         held = await asyncio.to_thread(self.leases.keep)
         for scenario in list(self.learners):
             if scenario not in held:
-                await self._stop_learner(scenario, "lost its lease (the database connection dropped)")
+                await self._stop_learner(scenario, f"lost its lease ({self.leases.kind}: its connection or lock is gone)")
             elif self.tasks[scenario].done():  # its loop ended (e.g. it could not read the log): start again
                 await self._stop_learner(scenario, "its loop ended")
         for scenario in sorted(self.wanted - set(self.learners)):
