@@ -70,7 +70,8 @@ def plot_learning_curve(curve: dict[str, Any], path: Path, window: int = ROLLING
         ax.set_ylim(-2, 102)
         ax.set_xlim(left=0)
         ax.grid(alpha=0.3)
-        ax.set_title("Reef demo: SmolLM2-135M learning one-word answers while it serves")
+        served_by = " (served by vLLM)" if curve.get("settings", {}).get("runtime") == "vllm" else ""
+        ax.set_title(f"Reef demo: SmolLM2-135M learning one-word answers while it serves{served_by}")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="upper left", fontsize=8)
         fig.tight_layout()

