@@ -37,10 +37,10 @@ def model_dir() -> Path:
 def test_flipped_rewards_at_100x_the_learning_rate_are_never_published(model_dir: Path, tmp_path: Path) -> None:
     gate_tasks = tmp_path / "gate.jsonl"
     gate_tasks.write_text("".join(f"{line}\n" for line in
-                                  demo_tasks.write_heldout_jsonl(tmp_path / "all.jsonl").read_text().splitlines()[:32]))
+                                  demo_tasks.write_heldout_jsonl(tmp_path / "all.jsonl").read_text().splitlines()[:24]))
     settings = {"embedded": {"model_dir": str(model_dir), "default_max_tokens": 16},
                 "learner": {"poll_interval": 0.2,
-                            "sao": {"batch_size": 8, "steps_per_candidate": 2, "lr": 100 * LEARNING_RATE},
+                            "sao": {"batch_size": 8, "steps_per_candidate": 1, "lr": 100 * LEARNING_RATE},
                             "gate": {"tasks": str(gate_tasks), "scorer": "reef.demo.tasks:gate_score",
                                      "max_tokens": 8, "temperature": 0}}}
     with ReefServer(tmp_path, settings, startup_timeout=300) as reef, ReefClient(reef.url, timeout=120) as client:
