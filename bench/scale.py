@@ -7,7 +7,9 @@ aiohttp client (the same requests, `--clients` concurrent):
 
 - `processes N`: N separate `reef serve` processes on N ports (as behind a load balancer; the
   client spreads its connections over them round-robin);
-- `--workers N`: one `reef serve --workers N` on one port.
+- `--workers N`: one `reef serve --workers N` on one port, on PostgreSQL, then on one state
+  directory (SQLite and JSONL logs shared by the workers, no database), against one process on
+  a state directory measured in the same run.
 
 The baseline is one process, measured in the same run; each row gives its requests a second, the
 ratio to the baseline and the gain per added process ((ratio - 1) / (N - 1)). The load client,
@@ -150,26 +152,27 @@ def main() -> None:
     upstream, upstream_url = start_upstream()
     workdir = Path(tempfile.mkdtemp(prefix="reef-bench-scale-"))
     rows: list[dict[str, Any]] = []
-    baseline: dict[bool, float] = {}
+    baseline: dict[tuple[str, bool], float] = {}  # one process, per store
 
-    def measure(setup: str, n: int, urls: list[str]) -> None:
+    def measure(setup: str, n: int, urls: list[str], store: str = "postgresql") -> None:
         for stream in (False, True):
             result = asyncio.run(load_many([f"{u}/v1/chat/completions" for u in urls], args.clients, args.seconds,
                                            stream))
             if n == 1 and setup == "processes":
-                baseline[stream] = result["rps"]
-            ratio = result["rps"] / baseline[stream] if baseline.get(stream) else float("nan")
-            row = {"setup": setup, "processes": n, "stream": stream, **result, "ratio_to_1": ratio,
+                baseline[(store, stream)] = result["rps"]
+            base = baseline.get((store, stream))
+            ratio = result["rps"] / base if base else float("nan")
+            row = {"setup": setup, "store": store, "processes": n, "stream": stream, **result, "ratio_to_1": ratio,
                    "gain_per_added_process": (ratio - 1) / (n - 1) if n > 1 else None}
             rows.append(row)
             gain = f"{row['gain_per_added_process']:+.2f}" if n > 1 else "-"
-            print(f"{setup:>9} {n:>2} {str(stream):>6} | {result['rps']:>7.0f} {result['median_ms']:>7.2f} "
+            print(f"{setup:>9} {store:>10} {n:>2} {str(stream):>6} | {result['rps']:>7.0f} {result['median_ms']:>7.2f} "
                   f"{result['p99_ms']:>7.1f} {result['errors']:>5} | {ratio:>5.2f} {gain:>6}", flush=True)
 
     try:
         print(f"{os.cpu_count()} CPUs; {args.clients} clients, {args.seconds} s a point; "
               "rps = requests a second, med/p99 in ms; ratio = rps / rps of 1 process; gain = (ratio - 1) / (N - 1)")
-        print(f"{'setup':>9} {'N':>2} {'stream':>6} | {'rps':>7} {'med':>7} {'p99':>7} {'errs':>5} | {'ratio':>5} "
+        print(f"{'setup':>9} {'store':>10} {'N':>2} {'stream':>6} | {'rps':>7} {'med':>7} {'p99':>7} {'errs':>5} | {'ratio':>5} "
               f"{'gain':>6}")
         for n in args.counts:
             remote = workdir / f"p{n}-remote.git"
@@ -191,6 +194,21 @@ def main() -> None:
             process, url = start_workers(wdir, config, n)
             try:
                 measure("--workers", n, [url])
+            finally:
+                stop(process)
+        local = {"learner": {"enabled": False}, "upstream": {"url": upstream_url, "model": "echo"}, "log_level": "error"}
+        single = ReefServer(workdir / "s1", local)  # one state directory: SQLite + JSONL, no database
+        try:
+            single.start()
+            measure("processes", 1, [single.url], store="sqlite")
+        finally:
+            single.stop()
+        for n in [c for c in args.counts if c > 1]:
+            wdir = workdir / f"s{n}"
+            wdir.mkdir()
+            process, url = start_workers(wdir, local, n)
+            try:
+                measure("--workers", n, [url], store="sqlite")
             finally:
                 stop(process)
     finally:
