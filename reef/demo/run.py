@@ -73,6 +73,8 @@ class DemoStats:
     temperature: float = TRAFFIC_TEMPERATURE
     lr: float = LEARNING_RATE
     runtime: str = "embedded"
+    tasks: Any = demo_tasks  # what traffic asks and how it is scored (train_tasks, messages, score, feedback)
+    max_tokens: int = TRAFFIC_MAX_TOKENS
     requests: int = 0
     in_flight: int = 0
     reports: int = 0
@@ -133,9 +135,9 @@ class DemoStats:
 
 
 async def _ask(client: httpx.AsyncClient, task: dict[str, Any], examples: int, temperature: float,
-               max_tokens: int) -> tuple[httpx.Response, str, str]:
+               max_tokens: int, tasks: Any = demo_tasks) -> tuple[httpx.Response, str, str]:
     """One demo question as a chat request: (the response, the answer's text, its finish reason)."""
-    body = {"model": "smollm2", "messages": demo_tasks.messages(task, examples), "temperature": temperature,
+    body = {"model": "smollm2", "messages": tasks.messages(task, examples), "temperature": temperature,
             "max_tokens": max_tokens}
     response = await client.post("/v1/chat/completions", json=body, headers=HEADERS)
     response.raise_for_status()
@@ -144,18 +146,18 @@ async def _ask(client: httpx.AsyncClient, task: dict[str, Any], examples: int, t
 
 
 async def _one_request(client: httpx.AsyncClient, task: dict[str, Any], stats: DemoStats) -> None:
-    response, text, finish = await _ask(client, task, stats.examples, stats.temperature, TRAFFIC_MAX_TOKENS)
-    value = demo_tasks.score(task, text, finish)
+    response, text, finish = await _ask(client, task, stats.examples, stats.temperature, stats.max_tokens, stats.tasks)
+    value = stats.tasks.score(task, text, finish)
     stats.record(response.headers.get("x-reef-release-id", "?"), value, value == 1.0)
     receipt = response.headers["x-reef-agent-record-id"]
-    report = {"references": [receipt], "score": value, "feedback": demo_tasks.feedback(task)}
+    report = {"references": [receipt], "score": value, "feedback": stats.tasks.feedback(task)}
     (await client.post("/reef/report", json=report)).raise_for_status()
     stats.reports += 1
 
 
 async def _worker(client: httpx.AsyncClient, stats: DemoStats, rng: random.Random, stop: asyncio.Event,
                   server: DemoServer) -> None:
-    train = demo_tasks.train_tasks()
+    train = stats.tasks.train_tasks()
     while not stop.is_set():
         stats.requests += 1
         stats.in_flight += 1

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import httpx
 import yaml
@@ -44,14 +44,16 @@ LEARNING_RATE = 2e-4
 
 
 def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | None,
-                  lr: float = LEARNING_RATE, runtime: str = "embedded") -> dict[str, Any]:
+                  lr: float = LEARNING_RATE, runtime: str = "embedded", scorer: str = "reef.demo.tasks:gate_score",
+                  traffic_max_tokens: int = TRAFFIC_MAX_TOKENS,
+                  gate_max_tokens: int = GATE_MAX_TOKENS) -> dict[str, Any]:
     """serve.yaml for the demo: the embedded model (or vLLM, serving the same model folder the
     trainer trains), short answers, and a learner whose gate runs the held-out tasks through the
-    strict verifier."""
-    embedded: dict[str, Any] = {"default_max_tokens": TRAFFIC_MAX_TOKENS}
+    strict verifier (or another task's `scorer`, as bench/learning_race.py does)."""
+    embedded: dict[str, Any] = {"default_max_tokens": traffic_max_tokens}
     if model_dir is not None:
         embedded["model_dir"] = str(Path(model_dir).resolve())
-    engine = {"vllm": {"default_max_tokens": TRAFFIC_MAX_TOKENS}} if runtime == "vllm" else {}
+    engine = {"vllm": {"default_max_tokens": traffic_max_tokens}} if runtime == "vllm" else {}
     return {
         "host": "127.0.0.1",
         "port": port,
@@ -62,17 +64,18 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
         **engine,
         "learner": {
             "sao": {"batch_size": 8, "steps_per_candidate": 6, "lr": lr},
-            "gate": {"tasks": str(heldout.resolve()), "scorer": "reef.demo.tasks:gate_score",
-                     "max_tokens": GATE_MAX_TOKENS, "temperature": 0},
+            "gate": {"tasks": str(heldout.resolve()), "scorer": scorer,
+                     "max_tokens": gate_max_tokens, "temperature": 0},
         },
     }
 
 
 class DemoServer:
-    def __init__(self, config_path: Path, port: int, log_path: Path) -> None:
+    def __init__(self, config_path: Path, port: int, log_path: Path, pythonpath: Sequence[str] = ()) -> None:
         self.config_path = config_path
         self.port = port
         self.log_path = log_path
+        self.pythonpath = tuple(pythonpath)  # more import roots for the server (a bench's scorer module)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -83,7 +86,7 @@ class DemoServer:
         """Start and wait for /healthz (the first start converts SmolLM2's weights, ~1 minute)."""
         env = {k: v for k, v in os.environ.items() if k not in OVERRIDING_ENV}
         package_root = str(Path(reef.__file__).resolve().parents[1])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, *self.pythonpath, env.get("PYTHONPATH")) if p)
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:

@@ -1,0 +1,343 @@
+"""The race: does Reef learn as fast as a bare training loop? One run, one machine, one model.
+
+Two arms, one after the other, each for `--minutes` of wall clock after its start-up:
+- bare (bench/bare_loop.py): an in-process on-policy loop on SmolLM2-135M-Instruct; every
+  `--snapshot-every` seconds the adapter weights in effect are kept;
+- reef: `reef serve` (reef.demo.server) with the demo's learner, driven by `--concurrency`
+  clients (reef.demo.run's traffic) that report the verifier's score on every receipt; every
+  `--snapshot-every` seconds the serving release is recorded (GET .../releases, the head).
+Both use the same model (the cache Reef uses), LoRA shape (the `sao` recipe's), learning rate
+and batch (the demo's: reef.demo.server.LEARNING_RATE, 8), temperature and max tokens (the
+task's traffic settings). After both, off the clock, every snapshot (bare: its weights; reef:
+each serving release's adapter, read from its state directory) answers the task's TEST
+questions greedily, through one evaluation function; nothing trains or selects on them. The
+base is snapshot 0 (the base model), measured in the same run.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
+        [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--out PATH.json]
+
+Prints a table of test success at each snapshot minute for each arm, the minutes each took to
+reach +10, +20 and +30 points over the base and the ratio reef/bare, and the final values;
+writes bench/results/learning_race_<task>.json and a PNG of both curves beside it. Tasks:
+`demo` (reef.demo.tasks: one-word answers, base 16.5%) and `sentence` (bench/race_tasks.py: the
+answer first in one fixed sentence, base 3.3%). Not in CI; run it on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+sys.path[:0] = [str(ROOT), str(BENCH)]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import httpx  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+import bare_loop  # noqa: E402
+from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
+from reef.demo.server import (GATE_MAX_TOKENS, LEARNING_RATE, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE,  # noqa: E402
+                              DemoServer, demo_settings, free_port)
+
+BATCH = 8  # the demo's learner.sao.batch_size
+GAINS = (10, 20, 30)  # points over the base
+EVAL_BATCH = 16
+
+
+@dataclass(frozen=True)
+class RaceTask:
+    name: str
+    module: Any  # train_tasks, heldout_tasks, test_tasks, messages, score, success, feedback, write_heldout_jsonl
+    scorer: str  # the gate's scorer, importable by the server (bench/ is on its PYTHONPATH)
+    traffic_max_tokens: int
+    eval_max_tokens: int  # the gate's, and the evaluation's
+    examples: int
+
+
+def race_task(name: str) -> RaceTask:
+    if name == "demo":
+        from reef.demo import tasks as demo
+
+        return RaceTask("demo", demo, "reef.demo.tasks:gate_score", TRAFFIC_MAX_TOKENS, GATE_MAX_TOKENS,
+                        demo.SHOWN_EXAMPLES)
+    import race_tasks as sentence
+
+    return RaceTask("sentence", sentence, "race_tasks:gate_score", sentence.TRAFFIC_MAX_TOKENS,
+                    sentence.EVAL_MAX_TOKENS, sentence.SHOWN_EXAMPLES)
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# -- the bare arm --------------------------------------------------------------------------------
+
+
+def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: float) -> dict[str, Any]:
+    log(f"bare: training for {seconds / 60:.1f} min")
+    snaps, steps = bare_loop.run(model, tokenizer, task.module, seconds, every, lr=LEARNING_RATE, batch=BATCH,
+                                 temperature=TRAFFIC_TEMPERATURE, max_tokens=task.traffic_max_tokens, log=log)
+    log(f"bare: {len(steps)} steps, {len(steps) * BATCH} scored rollouts")
+    return {"snapshots": [{"second": s, "weights": w} for s, w in snaps], "steps": steps}
+
+
+# -- the reef arm --------------------------------------------------------------------------------
+
+
+def run_reef(task: RaceTask, seconds: float, every: float, concurrency: int, workdir: Path) -> dict[str, Any]:
+    heldout = task.module.write_heldout_jsonl(workdir / "heldout.jsonl")
+    port = free_port()
+    config = workdir / "serve.yaml"
+    settings = demo_settings(workdir, heldout, port, None, LEARNING_RATE, scorer=task.scorer,
+                             traffic_max_tokens=task.traffic_max_tokens, gate_max_tokens=task.eval_max_tokens)
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    server = DemoServer(config, port, workdir / "serve.log", pythonpath=(str(BENCH),))
+    log(f"reef: starting reef serve on {server.url} (log {server.log_path})")
+    server.start()
+    try:
+        log(f"reef: traffic for {seconds / 60:.1f} min, {concurrency} in flight")
+        serving, stats = asyncio.run(_drive(server, task, seconds, every, concurrency))
+    finally:
+        server.stop()
+    published, rejected = stats.counts()
+    log(f"reef: {stats.requests} requests, {stats.reports} reports, {stats.errors} errors, "
+        f"{published} published, {rejected} rejected")
+    weights = _release_weights(workdir / "state", {s["release_id"] for s in serving} - {None})
+    return {"snapshots": [{**s, "weights": weights.get(s["release_id"])} for s in serving],
+            "requests": stats.requests, "reports": stats.reports, "errors": stats.errors,
+            "published": published, "rejected": rejected, "last_error": stats.last_error}
+
+
+async def _drive(server: DemoServer, task: RaceTask, seconds: float, every: float,
+                 concurrency: int) -> tuple[list[dict[str, Any]], DemoStats]:
+    stats = DemoStats(minutes=seconds / 60, examples=task.examples, tasks=task.module,
+                      max_tokens=task.traffic_max_tokens)
+    stop, rng = asyncio.Event(), random.Random(0)
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=server.url, timeout=300.0, limits=limits) as client:
+        started = time.monotonic()
+        workers = [asyncio.create_task(_worker(client, stats, rng, stop, server)) for _ in range(concurrency)]
+        serving: list[dict[str, Any]] = []
+        try:
+            for due in bare_loop.snapshot_times(seconds, every):
+                await asyncio.sleep(max(0.0, started + due - time.monotonic()))
+                for worker in workers:
+                    if worker.done() and worker.exception() is not None:
+                        raise worker.exception()  # type: ignore[misc]
+                serving.append({"second": due, "release_id": await _head(client)})
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        await poll_learning(client, stats)
+    return serving, stats
+
+
+async def _head(client: httpx.AsyncClient, tries: int = 3) -> str | None:
+    """The serving release; None before the scenario exists (the base model serves then)."""
+    for attempt in range(tries):
+        try:
+            response = await client.get(f"/reef/scenarios/{SCENARIO}/releases", timeout=30.0)
+            if response.status_code == 404:
+                return None
+            response.raise_for_status()
+            return str(response.json()["head"])
+        except httpx.HTTPError:
+            if attempt == tries - 1:
+                raise
+            await asyncio.sleep(1.0)
+    return None
+
+
+def _release_weights(state_dir: Path, release_ids: set[str]) -> dict[str, dict[str, torch.Tensor] | None]:
+    """Each release's LoRA weights (None: no adapter, the base model), from the state directory."""
+    from safetensors.torch import load
+
+    from reef.commit.state import ReefState
+    from reef.core.training import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_part
+
+    out: dict[str, dict[str, torch.Tensor] | None] = {}
+    with ReefState.open(state_dir) as state:
+        for release_id in release_ids:
+            files = adapter_part(state.artifacts.files(release_id))
+            if files is not None:
+                config = json.loads(files[ADAPTER_CONFIG])
+                assert (config["r"], config["lora_alpha"]) == (bare_loop.LORA.r, bare_loop.LORA.alpha), config
+            out[release_id] = None if files is None else load(files[ADAPTER_WEIGHTS])
+    return out
+
+
+# -- evaluation (off the clock, one function for both arms) ------------------------------------
+
+
+def evaluate(model: Any, tokenizer: Any, weights: dict[str, torch.Tensor], task: RaceTask) -> float:
+    """Greedy success (exact and finished) on the task's test questions with these LoRA weights."""
+    from peft import set_peft_model_state_dict
+
+    loaded = set_peft_model_state_dict(model, weights)
+    assert not loaded.unexpected_keys, f"adapter weights that fit no LoRA module: {loaded.unexpected_keys[:3]}"
+    tests = task.module.test_tasks()
+    hits = 0
+    for start in range(0, len(tests), EVAL_BATCH):
+        chunk = tests[start:start + EVAL_BATCH]
+        prompts = [bare_loop.prompt_ids(tokenizer, task.module.messages(t)) for t in chunk]
+        comps, _, finish = bare_loop.generate(model, prompts, 0.0, task.eval_max_tokens)
+        hits += sum(task.module.success(t, bare_loop.decode(tokenizer, c), f) for t, c, f in zip(chunk, comps, finish))
+    return hits / len(tests)
+
+
+def _digest(weights: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        digest.update(name.encode())
+        digest.update(weights[name].float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def evaluate_arms(arms: dict[str, dict[str, Any]], model: Any, tokenizer: Any, base: dict[str, torch.Tensor],
+                  task: RaceTask) -> float:
+    """Adds `success` to every snapshot (equal weights are evaluated once); the base's success."""
+    seen = {_digest(base): evaluate(model, tokenizer, base, task)}
+    log(f"eval: base {100 * next(iter(seen.values())):.1f}%")
+    for name, arm in arms.items():
+        for snap in arm["snapshots"]:
+            weights = snap.pop("weights") or base
+            key = _digest(weights)
+            if key not in seen:
+                seen[key] = evaluate(model, tokenizer, weights, task)
+                log(f"eval: {name} at {snap['second'] / 60:.1f} min: {100 * seen[key]:.1f}%")
+            snap["minute"], snap["success"] = round(snap["second"] / 60, 3), seen[key]
+    return seen[_digest(base)]
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+
+def time_to(points: list[dict[str, Any]], base: float, gain: int) -> float | None:
+    """The first snapshot minute at which success is `gain` points over the base."""
+    return next((p["second"] / 60 for p in points if p["success"] >= base + gain / 100 - 1e-9), None)
+
+
+def summarise(arms: dict[str, dict[str, Any]], base: float) -> dict[str, Any]:
+    reach = {name: {str(g): time_to(arm["snapshots"], base, g) for g in GAINS} for name, arm in arms.items()}
+    ratio = {}
+    if {"bare", "reef"} <= set(arms):
+        for g in map(str, GAINS):
+            bare, reef = reach["bare"][g], reach["reef"][g]
+            ratio[g] = reef / bare if bare and reef is not None else None
+    final = {name: arm["snapshots"][-1]["success"] for name, arm in arms.items()}
+    rollouts = {name: len(arm["steps"]) * BATCH if name == "bare" else arm["reports"] for name, arm in arms.items()}
+    return {"base": base, "minutes_to_gain": reach, "ratio_reef_over_bare": ratio, "final": final,
+            "scored_rollouts": rollouts}
+
+
+def table(arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> str:
+    pct = lambda v: "-" if v is None else f"{100 * v:5.1f}%"  # noqa: E731
+    mins = lambda v: "not reached" if v is None else f"{v:.1f} min"  # noqa: E731
+    names = list(arms)
+    lines = ["minute  " + "  ".join(f"{n:>8}" for n in names)]
+    for i, snap in enumerate(next(iter(arms.values()))["snapshots"]):
+        row = [pct(arms[n]["snapshots"][i]["success"]) if i < len(arms[n]["snapshots"]) else "-" for n in names]
+        lines.append(f"{snap['second'] / 60:6.1f}  " + "  ".join(f"{r:>8}" for r in row))
+    lines.append(f"base (snapshot 0): {pct(summary['base'])}")
+    for g in map(str, GAINS):
+        parts = [f"{n} {mins(summary['minutes_to_gain'][n][g])}" for n in names]
+        ratio = summary["ratio_reef_over_bare"].get(g)
+        if ratio is not None:
+            parts.append(f"reef/bare {ratio:.2f}")
+        lines.append(f"time to +{g} points: " + ", ".join(parts))
+    lines.append("final: " + ", ".join(f"{n} {pct(v)}" for n, v in summary["final"].items()))
+    lines.append("scored rollouts: " + ", ".join(f"{n} {v}" for n, v in summary["scored_rollouts"].items()))
+    return "\n".join(lines)
+
+
+def plot(arms: dict[str, dict[str, Any]], base: float, task: RaceTask, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, arm in arms.items():
+        minutes = [s["second"] / 60 for s in arm["snapshots"]]
+        ax.plot(minutes, [100 * s["success"] for s in arm["snapshots"]], marker="o", label=name)
+    for g in (0, *GAINS):
+        ax.axhline(100 * base + g, color="grey", lw=0.6, ls="-" if g == 0 else ":")
+        ax.annotate(f"+{g}" if g else "base", (1.0, 100 * base + g), xycoords=("axes fraction", "data"),
+                    xytext=(3, -3), textcoords="offset points", fontsize=8, color="grey")
+    ax.set(xlabel="minutes of wall clock", ylabel="test success, greedy (%)", ylim=(0, 100),
+           title=f"task {task.name}: Reef vs a bare loop, {len(task.module.test_tasks())} test questions")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=["demo", "sentence"], default="demo")
+    parser.add_argument("--minutes", type=float, default=15.0)
+    parser.add_argument("--arms", default="bare,reef", help="comma-separated, from bare and reef")
+    parser.add_argument("--snapshot-every", type=float, default=60.0, help="seconds")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
+    args = parser.parse_args()
+    task, seconds = race_task(args.task), args.minutes * 60
+    names = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not names or set(names) - {"bare", "reef"}:
+        parser.error("--arms takes bare, reef or both")
+    out = args.out or BENCH / "results" / f"learning_race_{task.name}.json"
+    tokenizer, model = bare_loop.load_model()
+    base = bare_loop.adapter_weights(model)  # a fresh adapter (B = 0): the base model
+    arms: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="reef-race-") as work:
+        workdir = args.workdir or Path(work)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            if name == "bare":
+                arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every)
+            else:
+                arms[name] = run_reef(task, seconds, args.snapshot_every, args.concurrency, workdir)
+    base_success = evaluate_arms(arms, model, tokenizer, base, task)
+    summary = summarise(arms, base_success)
+    print(table(arms, summary))
+    write(out, args, task, arms, summary)
+    plot(arms, base_success, task, out.with_suffix(".png"))
+    log(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> None:
+    settings = {"task": task.name, "minutes": args.minutes, "snapshot_every_s": args.snapshot_every,
+                "concurrency": args.concurrency, "lr": LEARNING_RATE, "batch": BATCH,
+                "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
+                "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,
+                "lora": {"r": bare_loop.LORA.r, "alpha": bare_loop.LORA.alpha,
+                         "target_modules": list(bare_loop.LORA.target_modules)},
+                "test_questions": len(task.module.test_tasks()), "torch_threads": torch.get_num_threads()}
+    record = {"benchmark": "learning_race", "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                                        "python": platform.python_version()},
+              "settings": settings, "summary": summary, "arms": arms}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
