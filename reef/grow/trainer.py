@@ -40,6 +40,7 @@ import torch
 
 from reef.core.training import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdamParams, Datum, LoraShape, LossConfig, Sample,
                                 TrainConfig, adapter_part, checkpoint_part)
+from reef.core.prefix import MIN_SHARED_PREFIX, shared_prefix_length
 from reef.grow.checkpoint import optimizer_files, restore_optimizer
 from reef.grow.losses import kl_to_base, log_ratio, loss_function
 
@@ -86,7 +87,7 @@ class _Slot:
 
 class LoRATrainer:
     def __init__(self, model_dir: Path, threads: int | None = None, device: str = "auto", dtype: str = "auto",
-                 engine_dtype: str | None = None) -> None:
+                 engine_dtype: str | None = None, min_shared_prefix: int = MIN_SHARED_PREFIX) -> None:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
@@ -102,6 +103,8 @@ class LoRATrainer:
         self.peft: Any = None  # the PeftModel wrapping `base`, made with the first adapter
         self._slots: dict[str, _Slot] = {}
         self._names = itertools.count(1)
+        self.min_shared_prefix = min_shared_prefix
+        self.shared_prefix_tokens = 0  # prompt tokens not run again thanks to a shared prefix
 
     # -- the primitives -------------------------------------------------------------------------
 
@@ -268,15 +271,26 @@ class LoRATrainer:
                              temps: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, C] of the completions, right-aligned (C = the longest completion), and the
         mask of real completion positions. Left padding and `cumsum(mask) - 1` positions, as in
-        generation; logits only for the last C + 1 positions (the 49k vocabulary is the cost)."""
-        width = max(len(p) + len(c) for p, c in seqs)
+        generation; logits only for the last C + 1 positions (the 49k vocabulary is the cost).
+
+        Rows sharing a long prompt prefix (a system prompt, a worked example) run it once: its
+        keys and values, repeated to the batch, are the cache the rows' suffixes (the rest of the
+        prompt plus the completion) attend to, left-padded after it. The numbers are the same;
+        with gradients on they flow back through the cache into the adapter on the prefix."""
+        shared = shared_prefix_length([p for p, _ in seqs], self.min_shared_prefix)
+        rows = [p[shared:] + c for p, c in seqs]
+        width = max(len(r) for r in rows)
         longest = max(len(c) for _, c in seqs)
-        ids = torch.tensor([[self.pad_id] * (width - len(p) - len(c)) + p + c for p, c in seqs], device=self.device)
-        attention = torch.tensor([[0] * (width - len(p) - len(c)) + [1] * (len(p) + len(c)) for p, c in seqs],
-                                 device=self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        logits = self.base(input_ids=ids, attention_mask=attention, position_ids=positions,
-                           logits_to_keep=longest + 1).logits[:, :-1, :].float()
+        ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in rows], device=self.device)
+        attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
+        positions = shared + (attention.cumsum(-1) - 1).clamp(min=0)
+        cache = None
+        if shared:
+            cache = self._prefix_cache(seqs[0][0][:shared], len(seqs))
+            attention = torch.cat([torch.ones_like(attention[:, :1]).expand(-1, shared), attention], dim=1)
+            self.shared_prefix_tokens += shared * (len(seqs) - 1)
+        logits = self.base(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
+                           use_cache=cache is not None, logits_to_keep=longest + 1).logits[:, :-1, :].float()
         scale = torch.tensor([t if t > 0 else 1.0 for t in temps], dtype=torch.float32, device=self.device).view(-1, 1, 1)
         logprobs = torch.log_softmax(logits / scale, dim=-1)
         targets = ids[:, width - longest:]
@@ -284,6 +298,15 @@ class LoRATrainer:
         lengths = torch.tensor([len(c) for _, c in seqs], device=self.device).unsqueeze(1)
         mask = torch.arange(longest, device=self.device).unsqueeze(0) >= (longest - lengths)
         return picked, mask
+
+    def _prefix_cache(self, prefix: list[int], batch: int) -> Any:
+        """The key/value cache of `prefix` (positions 0..P-1), run once and repeated `batch` times
+        along the batch (`repeat_interleave`: autograd sees the copies, gradients sum back)."""
+        ids = torch.tensor([prefix], device=self.device)
+        positions = torch.arange(len(prefix), device=self.device).unsqueeze(0)
+        cache = self.base(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1).past_key_values
+        cache.batch_repeat_interleave(batch)
+        return cache
 
     # -- adapters -----------------------------------------------------------------------------
 

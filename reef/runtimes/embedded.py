@@ -29,6 +29,7 @@ import torch
 
 from reef.core.chat import ChatRequest, Delta, Finish, FinishReason, TextDelta, ToolCallDelta, Usage
 from reef.core.errors import RuntimeFailure
+from reef.core.prefix import MIN_SHARED_PREFIX, shared_prefix_length
 from reef.core.types import ReleaseRef
 from reef.runtimes.base import Runtime
 from reef.runtimes.chatml import TextStream, prompt_ids, stop_token_ids
@@ -70,18 +71,21 @@ class EmbeddedRuntime(Runtime):
     verifies_tokens = True
 
     def __init__(self, model_dir: Path, *, model_name: str = "smollm2-135m-instruct", threads: int | None = None,
-                 max_batch: int = 8, default_max_tokens: int = 256, max_context: int = 2048) -> None:
+                 max_batch: int = 8, default_max_tokens: int = 256, max_context: int = 2048,
+                 min_shared_prefix: int = MIN_SHARED_PREFIX) -> None:
         self.model_dir = Path(model_dir)
         self.model_name = model_name
         self.threads = threads
         self.max_batch = max_batch
         self.default_max_tokens = default_max_tokens
         self.max_context = max_context
+        self.min_shared_prefix = min_shared_prefix  # 0: every row prefills its whole prompt
         self.model: Any = None
         self.tokenizer: Any = None
         self.batches_run = 0  # counters for tests and /metrics
         self.requests_run = 0
         self.tokens_generated = 0
+        self.shared_prefix_tokens = 0  # prompt tokens not prefilled again thanks to a batch's shared prefix
         # called on the worker thread as each batch starts: (requests, seconds each waited queued)
         self.batch_observer: Callable[[int, list[float]], None] | None = None
         self._incarnation = secrets.token_hex(4)
@@ -358,17 +362,12 @@ class EmbeddedRuntime(Runtime):
             now = time.monotonic()
             with contextlib.suppress(Exception):  # a metrics hook never fails a batch
                 self.batch_observer(len(jobs), [now - job.queued_at for job in jobs])
-        width = max(len(job.prompt_ids) for job in jobs)
-        pad = self.tokenizer.pad_token_id or 0
-        ids = torch.tensor([[pad] * (width - len(j.prompt_ids)) + j.prompt_ids for j in jobs])
-        mask = torch.tensor([[0] * (width - len(j.prompt_ids)) + [1] * len(j.prompt_ids) for j in jobs])
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: each row counts from 0
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
         with torch.inference_mode():
             self._apply_adapter(self._batch_adapter)
-            logits = self._forward(ids, mask, positions, cache)
+            logits, mask, positions = self._prefill(jobs, cache)
             while True:
                 keep = [i for i, job in enumerate(jobs) if self._advance(job, logits[i])]
                 if not keep:
@@ -383,6 +382,27 @@ class EmbeddedRuntime(Runtime):
                 positions = positions[:, -1:] + 1
                 step = torch.tensor([[job.ids[-1]] for job in jobs])
                 logits = self._forward(step, mask, positions, cache)
+
+    def _prefill(self, jobs: list[_Job], cache: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the prompts into `cache`; return the next-token logits, the attention mask and the
+        position ids. Prefill is most of a batch's cost, and the prompts of one batch often share
+        a long start (a system prompt, an agent's instructions): that prefix runs once, with batch
+        size one, its KV rows are copied to every row, and only the suffixes (left-padded) run
+        batched after it: mask `[1]*P + [0]*pad + [1]*suffix`, positions going on from P."""
+        shared = shared_prefix_length([job.prompt_ids for job in jobs], self.min_shared_prefix)
+        if shared:
+            prefix = torch.tensor([jobs[0].prompt_ids[:shared]])
+            self._forward(prefix, torch.ones_like(prefix), torch.arange(shared)[None], cache)
+            cache.batch_repeat_interleave(len(jobs))
+            self.shared_prefix_tokens += shared * (len(jobs) - 1)
+        suffixes = [job.prompt_ids[shared:] for job in jobs]
+        width = max(len(suffix) for suffix in suffixes)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.tensor([[pad] * (width - len(s)) + s for s in suffixes])
+        suffix_mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in suffixes])
+        positions = shared + (suffix_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: each row counts on from P
+        mask = torch.cat([suffix_mask.new_ones(len(jobs), shared), suffix_mask], dim=1)
+        return self._forward(ids, mask, positions, cache), mask, positions
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
