@@ -99,12 +99,14 @@ def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: 
 # -- the reef arm --------------------------------------------------------------------------------
 
 
-def run_reef(task: RaceTask, seconds: float, every: float, concurrency: int, workdir: Path) -> dict[str, Any]:
+def run_reef(task: RaceTask, seconds: float, every: float, concurrency: int, workdir: Path,
+             canary: float | None) -> dict[str, Any]:
     heldout = task.module.write_heldout_jsonl(workdir / "heldout.jsonl")
     port = free_port()
     config = workdir / "serve.yaml"
     settings = demo_settings(workdir, heldout, port, None, LEARNING_RATE, scorer=task.scorer,
-                             traffic_max_tokens=task.traffic_max_tokens, gate_max_tokens=task.eval_max_tokens)
+                             traffic_max_tokens=task.traffic_max_tokens, gate_max_tokens=task.eval_max_tokens,
+                             canary=canary)
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     server = DemoServer(config, port, workdir / "serve.log", pythonpath=(str(BENCH),))
     log(f"reef: starting reef serve on {server.url} (log {server.log_path})")
@@ -296,6 +298,8 @@ def main() -> None:
     parser.add_argument("--arms", default="bare,reef", help="comma-separated, from bare and reef")
     parser.add_argument("--snapshot-every", type=float, default=60.0, help="seconds")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--canary", type=float, default=None,
+                        help="reef: learner.canary for the scenario (the fraction the candidate under test serves)")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -315,7 +319,7 @@ def main() -> None:
             if name == "bare":
                 arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every)
             else:
-                arms[name] = run_reef(task, seconds, args.snapshot_every, args.concurrency, workdir)
+                arms[name] = run_reef(task, seconds, args.snapshot_every, args.concurrency, workdir, args.canary)
     base_success = evaluate_arms(arms, model, tokenizer, base, task)
     summary = summarise(arms, base_success)
     print(table(arms, summary))
@@ -326,7 +330,7 @@ def main() -> None:
 
 def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> None:
     settings = {"task": task.name, "minutes": args.minutes, "snapshot_every_s": args.snapshot_every,
-                "concurrency": args.concurrency, "lr": LEARNING_RATE, "batch": BATCH,
+                "concurrency": args.concurrency, "canary": args.canary, "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,
                 "lora": {"r": bare_loop.LORA.r, "alpha": bare_loop.LORA.alpha,

@@ -45,6 +45,8 @@ class EmbeddedConfig(Strict):
     max_batch: int = Field(8, ge=1)
     default_max_tokens: int = Field(256, ge=1)
     threads: int | None = Field(None, ge=1)
+    min_shared_prefix: int = Field(16, ge=0, description="Prefill a batch's common prompt prefix once when it "
+                                                      "has at least this many tokens; 0: off")
 
 
 class VLLMConfig(Strict):
@@ -147,6 +149,8 @@ class GateConfig(Strict):
     temperature: float = Field(0.0, ge=0, description="0: greedy, the same answer every time")
     margin: float = Field(0.0, ge=0, description="Mean score gain the candidate must show")
     confidence: float = Field(0.8, gt=0, lt=1, description="One-sided confidence of the paired sign test")
+    looks: int = Field(3, ge=1, description="Parts the tasks are answered in, with an early decision possible "
+                                            "after each (1: all tasks, then decide)")
     holdout_fraction: float = Field(0.2, ge=0, lt=1, description="Offline check: reported records kept out of training")
     offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
 
@@ -195,6 +199,16 @@ class LearnerConfig(Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="The trainer's weights: auto is float32 on the CPU, the engine's dtype on a GPU")
     gate: GateConfig = Field(default_factory=GateConfig)
+    canary: dict[str, float] = Field(default_factory=dict, description="Scenarios that opt in to a canary: the "
+                                     "fraction (0-1] of their requests the weights candidate under test serves")
+
+    @field_validator("canary")
+    @classmethod
+    def _canary_fractions(cls, value: dict[str, float]) -> dict[str, float]:
+        for scenario, fraction in value.items():
+            if not 0 < fraction <= 1:
+                raise ValueError(f"learner.canary.{scenario} must be a fraction in (0, 1], got {fraction}")
+        return value
 
     @model_validator(mode="after")
     def _recipe_sections(self) -> LearnerConfig:

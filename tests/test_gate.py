@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reef.commit.gate import WeightsGate, load_scorer, load_tasks, paired_verdict, sign_test_p
+from reef.commit.gate import (WeightsGate, load_scorer, load_tasks, look_parts, paired_verdict, sequential_verdict,
+                              sign_test_p)
 from reef.config import GateConfig
 from reef.core.chat import ChatRequest, ChatResult, Message
 from reef.core.errors import InvalidInput
@@ -31,6 +32,33 @@ def test_sign_test_and_paired_verdict() -> None:
     worse = paired_verdict([1, 1, 1, 1], [0, 0, 0, 1], margin=0.0, confidence=0.8)
     assert worse.decision == "reject" and worse.metrics["gain"] < 0
     assert worse.metrics["p_worse"] == pytest.approx(0.125) and better.metrics["p_worse"] == 1.0
+
+
+def test_the_tasks_are_looked_at_in_parts_of_a_fixed_mixed_order() -> None:
+    parts = look_parts(92, 3)
+    assert [len(p) for p in parts] == [31, 30, 31] and sorted(sum(parts, [])) == list(range(92))
+    assert parts == look_parts(92, 3) and parts[0] != list(range(31))  # the file's kinds are mixed into every part
+    assert look_parts(2, 5) == [[i] for i in look_parts(2, 1)[0]]  # no more parts than tasks
+
+
+def pairs(wins: int, losses: int, ties: int) -> tuple[list[float], list[float]]:
+    return [0.0] * wins + [1.0] * losses + [0.0] * ties, [1.0] * wins + [0.0] * losses + [0.0] * ties
+
+
+def test_the_sequential_gate_decides_early_only_on_strong_evidence() -> None:
+    config = GateConfig(confidence=0.8, looks=3)  # early looks select at p <= 0.025, the last at p <= 0.15
+    early = sequential_verdict(*pairs(6, 0, 24), config, look=1, looks=3)
+    assert early is not None and early.decision == "select" and early.metrics["early"] is True
+    assert sequential_verdict(*pairs(4, 0, 26), config, look=1, looks=3) is None  # p = 0.0625: look further
+    assert sequential_verdict(*pairs(0, 0, 30), config, look=2, looks=3) is None  # no evidence either way
+    losing = sequential_verdict(*pairs(1, 2, 27), config, look=1, looks=3)
+    assert losing is not None and losing.decision == "reject" and losing.metrics["p_worse"] == pytest.approx(0.5)
+    final = sequential_verdict(*pairs(6, 2, 84), config, look=3, looks=3)  # p = 0.145
+    assert final is not None and final.decision == "select" and final.metrics["early"] is False
+    strict = sequential_verdict(*pairs(4, 1, 87), config, look=3, looks=3)  # p = 0.1875: over what is left at the end
+    assert strict is not None and strict.decision == "reject"
+    one_look = sequential_verdict(*pairs(4, 1, 87), GateConfig(confidence=0.8, looks=1), look=1, looks=1)
+    assert one_look is not None and one_look.decision == "select"  # all of 1 - confidence at the only look
 
 
 def test_tasks_and_scorer_are_checked_when_loaded(tmp_path: Path) -> None:

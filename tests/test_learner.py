@@ -1,6 +1,6 @@
 """The weights learner's own rules, on a real state directory and the real training process
-(tiny model), with the gate's verdicts scripted: the next candidate trains while the gate
-judges the last; one trained from a candidate the gate then found surely worse is abandoned
+(tiny model), with the gate's verdicts scripted: training goes on while the gate judges, and
+the gate takes the newest candidate (one it skips is logged as superseded); one trained from a candidate the gate then found surely worse is abandoned
 unjudged; a rejected candidate not surely worse is trained on; a batch is the newest samples; two batches open at a crash are both
 resumed, in order."""
 
@@ -51,9 +51,11 @@ class Rig:
         self.chain = state.chain("s") if "s" in state.scenarios() else state.create("s", "sao")
         self.fed = 0
 
-    async def feed(self, n: int, score: Callable[[int], float] = lambda i: float(i % 2)) -> list[str]:
+    async def feed(self, n: int, score: Callable[[int], float] = lambda i: float(i % 2),
+                   release_id: str | None = None) -> list[str]:
+        """`n` reported records served by the head (or by `release_id`, a canary)."""
         head = self.chain.head().ref
-        release = ReleaseRef(head.release_id, head.content_id, "load-test")
+        release = ReleaseRef(release_id or head.release_id, release_id or head.content_id, "load-test")
         completions = [[300 + self.fed + i, 301, 2] for i in range(n)]
         logprobs = await self.worker.logprobs(None, [(PROMPT, c) for c in completions])
         ids = []
@@ -68,14 +70,14 @@ class Rig:
             self.fed += 1
         return ids
 
-    def learner(self, gate: ScriptedGate) -> Learner:
+    def learner(self, gate: ScriptedGate, canary: Any = None) -> Learner:
         async def serve_release(chain: Any, release: Any) -> None:
             return None  # no runtime here: what is served is the server's business
 
         publisher = CandidatePublisher(self.chain, gate, serve_release)  # type: ignore[arg-type]
         recipe = SAORecipe(SAOConfig(batch_size=4, steps_per_candidate=1, lr=0.01, max_staleness=5))
         return Learner(self.chain, self.state.store, recipe, publisher.decide, publisher.head_files,
-                       TrainingClient(self.worker, "s"), poll_interval=0.05)
+                       TrainingClient(self.worker, "s"), poll_interval=0.05, canary=canary)
 
     def closers(self) -> list[tuple[str, str]]:
         """(operation, batch id) of every step that closed a batch, in order."""
@@ -115,13 +117,11 @@ def test_the_next_candidate_trains_while_the_gate_judges(tiny_model_dir: Path, t
         await rig.feed(4)
         assert await learner.step() is True  # candidate 1 trained, now at the gate (held)
         await rig.feed(4)
-        second = asyncio.create_task(learner.step())
-        # candidate 2 trains from candidate 1 while the gate still holds candidate 1
-        await until(lambda: len(rig.chain.open_batches()) == 2 and learner.stats.state == "evaluating",
-                    "a second batch trained while the first is judged")
-        assert gate.judged == [] and not second.done()
+        # candidate 2 trains from candidate 1 while the gate still holds candidate 1, then waits for it
+        assert await learner.step() is True
+        assert len(rig.chain.open_batches()) == 2 and learner.waiting is not None and gate.judged == []
         gate.hold.set()  # candidate 1 is surely worse: candidate 2 continued from it, so it is void
-        await second
+        await until(lambda: learner._gate_idle(), "the gate's turn")
         b1, b2 = (b["batch_id"] for b in rig.batches())
         assert rig.closers() == [("rejection", b1), ("abandon", b2)] and len(gate.judged) == 1
         abandon = rig.chain.history()[-1]
@@ -134,7 +134,7 @@ def test_the_next_candidate_trains_while_the_gate_judges(tiny_model_dir: Path, t
         await rig.feed(4)
         await learner.step()  # candidate 4, from candidate 3
         await until(lambda: len(gate.judged) == 3, "candidate 4 judged")
-        await until(lambda: learner.judging is None or learner.judging.done(), "the publication")
+        await until(lambda: learner._gate_idle(), "the publication")
         await learner.step()
         b3, b4 = (b["batch_id"] for b in rig.batches()[2:])
         assert rig.closers()[2:] == [("rejection", b3), ("training", b4)]
@@ -142,6 +142,27 @@ def test_the_next_candidate_trains_while_the_gate_judges(tiny_model_dir: Path, t
         assert rig.chain.head().release_id != rig.chain.releases()[-1].release_id  # published
         assert rig.chain.high_water() == learner.cursor  # the cursor in the log never goes back
         assert rig.chain.open_batches() == []
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+def test_the_gate_judges_the_newest_candidate_and_logs_the_one_it_replaced(tiny_model_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    async def body(rig: Rig) -> None:
+        gate = ScriptedGate(("reject", PROMISING), ("select", PROMISING))
+        learner = rig.learner(gate)
+        gate.hold.clear()
+        for _ in range(3):  # 1 goes to the gate (held); 2 waits; 3, trained on from 2, takes its place
+            await rig.feed(4)
+            await learner.step()
+        assert len(rig.chain.open_batches()) == 2  # 1 at the gate, 3 waiting; 2 closed as superseded
+        gate.hold.set()
+        await until(lambda: len(gate.judged) == 2 and learner._gate_idle(), "both judgments")
+        b1, b2, b3 = (b["batch_id"] for b in rig.batches())
+        assert rig.closers() == [("abandon", b2), ("rejection", b1), ("training", b3)]
+        reason = next(e.metrics["reason"] for e in rig.chain.history() if e.metrics.get("batch_id") == b2)
+        assert reason.startswith(f"superseded: batch {b3}, trained on from it")
+        assert rig.chain.open_batches() == [] and learner.stats.candidates == 3
 
     run_with_rig(tmp_path, tiny_model_dir, body)
 

@@ -3,7 +3,13 @@
 With evaluation tasks and a scorer configured, candidate and current release answer the same
 tasks with the same seeds on the serving runtime, and the candidate is selected only when its
 mean score gain reaches `margin` and a one-sided paired sign test over the tasks gives
-confidence `confidence` that it wins more often than it loses. Without tasks, an offline check
+confidence `confidence` that it wins more often than it loses. The test is sequential: the
+tasks are answered in `looks` parts (in a fixed shuffled order, so every part mixes the task
+file's kinds), and after each part but the last the gate may decide early: select when the
+sign test already passes at a stricter level, reject when the candidate has lost more than it
+won. The selection level is split across the looks (a quarter of `1 - confidence` over the
+early ones, the rest at the end), so deciding early adds no chance of selecting a candidate
+that is no better (union bound); stopping to reject never selects anything. Without tasks, an offline check
 on held-out reported records: the candidate must not make well-scored responses less likely,
 nor badly scored ones more likely, by more than `offline_bound` nats per token. Either way the
 verdict carries its metrics (per-task results included) into the release chain.
@@ -13,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
+import random
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -21,6 +27,7 @@ from reef.config import GateConfig
 from reef.core.chat import ChatRequest, ChatResult, Message
 from reef.core.dotted import load_dotted
 from reef.core.errors import InvalidInput
+from reef.core.sign_test import sign_test_p
 from reef.core.types import ReleaseRef, Verdict
 from reef.core.training import Sample
 from reef.runtimes.base import Runtime
@@ -43,7 +50,7 @@ class WeightsGate:
         self.scorer = load_scorer(config.scorer) if config.scorer else None
         if self.tasks and self.scorer is None:
             raise InvalidInput("learner.gate.tasks needs learner.gate.scorer (module:function)")
-        self._scores: dict[str, list[float]] = {}  # content_id -> task scores (deterministic per content)
+        self._scores: dict[str, dict[int, float]] = {}  # content_id -> task index -> score (deterministic)
 
     async def judge(self, current: ReleaseRef, current_files: Mapping[str, bytes], candidate_id: str,
                     candidate_files: Mapping[str, bytes], holdout: Sequence[tuple[float, Sample]]) -> Verdict:
@@ -54,22 +61,35 @@ class WeightsGate:
     # -- evaluation tasks ------------------------------------------------------------------------
 
     async def _on_tasks(self, current: ReleaseRef, candidate_id: str, files: Mapping[str, bytes]) -> Verdict:
-        if current.content_id not in self._scores:
-            self._scores[current.content_id] = await self._answer_all(current.runtime_load_id)
-        before = self._scores[current.content_id]
+        known = self._scores.setdefault(current.content_id, {})
+        before: list[float] = []
+        after: list[float] = []
+        mine = self._scores.setdefault(candidate_id, {})  # kept: once published, it is the current release
         load_id = await self.runtime.load(candidate_id, files)
         try:
-            after = await self._answer_all(load_id)
+            parts = look_parts(len(self.tasks), self.config.looks)
+            for look, part in enumerate(parts, 1):
+                todo = [i for i in part if i not in known]
+                current_answers, candidate_answers = await asyncio.gather(
+                    self._answer(current.runtime_load_id, todo), self._answer(load_id, part))
+                known.update(zip(todo, current_answers))
+                mine.update(zip(part, candidate_answers))
+                before += [known[i] for i in part]
+                after += candidate_answers
+                verdict = sequential_verdict(before, after, self.config, look, len(parts))
+                if verdict is not None:
+                    return verdict
         finally:
             await self.runtime.unload(load_id)
-        self._scores[candidate_id] = after
-        return paired_verdict(before, after, self.config.margin, self.config.confidence)
+        raise AssertionError("the last look always decides")  # pragma: no cover
 
-    async def _answer_all(self, load_id: str | None) -> list[float]:
+    async def _answer(self, load_id: str | None, indices: list[int]) -> list[float]:
+        """The scores of these tasks' answers from one runtime load (seeded by task index)."""
         assert self.scorer is not None
         release = ReleaseRef("gate", "gate", load_id)
 
-        async def one(index: int, task: dict[str, Any]) -> float:
+        async def one(index: int) -> float:
+            task = self.tasks[index]
             request = ChatRequest(model="gate", messages=_messages(task), dialect="openai", stream=False,
                                   max_tokens=self.config.max_tokens, temperature=self.config.temperature, seed=index)
             result = ChatResult()
@@ -77,7 +97,7 @@ class WeightsGate:
                 result.add(delta)
             return float(self.scorer(task, result.text))  # type: ignore[misc]
 
-        return list(await asyncio.gather(*(one(i, t) for i, t in enumerate(self.tasks))))
+        return list(await asyncio.gather(*(one(i) for i in indices)))
 
     # -- offline check ------------------------------------------------------------------------------
 
@@ -108,6 +128,33 @@ class WeightsGate:
         return _mean(per_sample)
 
 
+def look_parts(n: int, looks: int) -> list[list[int]]:
+    """Task indices in a fixed shuffled order, cut into `looks` parts of (nearly) equal size."""
+    order = list(range(n))
+    random.Random(0).shuffle(order)
+    looks = max(1, min(looks, n))
+    bounds = [round(n * k / looks) for k in range(looks + 1)]
+    return [order[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def sequential_verdict(before: list[float], after: list[float], config: GateConfig, look: int,
+                       looks: int) -> Verdict | None:
+    """The verdict at look `look` of `looks` (None: answer the next part). At the last look the
+    full test at the final level; before it, select only at the early level, reject only a
+    candidate that lost more than it won so far."""
+    alpha = 1 - config.confidence
+    early_alpha = alpha / 4 / (looks - 1) if looks > 1 else 0.0
+    final = look >= looks
+    level = alpha - early_alpha * (looks - 1) if final else early_alpha
+    verdict = paired_verdict(before, after, config.margin, 1 - level)
+    verdict.metrics.update(look=look, looks=looks, early=not final)
+    if final or verdict.decision == "select":
+        return verdict
+    if verdict.metrics["losses"] > verdict.metrics["wins"]:
+        return verdict
+    return None
+
+
 def paired_verdict(before: list[float], after: list[float], margin: float, confidence: float) -> Verdict:
     """Select when the mean gain reaches `margin` and the sign test says wins beat losses."""
     diffs = [a - b for a, b in zip(after, before)]
@@ -125,14 +172,6 @@ def paired_verdict(before: list[float], after: list[float], margin: float, confi
         "per_task": [{"current": b, "candidate": a} for b, a in zip(before, after)],
     }
     return Verdict("select" if ok else "reject", metrics)
-
-
-def sign_test_p(wins: int, losses: int) -> float:
-    """One-sided: the chance of at least `wins` wins in `wins + losses` fair coin flips."""
-    n = wins + losses
-    if n == 0:
-        return 1.0
-    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
 
 
 def load_tasks(path: Path) -> list[dict[str, Any]]:

@@ -46,7 +46,7 @@ LEARNING_RATE = 2e-4
 def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | None,
                   lr: float = LEARNING_RATE, runtime: str = "embedded", scorer: str = "reef.demo.tasks:gate_score",
                   traffic_max_tokens: int = TRAFFIC_MAX_TOKENS,
-                  gate_max_tokens: int = GATE_MAX_TOKENS) -> dict[str, Any]:
+                  gate_max_tokens: int = GATE_MAX_TOKENS, canary: float | None = None) -> dict[str, Any]:
     """serve.yaml for the demo: the embedded model (or vLLM, serving the same model folder the
     trainer trains), short answers, and a learner whose gate runs the held-out tasks through the
     strict verifier (or another task's `scorer`, as bench/learning_race.py does)."""
@@ -66,6 +66,7 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
             "sao": {"batch_size": 8, "steps_per_candidate": 6, "lr": lr},
             "gate": {"tasks": str(heldout.resolve()), "scorer": scorer,
                      "max_tokens": gate_max_tokens, "temperature": 0},
+            **({"canary": {"demo": canary}} if canary else {}),
         },
     }
 

@@ -7,11 +7,13 @@ change), and hand the candidate to the publisher (the gate, then publish, hold f
 reject, which closes the batch in the log). A recipe that gives no candidate closes its batch
 as abandoned, with its reason.
 
-Weights candidates are pipelined: the gate judges one in the background while the next trains
-on from it, so the training process does not idle through every evaluation; at most two batches
-are open, one at the gate and one in training. A candidate trained on from one the gate then
-found surely worse is abandoned (logged) unjudged, and a rollback sends training back to the
-head. A harness candidate is made from the head and judged against exactly that head, one at a
+Weights candidates are pipelined: the gate judges one in the background while training goes
+on from it, so the training process never waits for an evaluation. A candidate finished while
+the gate is busy waits for it; a newer one, trained on from it, takes its place (the one it
+replaces is logged as abandoned, `superseded`: its steps live on in the newer one), so the gate
+always judges the newest. At most three batches are open: at the gate, waiting, in training. A
+candidate trained on from one the gate then found surely worse is abandoned (logged) unjudged,
+and a rollback sends training back to the head. A harness candidate is made from the head and judged against exactly that head, one at a
 time. With traces on (`reef.observe.spans`), making a candidate is a span `reef.learn` (the
 training client's `reef.train.*` step spans are its children) and judging it one `reef.gate`,
 both with `reef.scenario`, `reef.batch_id` and `reef.recipe`; the gate's carries the decision
@@ -32,7 +34,8 @@ from reef.core.errors import NotFound, StaleHead
 from reef.core.learned import LearnedCandidate
 from reef.core.training import checkpoint_part
 from reef.core.types import CommitEntry, Operation, Release, ReleaseRef, ReportedRecords, Verdict
-from reef.grow.learner_stats import LearnerStats, promising
+from reef.grow.canary import CanaryServing, LiveScores
+from reef.grow.learner_stats import LearnerStats, LineageEvidence, promising
 from reef.grow.loop import keep_stepping
 from reef.grow.recipe import Abandon, Batch, Job, LearnerView, Made, Recipe
 from reef.grow.training_client import TrainingClient
@@ -65,7 +68,8 @@ HeadFiles = Callable[[], Awaitable[dict[str, bytes]]]
 
 class Learner:
     def __init__(self, chain: Chain, store: ExperienceStore, recipe: Recipe, decide: Decide, head_files: HeadFiles,
-                 trainer: TrainingClient | None = None, poll_interval: float = 0.5) -> None:
+                 trainer: TrainingClient | None = None, poll_interval: float = 0.5,
+                 canary: CanaryServing | None = None) -> None:
         self.chain = chain
         self.scenario = chain.scenario
         self.store = store
@@ -75,6 +79,10 @@ class Learner:
         self.trainer = trainer
         self.poll_interval = poll_interval
         self.pipelined = recipe.surface == "weights"
+        self.canary = canary if self.pipelined else None
+        self.live = LiveScores()  # the canary's live scores and the serving release's
+        self.canary_ids: dict[str, None] = {}  # canary releases this learner served: fresh samples (newest last)
+        self.evidence = LineageEvidence()  # the gate's wins and losses since the working line began
         self.stats = LearnerStats()
         self.cursor = chain.high_water()
         self.consumed = batched_record_ids(chain)
@@ -83,9 +91,11 @@ class Learner:
                                 self.stats.dropped, store)
         self.working: dict[str, bytes] | None = None  # the last candidate, once training goes on from it
         self.working_head: str | None = None  # the head `working` continues from; a rollback resets it
+        self.published_here: str | None = None  # the last release this learner's gate published
         self.lineage = 0  # bumped whenever `working` is dropped: candidates trained from it are void
         self.drop_reason = ""
-        self.judging: asyncio.Task[None] | None = None  # the candidate at the gate, while the next one trains
+        self.judging: asyncio.Task[None] | None = None  # the gate's turn, while training goes on
+        self.waiting: tuple[LearnedCandidate, int] | None = None  # the next for the gate, with its lineage
         self._head: tuple[str, dict[str, bytes]] | None = None
         self._positions: tuple[int, dict[str, int]] | None = None  # (log step, release id -> releases since)
 
@@ -120,11 +130,12 @@ class Learner:
             await self._judged()
         items = self.store.reported_since(self.scenario, self.cursor, limit=512)
         if items:
+            await self._watch_canary(items)
             self.recipe.intake(items, self.view)
             self.cursor = items[-1].cursor
         batch = await self.recipe.next_batch(self.view)
         if batch is None:
-            self.stats.state = "collecting" if self.judging is None else "evaluating"
+            self.stats.state = "collecting" if self._gate_idle() else "evaluating"
             return bool(items)
         await self._make(batch, new_id(), self.recipe.high_water(self.cursor), logged=False)
         return True
@@ -137,10 +148,10 @@ class Learner:
             self.stats.state = "logging batch"
             await asyncio.to_thread(self.chain.begin_batch, batch_id, batch.record_ids, batch.report_ids,
                                     high_water=high_water, expected_step=self.chain.last_step(),
-                                    max_open=2 if self.pipelined else 1)
+                                    max_open=3 if self.pipelined else 1)
         self.consumed.update(batch.record_ids)
         self.stats.batches += 1
-        if self.judging is None and self.chain.head().release_id != self.working_head:
+        if self._gate_idle() and self.chain.head().release_id != self.working_head:
             self._drop_working("the head moved (a rollback)")
         lineage = self.lineage
         job = await self._job(batch_id)
@@ -157,8 +168,6 @@ class Learner:
             raise
         finally:
             self.algorithm_state = job.algorithm_state
-        self.stats.state = "evaluating"
-        await self._judged()
         if lineage != self.lineage:  # the candidate it trained on from was dropped meanwhile
             await self._abandon(batch_id, f"trained on from a candidate that was dropped: {self.drop_reason}")
             return
@@ -166,10 +175,65 @@ class Learner:
         self.stats.candidates += 1
         candidate = self._candidate(batch_id, high_water, job, made)
         if self.pipelined:
-            self.judging = asyncio.get_running_loop().create_task(self._judge(candidate), name=f"gate:{self.scenario}")
+            await self._to_gate(candidate, lineage)
         else:
             await self._judge(candidate)
             self.stats.state = "collecting"
+
+    async def _to_gate(self, candidate: LearnedCandidate, lineage: int) -> None:
+        """Queue a weights candidate for the gate, in place of an older one still waiting."""
+        replaced, self.waiting = self.waiting, (candidate, lineage)
+        if replaced is not None:
+            await self._abandon(replaced[0].batch_id, f"superseded: batch {candidate.batch_id}, trained on from it, "
+                                "goes to the gate instead")
+        if self._gate_idle():
+            await self._judged()
+            self.judging = asyncio.get_running_loop().create_task(self._gate_turns(), name=f"gate:{self.scenario}")
+
+    async def _gate_turns(self) -> None:
+        """Judge the waiting candidate, then the one waiting after it, until none waits."""
+        while self.waiting is not None:
+            (candidate, lineage), self.waiting = self.waiting, None
+            if lineage != self.lineage:
+                await self._abandon(candidate.batch_id,
+                                    f"trained on from a candidate that was dropped: {self.drop_reason}")
+                continue
+            try:
+                await self._start_canary(candidate)
+                await self._judge(candidate)
+            except Exception as exc:  # noqa: BLE001 - its batch is abandoned; the next candidate still goes
+                log.exception("learner %s: evaluation failed", self.scenario)
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                await self._stop_canary()
+
+    async def _start_canary(self, candidate: LearnedCandidate) -> None:
+        if self.canary is None:
+            return
+        release_id = await self.canary.start(candidate.batch_id, candidate.files)
+        self.canary_ids[release_id] = None
+        while len(self.canary_ids) > 16:
+            del self.canary_ids[next(iter(self.canary_ids))]
+        self.live.start(release_id)
+
+    async def _stop_canary(self) -> None:
+        if self.canary is not None and self.live.running:
+            self.live.running = False
+            await self.canary.stop()
+
+    async def _watch_canary(self, items: list[ReportedRecords]) -> None:
+        """Withdraw the canary at once when its live scores are worse than the serving release's."""
+        if self.canary is None:
+            return
+        self.live.add(items, self.chain.serving().release_id)
+        if self.live.worse():
+            self.live.withdrawn += 1
+            log.warning("learner %s: canary withdrawn, its live scores are worse: %s", self.scenario,
+                        self.live.summary())
+            await self._stop_canary()
+
+    def _gate_idle(self) -> bool:
+        return self.judging is None or self.judging.done()
 
     async def _job(self, batch_id: str) -> Job:
         head = self.chain.head()
@@ -199,9 +263,18 @@ class Learner:
             await self._abandon(candidate.batch_id, f"evaluation failed: {type(exc).__name__}: {exc}")
             raise
         self.stats.count(verdict)
-        self.working_head = self.chain.head().release_id
-        if verdict.decision == "reject" and not promising(verdict):  # the next candidate starts again from the head
+        head = self.chain.head().release_id
+        if verdict.decision in ("select", "review"):
+            self.published_here = head
+            self.evidence = LineageEvidence()
+        elif head not in (candidate.base_release_id, self.published_here):
+            self._drop_working("the head moved (a rollback or promote) while the gate judged")
+        elif not promising(verdict):  # the next candidate starts from the head
             self._drop_working("the gate found it worse than the serving release")
+        elif self.evidence.add(verdict).surely_worse():
+            self._drop_working(f"its line lost {self.evidence.losses} to {self.evidence.wins} over "
+                               f"{self.evidence.verdicts} rejected candidates")
+        self.working_head = head
 
     async def _judged(self) -> None:
         """Wait for the candidate at the gate, if any; a failure there is shown, not raised."""
@@ -222,6 +295,7 @@ class Learner:
 
     def _drop_working(self, reason: str) -> None:
         self.working, self.lineage, self.drop_reason = None, self.lineage + 1, reason
+        self.evidence = LineageEvidence()
 
     async def _abandon(self, batch_id: str, reason: str) -> None:
         log.warning("learner %s: batch %s abandoned: %s", self.scenario, batch_id, reason)
@@ -230,7 +304,10 @@ class Learner:
         self.stats.abandoned += 1
 
     def _staleness_of(self, release_id: str) -> int | None:
-        """How many releases were published after `release_id` (None: not in this chain)."""
+        """How many releases were published after `release_id` (None: not in this chain); a
+        canary of this learner's counts as the newest."""
+        if release_id in self.canary_ids:
+            return 0
         step = self.chain.last_step()
         if self._positions is None or self._positions[0] != step:
             self._positions = (step, {r.release_id: i for i, r in enumerate(self.chain.releases())})  # 0 = the head
@@ -250,6 +327,8 @@ class Learner:
                "candidates": s.candidates, "published": s.published, "pending_review": s.review,
                "rejected": s.rejected, "abandoned": s.abandoned, "dropped": dict(s.dropped),
                "last_verdict": s.last_verdict, "last_error": s.last_error}
+        if self.canary is not None:
+            out["canary"] = {"fraction": self.canary.fraction, "withdrawn": self.live.withdrawn, **self.live.summary()}
         if self.trainer is not None:
             out["training_queue"] = self.trainer.worker.pending().get(self.scenario, 0)
         return out

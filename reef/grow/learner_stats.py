@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from reef.core.sign_test import sign_test_p
 from reef.core.types import Verdict
 
 WORSE_P = 0.05  # a rejected candidate is trained on unless the gate is this sure it is worse
@@ -45,3 +46,23 @@ def promising(verdict: Verdict) -> bool:
     if p_worse is not None:
         return float(p_worse) > WORSE_P
     return int(verdict.metrics.get("wins", 0)) > int(verdict.metrics.get("losses", 0))
+
+
+@dataclass
+class LineageEvidence:
+    """The gate's wins and losses over the rejected candidates of one line of training, each
+    trained on from the one before: one candidate's evidence is thin (a sequential gate stops
+    early on few decided tasks), theirs together says whether the line is going the wrong way."""
+
+    wins: int = 0
+    losses: int = 0
+    verdicts: int = 0
+
+    def add(self, verdict: Verdict) -> LineageEvidence:
+        self.wins += int(verdict.metrics.get("wins", 0))
+        self.losses += int(verdict.metrics.get("losses", 0))
+        self.verdicts += 1
+        return self
+
+    def surely_worse(self) -> bool:
+        return self.verdicts > 1 and sign_test_p(self.losses, self.wins) <= WORSE_P

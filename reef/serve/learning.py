@@ -39,6 +39,7 @@ from reef.grow.recipe import RecipeContext
 from reef.grow.training_client import TrainingClient
 from reef.grow.worker import TrainingFailed, TrainingWorker
 from reef.runtimes.base import Runtime
+from reef.serve.canary import ScenarioCanary
 from reef.serve.scenarios import ScenarioDirectory
 
 log = logging.getLogger("reef.learning")
@@ -131,8 +132,10 @@ class Learning:
             self.idle[scenario] = f"the {name} recipe cannot start: {exc}"
             log.error("scenario %s: %s", scenario, self.idle[scenario])
             return
+        fraction = self.config.canary.get(scenario)
+        canary = ScenarioCanary(self.scenarios, scenario, fraction) if fraction else None
         learner = Learner(chain, self.state.store, recipe, _logged(chain, name, publisher.decide), publisher.head_files,
-                          trainer, poll_interval=self.config.poll_interval)
+                          trainer, poll_interval=self.config.poll_interval, canary=canary)
         self.learners[scenario] = learner
         self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"learner:{scenario}")
         log.info("learner started", extra={"reef": {"event": "learner_started", "scenario": scenario, "recipe": name,

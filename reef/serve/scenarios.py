@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections import Counter
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Mapping
 
 from reef.commit.release_chain import ReleaseChain
 from reef.commit.state import ReefState
@@ -49,6 +50,8 @@ class ScenarioDirectory:
         self.seeds = HarnessSeeds(harness)
         self._locks: dict[str, asyncio.Lock] = {}
         self._pins: Counter[str] = Counter()
+        self.canaries: dict[str, tuple[ReleaseRef, float]] = {}  # scenario -> (the canary, its fraction)
+        self._random = random.Random()
         self.on_created: list[Callable[[str], Awaitable[None]]] = []  # e.g. start its learner
 
     async def start(self) -> None:
@@ -65,6 +68,9 @@ class ScenarioDirectory:
         ref = chain.serving()
         if ref.runtime_load_id is None:
             ref = await self._ensure_loaded(chain)
+        canary = self.canaries.get(name)
+        if canary is not None and release_id is None and self._random.random() < canary[1]:
+            ref = canary[0]
         load_id = ref.runtime_load_id
         assert load_id is not None
         self._pins[load_id] += 1
@@ -144,6 +150,25 @@ class ScenarioDirectory:
         ref = ReleaseRef(release.release_id, release.content_id, load_id)
         await asyncio.to_thread(chain.advance, previous.release_id, ref)
         return ref
+
+    # -- canaries (reef.serve.canary) ---------------------------------------------------------
+
+    async def start_canary(self, name: str, release_id: str, files: Mapping[str, bytes], fraction: float) -> ReleaseRef:
+        """Serve `files` as release `release_id` to `fraction` of the scenario's new requests."""
+        await self.stop_canary(name)
+        serving = self.state.chain(name).serving()
+        content = {**await asyncio.to_thread(self.state.artifacts.files, serving.release_id), **files}  # its harness
+        load_id = await self.runtime.load(release_id, content)
+        self.harness.remember(release_id, content)
+        ref = ReleaseRef(release_id, release_id, load_id)
+        self.canaries[name] = (ref, fraction)
+        return ref
+
+    async def stop_canary(self, name: str) -> None:
+        """Admit no more requests to the scenario's canary; unload it once none pins it."""
+        canary = self.canaries.pop(name, None)
+        if canary is not None and canary[0].runtime_load_id is not None:
+            asyncio.get_running_loop().create_task(self._unload_when_free(canary[0].runtime_load_id))
 
     def _retire(self, previous: ReleaseRef, ref: ReleaseRef) -> None:
         if previous.runtime_load_id and previous.runtime_load_id != ref.runtime_load_id:

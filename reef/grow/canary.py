@@ -1,0 +1,93 @@
+"""The canary: a fraction of an opted-in scenario's requests served by the candidate under test.
+
+While the gate judges a weights candidate, the server (`reef.serve.canary`) serves it to
+`learner.canary.<scenario>` of that scenario's new requests: recorded, receipted and reportable
+like any other, marked by their release id `canary-<batch id>`. Its reported records are the
+freshest samples the learner has (the policy being trained continues from that candidate), and
+their live scores are compared with the serving release's latest (SERVING_WINDOW, so a canary
+serving every request still has a yardstick): a canary whose live scores are worse (one-sided
+z-test at WORSE_Z, at least MIN_SCORES of each) is withdrawn at once, whatever the gate is still
+doing. A scenario that does not opt in never gets one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+from reef.core.types import ReportedRecords
+
+CANARY_PREFIX = "canary-"
+MIN_SCORES = 8  # of each side before live scores may withdraw a canary
+WORSE_Z = 1.645  # one-sided 95%
+SERVING_WINDOW = 64  # the serving release's latest scores, the canary's yardstick (also at fraction 1)
+
+
+class CanaryServing(Protocol):  # reef.serve.canary.ScenarioCanary
+    fraction: float
+
+    async def start(self, batch_id: str, files: Mapping[str, bytes]) -> str:
+        """Serve `files` to the fraction; return the canary's release id."""
+
+    async def stop(self) -> None:
+        """Admit no more requests to it; its load goes once the last of them ends."""
+
+
+def canary_release_id(batch_id: str) -> str:
+    return f"{CANARY_PREFIX}{batch_id}"
+
+
+def live_worse(canary: Sequence[float], serving: Sequence[float]) -> bool:
+    """Whether live scores say the canary is worse than the serving release."""
+    if len(canary) < MIN_SCORES or len(serving) < MIN_SCORES:
+        return False
+    mc, ms = _mean(canary), _mean(serving)
+    se = math.sqrt(_var(canary) / len(canary) + _var(serving) / len(serving))
+    if se == 0:
+        return mc < ms
+    return (ms - mc) / se >= WORSE_Z
+
+
+@dataclass
+class LiveScores:
+    """Reported scores of the serving release's recent requests and of the canary's."""
+
+    serving_id: str = ""
+    serving: deque[float] = field(default_factory=lambda: deque(maxlen=SERVING_WINDOW))
+    canary_id: str | None = None
+    canary: list[float] = field(default_factory=list)
+    running: bool = False
+    withdrawn: int = 0
+
+    def start(self, release_id: str) -> None:
+        self.canary_id, self.canary, self.running = release_id, [], True
+
+    def add(self, items: Sequence[ReportedRecords], serving_id: str) -> None:
+        if serving_id != self.serving_id:  # a new serving release: its own scores from here on
+            self.serving_id, self.serving = serving_id, deque(maxlen=SERVING_WINDOW)
+        for item in items:
+            for record in item.records:
+                release = record.release.release_id if record.release is not None else None
+                if release == serving_id:
+                    self.serving.append(item.report.score)
+                elif release is not None and release == self.canary_id:
+                    self.canary.append(item.report.score)
+
+    def worse(self) -> bool:
+        return self.running and live_worse(self.canary, list(self.serving))
+
+    def summary(self) -> dict[str, object]:
+        return {"release_id": self.canary_id, "running": self.running, "scores": len(self.canary),
+                "mean": _mean(self.canary) if self.canary else None, "serving_release_id": self.serving_id,
+                "serving_scores": len(self.serving), "serving_mean": _mean(self.serving) if self.serving else None}
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _var(values: Sequence[float]) -> float:
+    m = _mean(values)
+    return sum((v - m) ** 2 for v in values) / max(1, len(values) - 1)

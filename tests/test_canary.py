@@ -1,0 +1,144 @@
+"""The canary: the weights candidate under test serves a fraction of an opted-in scenario's
+requests. Routing and unloading on the real embedded runtime (tiny model) and a real state
+directory; the learner's side (started with each candidate the gate judges, stopped with the
+verdict, withdrawn at once when live scores are worse, its records trained on as the freshest
+samples, a rollback mid-canary) with the real training process and scripted verdicts."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Mapping
+
+from reef.commit.state import ReefState
+from reef.config import RecipeConfig, ServeConfig
+from reef.core.chat import ChatRequest, ChatResult, Message
+from reef.grow.canary import MIN_SCORES, LiveScores, canary_release_id, live_worse
+from reef.runtimes.embedded import EmbeddedRuntime
+from reef.serve.scenarios import ScenarioDirectory
+from tests.helpers.lora import lora_files
+from tests.test_learner import PROMISING, Rig, ScriptedGate, run_with_rig, until
+
+
+def test_live_scores_withdraw_only_on_evidence_that_the_canary_is_worse() -> None:
+    assert not live_worse([0.0] * (MIN_SCORES - 1), [1.0] * 64)  # too few canary scores yet
+    assert live_worse([0.0] * MIN_SCORES, [1.0, 0.0] * 32)
+    assert not live_worse([1.0, 0.0] * 8, [1.0, 0.0] * 32)  # the same: no reason to withdraw
+    assert not live_worse([1.0] * 16, [0.0] * 16)  # better is not worse
+    live = LiveScores()
+    live.add([], "head")
+    assert not live.worse()  # no canary running
+
+
+def test_a_canary_serves_its_fraction_of_an_opted_in_scenario_and_unloads_when_free(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def body() -> None:
+        runtime = EmbeddedRuntime(tiny_model_dir, threads=1, default_max_tokens=4)
+        await runtime.start()
+        try:
+            with ReefState.open(tmp_path / "state") as state:
+                directory = ScenarioDirectory(state, runtime, RecipeConfig())
+                await directory.create("s")
+                await directory.create("t")
+                files = lora_files(tiny_model_dir, tmp_path / "adapter")
+                ref = await directory.start_canary("s", canary_release_id("b1"), files, 0.5)
+                served = []
+                for _ in range(200):
+                    async with directory.admit("s") as admitted:
+                        served.append(admitted.release_id)
+                    async with directory.admit("t") as other:
+                        assert other.release_id == state.chain("t").head().release_id  # not opted in
+                assert 60 < served.count(ref.release_id) < 140 and set(served) == {ref.release_id,
+                                                                                   state.chain("s").head().release_id}
+                result = ChatResult()
+                request = ChatRequest(model="m", messages=(Message("user", "hi"),), dialect="openai", max_tokens=4)
+                async for delta in runtime.generate(request, ref):
+                    result.add(delta)
+                assert result.token_ids  # the canary's load serves, stamped with its own load id
+
+                pinned = directory.admit("s")
+                while (await pinned.__aenter__()).release_id != ref.release_id:  # hold a request on the canary
+                    await pinned.__aexit__(None, None, None)
+                    pinned = directory.admit("s")
+                await directory.stop_canary("s")
+                async with directory.admit("s") as after:
+                    assert after.release_id != ref.release_id  # no new request goes to it
+                await asyncio.sleep(0.2)
+                assert ref.runtime_load_id in runtime._loads  # the request in flight keeps it loaded
+                await pinned.__aexit__(None, None, None)
+                await until(lambda: ref.runtime_load_id not in runtime._loads, "the canary unloaded", 10)
+        finally:
+            await runtime.close()
+
+    asyncio.run(body())
+
+
+def test_learner_canary_settings_are_checked() -> None:
+    import pytest
+
+    assert ServeConfig.model_validate({"learner": {"canary": {"s": 0.25}}}).learner.canary == {"s": 0.25}
+    with pytest.raises(ValueError, match=r"learner.canary.s must be a fraction in \(0, 1\]"):
+        ServeConfig.model_validate({"learner": {"canary": {"s": 1.5}}})
+
+
+class RecordingCanary:
+    fraction = 0.5
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def start(self, batch_id: str, files: Mapping[str, bytes]) -> str:
+        assert files
+        self.calls.append(f"start {batch_id}")
+        return canary_release_id(batch_id)
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+
+
+def test_the_learner_runs_a_canary_per_judged_candidate_trains_on_it_and_withdraws_a_worse_one(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def body(rig: Rig) -> None:
+        canary, gate = RecordingCanary(), ScriptedGate(("reject", PROMISING), ("reject", PROMISING))
+        learner = rig.learner(gate, canary)
+        gate.hold.clear()
+        await rig.feed(4)
+        await learner.step()
+        b1 = rig.batches()[0]["batch_id"]
+        await until(lambda: canary.calls == [f"start {b1}"], "the canary of candidate 1")
+        await rig.feed(MIN_SCORES, score=lambda i: 1.0)  # the serving release does well
+        await rig.feed(MIN_SCORES, score=lambda i: 0.0, release_id=canary_release_id(b1))  # its canary does not
+        await learner.step()  # reads the reports: withdrawn at once, while the gate still judges
+        assert canary.calls == [f"start {b1}", "stop"] and learner.live.withdrawn == 1
+        assert learner.status()["canary"]["running"] is False
+        batch = rig.batches()[1]  # candidate 2 trained on the newest samples: the canary's
+        assert all(rid in batch["record_ids"] for rid in [f"rec{i}" for i in range(4 + 2 * MIN_SCORES - 4, 20)])
+        assert "unknown_release" not in learner.stats.dropped
+        gate.hold.set()
+        await until(lambda: len(gate.judged) == 2 and learner._gate_idle(), "both verdicts")
+        b2 = batch["batch_id"]
+        assert canary.calls == [f"start {b1}", "stop", f"start {b2}", "stop"]  # stopped once each
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+def test_a_rollback_mid_canary_stops_it_and_voids_the_candidate(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def body(rig: Rig) -> None:
+        canary, gate = RecordingCanary(), ScriptedGate(("select", PROMISING), ("select", PROMISING))
+        learner = rig.learner(gate, canary)
+        start = rig.chain.head().release_id
+        await rig.feed(4)
+        await learner.step()
+        await until(lambda: learner._gate_idle() and rig.chain.head().release_id != start, "candidate 1 published")
+        gate.hold.clear()
+        await rig.feed(4)
+        await learner.step()
+        await until(lambda: len(canary.calls) == 3, "the canary of candidate 2")
+        rolled = rig.chain.rollback(start, None)  # an operator rolls back while candidate 2 is a canary
+        gate.hold.set()
+        await until(lambda: learner._gate_idle(), "the gate's turn")
+        assert canary.calls[-1] == "stop" and rig.chain.head().release_id == rolled.release_id
+        reason = rig.chain.history()[-1].metrics["reason"]
+        assert reason.startswith("head_moved") and learner.working is None
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
