@@ -28,6 +28,12 @@ def test_live_scores_withdraw_only_on_evidence_that_the_canary_is_worse() -> Non
     live = LiveScores()
     live.add([], "head")
     assert not live.worse()  # no canary running
+    live.start("canary-b1")
+    live.canary.extend([1.0, 0.0] * 8)
+    live.published("r2")  # the canary's candidate serves everyone now: its scores are the yardstick
+    assert live.serving_id == "r2" and list(live.serving) == [1.0, 0.0] * 8
+    live.add([], "r2")
+    assert len(live.serving) == 16
 
 
 def test_a_canary_serves_its_fraction_of_an_opted_in_scenario_and_unloads_when_free(
@@ -96,7 +102,7 @@ class RecordingCanary:
         self.calls.append("stop")
 
 
-def test_the_learner_runs_a_canary_per_judged_candidate_trains_on_it_and_withdraws_a_worse_one(
+def test_the_newest_candidate_serves_the_canary_its_records_train_and_a_worse_one_is_withdrawn(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     async def body(rig: Rig) -> None:
         canary, gate = RecordingCanary(), ScriptedGate(("reject", PROMISING), ("reject", PROMISING))
@@ -109,9 +115,9 @@ def test_the_learner_runs_a_canary_per_judged_candidate_trains_on_it_and_withdra
         await rig.feed(MIN_SCORES, score=lambda i: 1.0)  # the serving release does well
         await rig.feed(MIN_SCORES, score=lambda i: 0.0, release_id=canary_release_id(b1))  # its canary does not
         await learner.step()  # reads the reports: withdrawn at once, while the gate still judges
-        assert canary.calls == [f"start {b1}", "stop"] and learner.live.withdrawn == 1
-        assert learner.status()["canary"]["running"] is False
-        batch = rig.batches()[1]  # candidate 2 trained on the newest samples: the canary's
+        batch = rig.batches()[1]  # then candidate 2 trained on the newest samples, the canary's
+        assert canary.calls == [f"start {b1}", "stop", f"start {batch['batch_id']}"] and learner.live.withdrawn == 1
+        assert learner.status()["canary"]["running"] is True  # the newest candidate serves the canary now
         assert all(rid in batch["record_ids"] for rid in [f"rec{i}" for i in range(4 + 2 * MIN_SCORES - 4, 20)])
         assert "unknown_release" not in learner.stats.dropped
         gate.hold.set()
@@ -133,7 +139,7 @@ def test_a_rollback_mid_canary_stops_it_and_voids_the_candidate(tiny_model_dir: 
         gate.hold.clear()
         await rig.feed(4)
         await learner.step()
-        await until(lambda: len(canary.calls) == 3, "the canary of candidate 2")
+        await until(lambda: len(canary.calls) == 3 and learner.waiting is None, "candidate 2 a canary, at the gate")
         rolled = rig.chain.rollback(start, None)  # an operator rolls back while candidate 2 is a canary
         gate.hold.set()
         await until(lambda: learner._gate_idle(), "the gate's turn")

@@ -51,8 +51,9 @@ def test_the_sequential_gate_decides_early_only_on_strong_evidence() -> None:
     assert early is not None and early.decision == "select" and early.metrics["early"] is True
     assert sequential_verdict(*pairs(4, 0, 26), config, look=1, looks=3) is None  # p = 0.0625: look further
     assert sequential_verdict(*pairs(0, 0, 30), config, look=2, looks=3) is None  # no evidence either way
-    losing = sequential_verdict(*pairs(1, 2, 27), config, look=1, looks=3)
-    assert losing is not None and losing.decision == "reject" and losing.metrics["p_worse"] == pytest.approx(0.5)
+    assert sequential_verdict(*pairs(5, 6, 19), config, look=1, looks=3) is None  # a tie so far: look further
+    losing = sequential_verdict(*pairs(1, 5, 24), config, look=1, looks=3)
+    assert losing is not None and losing.decision == "reject" and losing.metrics["p_worse"] == pytest.approx(0.109375)
     final = sequential_verdict(*pairs(6, 2, 84), config, look=3, looks=3)  # p = 0.145
     assert final is not None and final.decision == "select" and final.metrics["early"] is False
     strict = sequential_verdict(*pairs(4, 1, 87), config, look=3, looks=3)  # p = 0.1875: over what is left at the end

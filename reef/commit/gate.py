@@ -6,8 +6,8 @@ mean score gain reaches `margin` and a one-sided paired sign test over the tasks
 confidence `confidence` that it wins more often than it loses. The test is sequential: the
 tasks are answered in `looks` parts (in a fixed shuffled order, so every part mixes the task
 file's kinds), and after each part but the last the gate may decide early: select when the
-sign test already passes at a stricter level, reject when the candidate has lost more than it
-won. The selection level is split across the looks (a quarter of `1 - confidence` over the
+sign test already passes at a stricter level, reject when the candidate is already losing (the
+sign test the other way at FUTILE_P). The selection level is split across the looks (a quarter of `1 - confidence` over the
 early ones, the rest at the end), so deciding early adds no chance of selecting a candidate
 that is no better (union bound); stopping to reject never selects anything. Without tasks, an offline check
 on held-out reported records: the candidate must not make well-scored responses less likely,
@@ -34,6 +34,7 @@ from reef.runtimes.base import Runtime
 
 Scorer = Callable[[dict[str, Any], str], float]
 MIN_HOLDOUT_EACH = 2
+FUTILE_P = 0.25  # an early look rejects a candidate whose losses are this significant (the sign test reversed)
 
 
 class LogProbs(Protocol):  # the training process's scoring (`reef.grow.worker.TrainingWorker`)
@@ -141,7 +142,7 @@ def sequential_verdict(before: list[float], after: list[float], config: GateConf
                        looks: int) -> Verdict | None:
     """The verdict at look `look` of `looks` (None: answer the next part). At the last look the
     full test at the final level; before it, select only at the early level, reject only a
-    candidate that lost more than it won so far."""
+    candidate already losing (`p_worse` <= FUTILE_P: 2-6 is losing, 5-6 is a tie to look further at)."""
     alpha = 1 - config.confidence
     early_alpha = alpha / 4 / (looks - 1) if looks > 1 else 0.0
     final = look >= looks
@@ -150,7 +151,7 @@ def sequential_verdict(before: list[float], after: list[float], config: GateConf
     verdict.metrics.update(look=look, looks=looks, early=not final)
     if final or verdict.decision == "select":
         return verdict
-    if verdict.metrics["losses"] > verdict.metrics["wins"]:
+    if verdict.metrics["p_worse"] <= FUTILE_P:
         return verdict
     return None
 

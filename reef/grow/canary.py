@@ -1,7 +1,8 @@
 """The canary: a fraction of an opted-in scenario's requests served by the candidate under test.
 
-While the gate judges a weights candidate, the server (`reef.serve.canary`) serves it to
-`learner.canary.<scenario>` of that scenario's new requests: recorded, receipted and reportable
+The newest weights candidate of the line the gate judges (the one it judges now or takes next)
+is served by the server (`reef.serve.canary`) to `learner.canary.<scenario>` of that scenario's
+new requests, until a newer candidate replaces it, the gate has judged it, or its line is dropped: recorded, receipted and reportable
 like any other, marked by their release id `canary-<batch id>`. Its reported records are the
 freshest samples the learner has (the policy being trained continues from that candidate), and
 their live scores are compared with the serving release's latest (SERVING_WINDOW, so a canary
@@ -63,6 +64,11 @@ class LiveScores:
 
     def start(self, release_id: str) -> None:
         self.canary_id, self.canary, self.running = release_id, [], True
+
+    def published(self, release_id: str) -> None:
+        """The canary's candidate is the serving release now: its live scores are the yardstick's
+        first (at fraction 1 nothing else would be)."""
+        self.serving_id, self.serving = release_id, deque(self.canary, maxlen=SERVING_WINDOW)
 
     def add(self, items: Sequence[ReportedRecords], serving_id: str) -> None:
         if serving_id != self.serving_id:  # a new serving release: its own scores from here on

@@ -81,6 +81,7 @@ class Learner:
         self.pipelined = recipe.surface == "weights"
         self.canary = canary if self.pipelined else None
         self.live = LiveScores()  # the canary's live scores and the serving release's
+        self.canary_batch: str | None = None  # the candidate the canary serves
         self.canary_ids: dict[str, None] = {}  # canary releases this learner served: fresh samples (newest last)
         self.evidence = LineageEvidence()  # the gate's wins and losses since the working line began
         self.stats = LearnerStats()
@@ -153,6 +154,7 @@ class Learner:
         self.stats.batches += 1
         if self._gate_idle() and self.chain.head().release_id != self.working_head:
             self._drop_working("the head moved (a rollback)")
+            await self._stop_canary()
         lineage = self.lineage
         job = await self._job(batch_id)
         self.stats.state = WORKING_STATE[self.recipe.surface]
@@ -186,6 +188,7 @@ class Learner:
         if replaced is not None:
             await self._abandon(replaced[0].batch_id, f"superseded: batch {candidate.batch_id}, trained on from it, "
                                 "goes to the gate instead")
+        await self._start_canary(candidate)
         if self._gate_idle():
             await self._judged()
             self.judging = asyncio.get_running_loop().create_task(self._gate_turns(), name=f"gate:{self.scenario}")
@@ -199,18 +202,21 @@ class Learner:
                                     f"trained on from a candidate that was dropped: {self.drop_reason}")
                 continue
             try:
-                await self._start_canary(candidate)
                 await self._judge(candidate)
             except Exception as exc:  # noqa: BLE001 - its batch is abandoned; the next candidate still goes
                 log.exception("learner %s: evaluation failed", self.scenario)
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
             finally:
-                await self._stop_canary()
+                if self.canary_batch == candidate.batch_id or lineage != self.lineage:
+                    await self._stop_canary()  # judged (served now as the head, or rejected), or its line dropped
 
     async def _start_canary(self, candidate: LearnedCandidate) -> None:
+        """The newest candidate of the line the gate judges serves the canary (in place of an
+        older one): the next candidate trains on from it, so its samples are nearly on-policy."""
         if self.canary is None:
             return
         release_id = await self.canary.start(candidate.batch_id, candidate.files)
+        self.canary_batch = candidate.batch_id
         self.canary_ids[release_id] = None
         while len(self.canary_ids) > 16:
             del self.canary_ids[next(iter(self.canary_ids))]
@@ -218,7 +224,7 @@ class Learner:
 
     async def _stop_canary(self) -> None:
         if self.canary is not None and self.live.running:
-            self.live.running = False
+            self.live.running, self.canary_batch = False, None
             await self.canary.stop()
 
     async def _watch_canary(self, items: list[ReportedRecords]) -> None:
@@ -267,6 +273,8 @@ class Learner:
         if verdict.decision in ("select", "review"):
             self.published_here = head
             self.evidence = LineageEvidence()
+            if verdict.decision == "select" and self.live.running and self.canary_batch == candidate.batch_id:
+                self.live.published(head)
         elif head not in (candidate.base_release_id, self.published_here):
             self._drop_working("the head moved (a rollback or promote) while the gate judged")
         elif not promising(verdict):  # the next candidate starts from the head
