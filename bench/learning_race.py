@@ -51,7 +51,7 @@ import yaml  # noqa: E402
 
 import bare_loop  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
-from reef.demo.server import (GATE_MAX_TOKENS, LEARNING_RATE, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE,  # noqa: E402
+from reef.demo.server import (CANARY, GATE_MAX_TOKENS, LEARNING_RATE, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE,  # noqa: E402
                               DemoServer, demo_settings, free_port)
 
 BATCH = 8  # the demo's learner.sao.batch_size
@@ -298,8 +298,9 @@ def main() -> None:
     parser.add_argument("--arms", default="bare,reef", help="comma-separated, from bare and reef")
     parser.add_argument("--snapshot-every", type=float, default=60.0, help="seconds")
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--canary", type=float, default=None,
-                        help="reef: learner.canary for the scenario (the fraction the candidate under test serves)")
+    parser.add_argument("--canary", type=float, default=CANARY,
+                        help="reef: learner.canary of the scenario, the fraction of requests the newest candidate "
+                             "under test serves (0: none)  [default: the demo's]")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")

@@ -28,9 +28,13 @@ import click
 @click.option("--runtime", type=click.Choice(["embedded", "vllm"]), default="embedded", show_default=True,
               help="What serves the model: Reef's embedded runtime, or a vLLM Reef starts (installed into its "
                    "own environment on first use, a few minutes; docs/engines.md) serving the same weights.")
+@click.option("--canary", type=click.FloatRange(0, 1), default=None,
+              help="learner.canary of the demo's scenario: the fraction of requests the newest candidate under "
+                   "test serves (0: none, only published releases serve)  [default: 1.0]")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON at the end.")
 def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None, workdir: Path | None,
-         examples: int | None, temperature: float | None, lr: float | None, runtime: str, as_json: bool) -> None:
+         examples: int | None, temperature: float | None, lr: float | None, runtime: str, canary: float | None,
+         as_json: bool) -> None:
     """Watch Reef learn: the whole loop on the embedded model, with a live learning curve.
 
     Starts its own `reef serve` (SmolLM2-135M-Instruct on the CPU) and sends it one-word
@@ -38,7 +42,8 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
     example; --examples 0-3), scores each answer with a strict verifier (exact answer 1, the answer inside a short sentence 0.25, else 0; a
     truncated reply fails) and reports the score on its receipt. The learner trains LoRA
     candidates on that feedback; the gate publishes one only when it beats the serving release
-    on held-out questions that traffic never asks. Before the traffic and after it, the
+    on held-out questions that traffic never asks. The demo's scenario opts in to a canary:
+    its requests go to the newest candidate under test while the gate judges (--canary). Before the traffic and after it, the
     starting and the final release answer test questions that nothing is trained or selected
     on; both figures are in the summary. Ctrl-C (or SIGTERM) stops early and still writes the
     curve.
@@ -57,14 +62,15 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
     except ReefError as exc:
         raise click.ClickException(str(exc)) from None
     from reef.demo.run import run_demo
-    from reef.demo.server import LEARNING_RATE, TRAFFIC_TEMPERATURE, DemoServerError
+    from reef.demo.server import CANARY, LEARNING_RATE, TRAFFIC_TEMPERATURE, DemoServerError
     from reef.demo.tasks import SHOWN_EXAMPLES
 
     try:
         result = run_demo(minutes=minutes, workdir=workdir, model_dir=model_dir, concurrency=concurrency,
                           out_dir=out_dir, examples=SHOWN_EXAMPLES if examples is None else examples,
                           temperature=TRAFFIC_TEMPERATURE if temperature is None else temperature,
-                          lr=LEARNING_RATE if lr is None else lr, runtime=runtime)
+                          lr=LEARNING_RATE if lr is None else lr, runtime=runtime,
+                          canary=CANARY if canary is None else canary)
     except DemoServerError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

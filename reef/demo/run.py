@@ -28,8 +28,8 @@ import yaml
 
 from reef.demo import tasks as demo_tasks
 from reef.demo.curve import curve_table, rolling_success, write_curve
-from reef.demo.server import (GATE_MAX_TOKENS, LEARNING_RATE, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer,
-                              DemoServerError, demo_settings, free_port)
+from reef.demo.server import (CANARY, GATE_MAX_TOKENS, LEARNING_RATE, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE,
+                              DemoServer, DemoServerError, demo_settings, free_port)
 
 SCENARIO = "demo"
 HEADERS = {"x-reef-scenario": SCENARIO}
@@ -73,6 +73,7 @@ class DemoStats:
     temperature: float = TRAFFIC_TEMPERATURE
     lr: float = LEARNING_RATE
     runtime: str = "embedded"
+    canary: float = CANARY
     tasks: Any = demo_tasks  # what traffic asks and how it is scored (train_tasks, messages, score, feedback)
     max_tokens: int = TRAFFIC_MAX_TOKENS
     requests: int = 0
@@ -227,6 +228,20 @@ async def measure_test(client: httpx.AsyncClient, examples: int, concurrency: in
             "success": sum(value for _, value in answers) / len(answers) if answers else None}
 
 
+async def canary_settled(client: httpx.AsyncClient, timeout: float = 240.0) -> bool:
+    """Wait until no canary serves the demo's scenario (the gate has judged the last candidates
+    the traffic's samples made), so the test questions reach the published head only."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        response = await client.get("/reef/status", timeout=30.0)
+        learners = response.json().get("learning", {}).get("learners", []) if response.status_code == 200 else []
+        if not any((learner.get("canary") or {}).get("running") for learner in learners
+                   if learner.get("scenario") == SCENARIO):
+            return True
+        await asyncio.sleep(1.0)
+    return False
+
+
 async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer, console: Any, seed: int = 0) -> None:
     from rich.live import Live
 
@@ -252,6 +267,8 @@ async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer
                 stop.set()  # no new requests; let the ones in flight finish (briefly)
                 await asyncio.wait(workers, timeout=30)
                 live.update(live_view(stats))
+            if not await canary_settled(client):
+                console.print("reef demo: a canary still serves; the test answers may come from two releases")
             console.print("reef demo: asking the final release the test questions")
             stats.test["final"] = await measure_test(client, stats.examples, concurrency)
         finally:
@@ -267,7 +284,7 @@ async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer
 def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path | None = None, concurrency: int = 8,
              out_dir: Path = Path("reef-demo"), console: Any = None,
              examples: int = demo_tasks.SHOWN_EXAMPLES, temperature: float = TRAFFIC_TEMPERATURE,
-             lr: float = LEARNING_RATE, runtime: str = "embedded") -> DemoResult:
+             lr: float = LEARNING_RATE, runtime: str = "embedded", canary: float = CANARY) -> DemoResult:
     from rich.console import Console
 
     console = console or Console()
@@ -278,16 +295,18 @@ def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path |
     heldout = demo_tasks.write_heldout_jsonl(workdir / "heldout.jsonl", examples)
     port = free_port()
     config = workdir / "serve.yaml"
-    config.write_text(yaml.safe_dump(demo_settings(workdir, heldout, port, model_dir, lr, runtime), sort_keys=False))
+    config.write_text(yaml.safe_dump(demo_settings(workdir, heldout, port, model_dir, lr, runtime, canary=canary),
+                                     sort_keys=False))
     server = DemoServer(config, port, (out_dir / "serve.log").resolve())
     console.print(f"reef demo: starting reef serve on {server.url} (state in {workdir}, log {server.log_path})")
-    stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr, runtime=runtime)
+    stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr, runtime=runtime,
+                      canary=canary)
     interrupted = False
     with _sigterm_as_interrupt():
         try:
             server.start()
             stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr,
-                              runtime=runtime)  # a fresh clock
+                              runtime=runtime, canary=canary)  # a fresh clock
             asyncio.run(drive(server.url, stats, concurrency, server, console))
         except KeyboardInterrupt:
             interrupted = True
@@ -350,7 +369,7 @@ def _finish(stats: DemoStats, out_dir: Path, server: DemoServer, interrupted: bo
         server_log=str(server.log_path),
     )
     settings = {"examples": stats.examples, "temperature": stats.temperature, "lr": stats.lr,
-                "minutes": stats.minutes, "runtime": stats.runtime}
+                "minutes": stats.minutes, "runtime": stats.runtime, "canary": stats.canary}
     curve = {"scenario": SCENARIO, "settings": settings, "heldout": heldout, "rejected": rejected, "traffic": stats.traffic,
              "releases": stats.releases(), "test": stats.test, "decisions": stats.decisions, "summary": result.to_json()}
     write_curve(curve, out_dir)

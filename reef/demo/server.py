@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import httpx
-import yaml
 
 import reef
 
@@ -41,6 +40,7 @@ TRAFFIC_MAX_TOKENS = 16
 GATE_MAX_TOKENS = 8
 TRAFFIC_TEMPERATURE = 1.0
 LEARNING_RATE = 2e-4
+CANARY = 1.0  # the demo opts in: every request goes to the newest candidate under test (bench/learning_race.py)
 
 
 def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | None,
