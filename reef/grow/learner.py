@@ -142,9 +142,9 @@ class Learner:
         return True
 
     async def _make(self, batch: Batch, batch_id: str, high_water: int, logged: bool) -> None:
-        """Make a candidate of `batch` and send it to the gate. A weights candidate is judged in
-        the background while the next one trains (from it); at most one is judged at a time, so
-        this waits for the previous verdict before handing its own candidate over."""
+        """Make a candidate of `batch` and send it to the gate. A weights candidate is queued for
+        the gate, which judges in the background while the next one trains on from it; a harness
+        candidate is judged here, before the next batch."""
         if not logged:
             self.stats.state = "logging batch"
             await asyncio.to_thread(self.chain.begin_batch, batch_id, batch.record_ids, batch.report_ids,
@@ -215,7 +215,13 @@ class Learner:
         older one): the next candidate trains on from it, so its samples are nearly on-policy."""
         if self.canary is None:
             return
-        release_id = await self.canary.start(candidate.batch_id, candidate.files)
+        try:
+            release_id = await self.canary.start(candidate.batch_id, candidate.files)
+        except Exception as exc:  # noqa: BLE001 - no canary for this one; the gate judges it all the same
+            log.exception("learner %s: the canary of batch %s did not start", self.scenario, candidate.batch_id)
+            self.stats.last_error = f"canary: {type(exc).__name__}: {exc}"
+            self.live.running, self.canary_batch = False, None  # the one before was stopped first
+            return
         self.canary_batch = candidate.batch_id
         self.canary_ids[release_id] = None
         while len(self.canary_ids) > 16:
