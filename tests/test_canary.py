@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 from reef.commit.state import ReefState
 from reef.config import RecipeConfig, ServeConfig
@@ -30,8 +30,9 @@ def test_live_scores_withdraw_only_on_evidence_that_the_canary_is_worse() -> Non
     assert not live.worse()  # no canary running
     live.start("canary-b1")
     live.canary.extend([1.0, 0.0] * 8)
-    live.published("r2")  # the canary's candidate serves everyone now: its scores are the yardstick
-    assert live.serving_id == "r2" and list(live.serving) == [1.0, 0.0] * 8
+    live.start("canary-b2")  # a newer candidate serves the canary; then b1 is published
+    live.published("r2", "canary-b1")  # b1 serves everyone now: its live scores are the yardstick
+    assert live.serving_id == "r2" and list(live.serving) == [1.0, 0.0] * 8 and live.canary == []
     live.add([], "r2")
     assert len(live.serving) == 16
 

@@ -24,6 +24,7 @@ CANARY_PREFIX = "canary-"
 MIN_SCORES = 8  # of each side before live scores may withdraw a canary
 WORSE_Z = 1.645  # one-sided 95%
 SERVING_WINDOW = 64  # the serving release's latest scores, the canary's yardstick (also at fraction 1)
+KEEP_CANARIES = 16  # recent canaries whose scores are kept (one may be published after a newer one started)
 
 
 class CanaryServing(Protocol):  # reef.serve.canary.ScenarioCanary
@@ -53,22 +54,29 @@ def live_worse(canary: Sequence[float], serving: Sequence[float]) -> bool:
 
 @dataclass
 class LiveScores:
-    """Reported scores of the serving release's recent requests and of the canary's."""
+    """Reported scores of the serving release's latest requests and of the recent canaries'."""
 
     serving_id: str = ""
     serving: deque[float] = field(default_factory=lambda: deque(maxlen=SERVING_WINDOW))
     canary_id: str | None = None
-    canary: list[float] = field(default_factory=list)
+    scores: dict[str, list[float]] = field(default_factory=dict)  # canary release id -> its scores (recent ones)
     running: bool = False
     withdrawn: int = 0
 
-    def start(self, release_id: str) -> None:
-        self.canary_id, self.canary, self.running = release_id, [], True
+    @property
+    def canary(self) -> list[float]:
+        return self.scores.get(self.canary_id or "", [])
 
-    def published(self, release_id: str) -> None:
-        """The canary's candidate is the serving release now: its live scores are the yardstick's
-        first (at fraction 1 nothing else would be)."""
-        self.serving_id, self.serving = release_id, deque(self.canary, maxlen=SERVING_WINDOW)
+    def start(self, release_id: str) -> None:
+        self.canary_id, self.running = release_id, True
+        self.scores[release_id] = []
+        while len(self.scores) > KEEP_CANARIES:
+            del self.scores[next(iter(self.scores))]
+
+    def published(self, release_id: str, canary_id: str) -> None:
+        """A candidate that was a canary is the serving release now: its live scores start the
+        yardstick (at fraction 1 nothing else would)."""
+        self.serving_id, self.serving = release_id, deque(self.scores.get(canary_id, []), maxlen=SERVING_WINDOW)
 
     def add(self, items: Sequence[ReportedRecords], serving_id: str) -> None:
         if serving_id != self.serving_id:  # a new serving release: its own scores from here on
@@ -78,15 +86,16 @@ class LiveScores:
                 release = record.release.release_id if record.release is not None else None
                 if release == serving_id:
                     self.serving.append(item.report.score)
-                elif release is not None and release == self.canary_id:
-                    self.canary.append(item.report.score)
+                elif release in self.scores:
+                    self.scores[release].append(item.report.score)
 
     def worse(self) -> bool:
         return self.running and live_worse(self.canary, list(self.serving))
 
     def summary(self) -> dict[str, object]:
-        return {"release_id": self.canary_id, "running": self.running, "scores": len(self.canary),
-                "mean": _mean(self.canary) if self.canary else None, "serving_release_id": self.serving_id,
+        canary = self.canary
+        return {"release_id": self.canary_id, "running": self.running, "scores": len(canary),
+                "mean": _mean(canary) if canary else None, "serving_release_id": self.serving_id,
                 "serving_scores": len(self.serving), "serving_mean": _mean(self.serving) if self.serving else None}
 
 

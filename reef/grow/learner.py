@@ -34,7 +34,7 @@ from reef.core.errors import NotFound, StaleHead
 from reef.core.learned import LearnedCandidate
 from reef.core.training import checkpoint_part
 from reef.core.types import CommitEntry, Operation, Release, ReleaseRef, ReportedRecords, Verdict
-from reef.grow.canary import CanaryServing, LiveScores
+from reef.grow.canary import CanaryServing, LiveScores, canary_release_id
 from reef.grow.learner_stats import LearnerStats, LineageEvidence, promising
 from reef.grow.loop import keep_stepping
 from reef.grow.recipe import Abandon, Batch, Job, LearnerView, Made, Recipe
@@ -82,7 +82,6 @@ class Learner:
         self.canary = canary if self.pipelined else None
         self.live = LiveScores()  # the canary's live scores and the serving release's
         self.canary_batch: str | None = None  # the candidate the canary serves
-        self.canary_ids: dict[str, None] = {}  # canary releases this learner served: fresh samples (newest last)
         self.evidence = LineageEvidence()  # the gate's wins and losses since the working line began
         self.stats = LearnerStats()
         self.cursor = chain.high_water()
@@ -223,9 +222,6 @@ class Learner:
             self.live.running, self.canary_batch = False, None  # the one before was stopped first
             return
         self.canary_batch = candidate.batch_id
-        self.canary_ids[release_id] = None
-        while len(self.canary_ids) > 16:
-            del self.canary_ids[next(iter(self.canary_ids))]
         self.live.start(release_id)
 
     async def _stop_canary(self) -> None:
@@ -279,8 +275,8 @@ class Learner:
         if verdict.decision in ("select", "review"):
             self.published_here = head
             self.evidence = LineageEvidence()
-            if verdict.decision == "select" and self.live.running and self.canary_batch == candidate.batch_id:
-                self.live.published(head)
+            if verdict.decision == "select" and self.canary is not None:
+                self.live.published(head, canary_release_id(candidate.batch_id))
         elif head not in (candidate.base_release_id, self.published_here):
             self._drop_working("the head moved (a rollback or promote) while the gate judged")
         elif not promising(verdict):  # the next candidate starts from the head
@@ -320,7 +316,7 @@ class Learner:
     def _staleness_of(self, release_id: str) -> int | None:
         """How many releases were published after `release_id` (None: not in this chain); a
         canary of this learner's counts as the newest."""
-        if release_id in self.canary_ids:
+        if release_id in self.live.scores:
             return 0
         step = self.chain.last_step()
         if self._positions is None or self._positions[0] != step:
