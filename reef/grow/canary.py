@@ -92,9 +92,10 @@ class LiveScores:
     def worse(self) -> bool:
         return self.running and live_worse(self.canary, list(self.serving))
 
-    def summary(self) -> dict[str, object]:
+    def summary(self, **more: object) -> dict[str, object]:
         canary = self.canary
-        return {"release_id": self.canary_id, "running": self.running, "scores": len(canary),
+        return {**more, "withdrawn": self.withdrawn, "release_id": self.canary_id, "running": self.running,
+                "scores": len(canary),
                 "mean": _mean(canary) if canary else None, "serving_release_id": self.serving_id,
                 "serving_scores": len(self.serving), "serving_mean": _mean(self.serving) if self.serving else None}
 

@@ -338,7 +338,7 @@ class Learner:
                "rejected": s.rejected, "abandoned": s.abandoned, "dropped": dict(s.dropped),
                "last_verdict": s.last_verdict, "last_error": s.last_error}
         if self.canary is not None:
-            out["canary"] = {"fraction": self.canary.fraction, "withdrawn": self.live.withdrawn, **self.live.summary()}
+            out["canary"] = self.live.summary(fraction=self.canary.fraction)
         if self.trainer is not None:
             out["training_queue"] = self.trainer.worker.pending().get(self.scenario, 0)
         return out
