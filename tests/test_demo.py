@@ -239,6 +239,12 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     with SQLiteStore(tmp_path / "work" / "state" / "experience.db") as store:
         reported = [r for batch in store.reported_since("demo") for r in batch.records]
     assert reported and {r.request["temperature"] for r in reported} == {0.5}
+    # invariant 2 holds for the canary's records too: every token stamped by the load that served it
+    from reef.core.provenance import verified
+
+    assert all(verified(r) for r in reported)
+    served_by = {r.release.release_id for r in reported if r.release is not None}
+    assert all(rid.startswith("canary-") or len(rid) == 40 for rid in served_by)
     # traffic asks training questions only; the test questions were asked but never reported
     train = {demo_tasks.user_prompt(t) for t in demo_tasks.train_tasks()}
     assert {r.request["messages"][-1]["content"] for r in reported} <= train
