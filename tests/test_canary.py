@@ -49,6 +49,7 @@ def test_a_canary_serves_its_fraction_of_an_opted_in_scenario_and_unloads_when_f
                 await directory.create("t")
                 files = lora_files(tiny_model_dir, tmp_path / "adapter")
                 ref = await directory.start_canary("s", canary_release_id("b1"), files, 0.5)
+                assert ref.content_id.startswith("sha256:")  # a content id like any release's, of what it serves
                 served = []
                 for _ in range(200):
                     async with directory.admit("s") as admitted:

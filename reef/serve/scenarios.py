@@ -28,7 +28,7 @@ from typing import AsyncIterator, Awaitable, Callable, Mapping
 from reef.commit.release_chain import ReleaseChain
 from reef.commit.state import ReefState
 from reef.config import HarnessConfig, RecipeConfig
-from reef.core.canonical import check_scenario_name
+from reef.core.canonical import check_scenario_name, content_id_of
 from reef.core.errors import Conflict, NotFound, ReefError
 from reef.core.types import Release, ReleaseRef
 from reef.runtimes.base import Runtime
@@ -158,9 +158,10 @@ class ScenarioDirectory:
         await self.stop_canary(name)
         serving = self.state.chain(name).serving()
         content = {**await asyncio.to_thread(self.state.artifacts.files, serving.release_id), **files}  # its harness
-        load_id = await self.runtime.load(release_id, content)
-        self.harness.remember(release_id, content)
-        ref = ReleaseRef(release_id, release_id, load_id)
+        content_id = content_id_of(content)  # what it serves, hashed like any release's content
+        load_id = await self.runtime.load(content_id, content)
+        self.harness.remember(content_id, content)
+        ref = ReleaseRef(release_id, content_id, load_id)
         self.canaries[name] = (ref, fraction)
         return ref
 
