@@ -221,3 +221,22 @@ def test_a_batch_that_fails_to_train_after_a_restart_is_abandoned_and_the_next_r
         assert learner.stats.last_error and rig.chain.open_batches() == []
 
     run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+def test_three_batches_open_at_a_crash_resume_and_the_gate_takes_the_newest(tiny_model_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    async def body(rig: Rig) -> None:
+        for name in ("b1", "b2", "b3"):  # at the gate, waiting, in training when the process died
+            ids = await rig.feed(4)
+            rig.chain.begin_batch(name, ids, [], high_water=rig.fed, expected_step=rig.chain.last_step(), max_open=3)
+        gate = ScriptedGate(("reject", PROMISING), ("select", PROMISING))
+        learner = rig.learner(gate)
+        gate.hold.clear()
+        recovering = asyncio.create_task(learner.recover())
+        await until(lambda: learner.waiting is not None and learner.waiting[0].batch_id == "b3", "b3 waiting")
+        gate.hold.set()
+        await recovering
+        assert rig.closers() == [("abandon", "b2"), ("rejection", "b1"), ("training", "b3")]
+        assert rig.chain.open_batches() == []
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
