@@ -125,12 +125,24 @@ def test_losses_by_name_with_per_token_advantages_and_mask(trainer: LoRATrainer)
     assert trainer.forward_backward("off", [stale], "importance_sampling", LossConfig())["clipped_fraction"] == 0.0
     assert trainer.optim_step("off", ADAM)["steps"] == 1.0
 
+    # ppo: the stale tokens count; made unlikelier since sampled, a positive advantage pulls them back up
+    trainer.load_state("ppo", None, LoraShape())
+    metrics = trainer.forward_backward("ppo", [stale], "ppo", LossConfig())
+    assert metrics["clipped_fraction"] == 0.0 and metrics["outside_clip_fraction"] == 1.0, metrics
+    trainer.optim_step("ppo", ADAM)
+    assert mean_logprob(trainer, trainer.save_state("ppo"), target) > sum(base) / 4
+    # ... while one already made likelier than the clip allows adds no gradient
+    ahead = Datum(PROMPT, target, [x - 3.0 for x in base], [1.0] * 4, [1.0] * 4)
+    trainer.load_state("ahead", None, LoraShape())
+    trainer.forward_backward("ahead", [ahead], "ppo", LossConfig())
+    assert trainer.optim_step("ahead", ADAM)["grad_norm"] == 0.0
+
     # a zero mask weight trains nothing; an unknown loss is refused with the known ones
     trainer.load_state("masked", None, LoraShape())
     masked = Datum(PROMPT, target, base, [1.0] * 4, [0.0] * 4)
     assert trainer.forward_backward("masked", [masked], "clipped_is", LossConfig())["clipped_fraction"] == 1.0
     assert trainer.optim_step("masked", ADAM)["steps"] == 0.0
-    with pytest.raises(ValueError, match="known: clipped_is, importance_sampling, cross_entropy"):
+    with pytest.raises(ValueError, match="known: ppo, clipped_is, importance_sampling, cross_entropy"):
         trainer.forward_backward("masked", [masked], "dpo", LossConfig())
     with pytest.raises(ValueError, match="datum 0: 4 completion tokens but 3 advantages"):
         trainer.forward_backward("masked", [Datum(PROMPT, target, base, [1.0] * 3, [1.0] * 4)], "clipped_is",

@@ -14,11 +14,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-# clipped_is: policy gradient with importance ratios against the behaviour log-probs; tokens whose
-#   ratio lies outside (1 - eps_clip, 1 + eps_clip_high) are masked out (SAO's loss).
+# ppo: PPO's clipped surrogate against the behaviour log-probs (SAO's loss): every token counts; one
+#   whose ratio already left (1 - eps_clip, 1 + eps_clip_high) the way its advantage pushes adds
+#   no gradient, one that left the other way is pulled back (a negative advantage's pull at most
+#   DUAL_CLIP times the advantage: dual-clip PPO).
+# clipped_is: policy gradient with importance ratios; tokens whose ratio lies outside the clip
+#   range are masked out altogether (for behaviour log-probs that cannot be trusted far off).
 # importance_sampling: the same without clipping or masking.
 # cross_entropy: supervised: -log p of each weighted completion token (distillation targets).
-LOSSES = ("clipped_is", "importance_sampling", "cross_entropy")
+LOSSES = ("ppo", "clipped_is", "importance_sampling", "cross_entropy")
+DUAL_CLIP = 3.0
 TRAINING_FOLDER = "training/"  # where a checkpoint keeps the optimiser beside its adapter
 
 
@@ -61,8 +66,8 @@ class Sample:
 
 @dataclass(frozen=True)
 class LossConfig:
-    eps_clip: float = 0.2       # clipped_is: the ratio's lower bound is 1 - eps_clip
-    eps_clip_high: float = 0.28  # clipped_is: its upper bound is 1 + eps_clip_high
+    eps_clip: float = 0.2       # ppo, clipped_is: the ratio's lower bound is 1 - eps_clip
+    eps_clip_high: float = 0.28  # ppo, clipped_is: its upper bound is 1 + eps_clip_high
     kl_coef: float = 0.0        # any loss: a KL penalty to the base model (adapter off), k3 estimator per token
     micro_batch: int = 8        # sequences per forward pass (memory, not maths)
 

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from reef.core.training import LossConfig
+from reef.core.training import DUAL_CLIP, LossConfig
 
 Tensor = torch.Tensor
 LossFn = Callable[[Tensor, Tensor, Tensor, Tensor, LossConfig], tuple[Tensor, Tensor]]
@@ -20,6 +20,17 @@ LossFn = Callable[[Tensor, Tensor, Tensor, Tensor, LossConfig], tuple[Tensor, Te
 
 def log_ratio(new: Tensor, old: Tensor, live: Tensor) -> Tensor:
     return torch.where(live, new - old, torch.zeros_like(new))  # no exp() of pad garbage
+
+
+def ppo(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor, config: LossConfig) -> tuple[Tensor, Tensor]:
+    """PPO's clipped surrogate, -min(ratio * A, clip(ratio) * A), over every live token; for a
+    negative advantage bounded below by DUAL_CLIP * A, so a token made far likelier since it was
+    sampled cannot swamp the step."""
+    ratio = log_ratio(new, old, live).exp()
+    clipped = torch.clamp(ratio, 1 - config.eps_clip, 1 + config.eps_clip_high)
+    surrogate = torch.minimum(ratio * advantages, clipped * advantages)
+    surrogate = torch.where(advantages < 0, torch.maximum(surrogate, DUAL_CLIP * advantages), surrogate)
+    return -surrogate, live
 
 
 def clipped_is(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor, config: LossConfig) -> tuple[Tensor, Tensor]:
@@ -41,7 +52,7 @@ def cross_entropy(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor, co
     return -new, live
 
 
-LOSS_FUNCTIONS: dict[str, LossFn] = {"clipped_is": clipped_is, "importance_sampling": importance_sampling,
+LOSS_FUNCTIONS: dict[str, LossFn] = {"ppo": ppo, "clipped_is": clipped_is, "importance_sampling": importance_sampling,
                                      "cross_entropy": cross_entropy}
 
 

@@ -146,7 +146,7 @@ class LoRATrainer:
             p.grad = None
         rows = [d for d in data if d.completion_ids]
         total = sum(len(d.completion_ids) for d in rows)
-        sums = dict(loss=0.0, ratio=0.0, kept=0.0, kl=0.0, max_log_ratio=0.0)
+        sums = dict(loss=0.0, ratio=0.0, kept=0.0, outside=0.0, kl=0.0, max_log_ratio=0.0)
         with torch.random.fork_rng():  # LoRA dropout draws from a seeded generator, not the caller's
             torch.manual_seed(slot.seed * 1_000_003 + slot.steps)
             self.peft.set_adapter(slot.name)
@@ -167,7 +167,8 @@ class LoRATrainer:
             "loss": sums["loss"] / kept if kept else 0.0,
             "mean_ratio": sums["ratio"] / total if total else 1.0,
             "max_abs_log_ratio": sums["max_log_ratio"],
-            "clipped_fraction": (total - kept) / total if total else 0.0,
+            "clipped_fraction": (total - kept) / total if total else 0.0,  # tokens that did not count
+            "outside_clip_fraction": sums["outside"] / total if total else 0.0,  # ratio off (1 - eps, 1 + eps_high)
             "kl": sums["kl"] / kept if kept else 0.0,
             "tokens": float(total),
             "samples": float(len(data)),
@@ -245,6 +246,8 @@ class LoRATrainer:
         sums["loss"] += float(total.detach())
         sums["ratio"] += float(torch.where(real, ratio.exp(), 0.0).sum())
         sums["kept"] += float(keep.sum())
+        inside = (ratio > math.log1p(-config.eps_clip)) & (ratio < math.log1p(config.eps_clip_high))
+        sums["outside"] += float((live & ~inside).sum())
         sums["max_log_ratio"] = max(sums["max_log_ratio"], float(ratio.abs().max()))
 
     # -- log-probs ----------------------------------------------------------------------------

@@ -3,10 +3,12 @@
 Each scored record is one sample as soon as its report arrives: no sibling groups, no barrier.
 Its advantage is the score minus a running baseline (an exponential moving average kept in the
 commit log's algorithm state, so a restart resumes it). `batch_size` samples make one
-optimiser step of the `clipped_is` loss: a token-level policy gradient with importance ratios
-against the recorded rollout log-probs, tokens outside `(1 - eps_clip, 1 + eps_clip_high)`
-masked out, an optional KL penalty to the base model; `steps_per_candidate` steps make one
-candidate for the gate. A batch is the newest samples: what waited behind them is superseded.
+optimiser step of the `ppo` loss: PPO's clipped surrogate, a token-level policy gradient with
+importance ratios against the recorded rollout log-probs, clipped to `(1 - eps_clip,
+1 + eps_clip_high)`, with an optional KL penalty to the base model; `steps_per_candidate` steps
+make one candidate for the gate. Its later steps train on samples a few steps older than the
+weights, so a token past the clip still counts (`loss: clipped_is` masks it out instead, which
+bench/learning_race.py measured to stall learning: docs/learning.md). A batch is the newest samples: what waited behind them is superseded.
 
 A record is a sample only if it can be trained on honestly: complete, with token ids, log-probs
 and the prompt's token ids, its spans verified against the release it was frozen to
@@ -20,7 +22,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +46,8 @@ class SAOConfig(BaseModel):
     warmup_steps: int = Field(0, ge=0, description="A fresh optimiser's first steps ramp lr up linearly over this many")
     lora_r: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
+    loss: Literal["ppo", "clipped_is"] = Field("ppo", description="ppo: PPO's clipped surrogate over every token; "
+                                                 "clipped_is: tokens whose ratio left the clip range are masked out")
     eps_clip: float = Field(0.2, gt=0, lt=1)
     eps_clip_high: float = Field(0.28, gt=0)
     kl_coef: float = Field(0.0, ge=0)
@@ -92,7 +96,8 @@ class SAORecipe:
     def train_config(self) -> TrainConfig:
         c = self.config
         return TrainConfig(lora_r=c.lora_r, lora_alpha=c.lora_alpha, lr=c.lr, warmup_steps=c.warmup_steps,
-                           eps_clip=c.eps_clip, eps_clip_high=c.eps_clip_high, kl_coef=c.kl_coef, micro_batch=c.batch_size)
+                           eps_clip=c.eps_clip, eps_clip_high=c.eps_clip_high, kl_coef=c.kl_coef, micro_batch=c.batch_size,
+                           loss=c.loss)
 
     @property
     def candidate_size(self) -> int:
@@ -148,7 +153,7 @@ class SAORecipe:
         metrics: dict[str, float] = {}
         for start in range(0, len(samples), self.config.batch_size):
             chunk = [s.datum() for s in samples[start:start + self.config.batch_size]]
-            metrics = await job.trainer.forward_backward(chunk, "clipped_is", c.loss_config)
+            metrics = await job.trainer.forward_backward(chunk, c.loss, c.loss_config)
             metrics.update(await job.trainer.optim_step(c.adam))
         files = await job.trainer.save_state()
         self.last_train_seconds = round(time.monotonic() - started, 3)
