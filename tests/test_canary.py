@@ -25,6 +25,10 @@ def test_live_scores_withdraw_only_on_evidence_that_the_canary_is_worse() -> Non
     assert live_worse([0.0] * MIN_SCORES, [1.0, 0.0] * 32)
     assert not live_worse([1.0, 0.0] * 8, [1.0, 0.0] * 32)  # the same: no reason to withdraw
     assert not live_worse([1.0] * 16, [0.0] * 16)  # better is not worse
+    # eight 0s from a canary as good as a release that scores 0.2 one time in four (one run in ten
+    # looks like this): not enough to withdraw it (the canary's own variance, 0, would have)
+    assert not live_worse([0.0] * MIN_SCORES, [0.0, 0.0, 0.0, 0.2] * 16)
+    assert live_worse([0.0] * 4 * MIN_SCORES, [0.0, 0.0, 0.0, 0.2] * 16)  # thirty-two 0s are
     live = LiveScores()
     live.add([], "head")
     assert not live.worse()  # no canary running

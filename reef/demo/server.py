@@ -40,6 +40,10 @@ TRAFFIC_MAX_TOKENS = 16
 GATE_MAX_TOKENS = 8
 TRAFFIC_TEMPERATURE = 1.0
 LEARNING_RATE = 2e-4
+# Optimiser steps per candidate: a candidate's later steps train on samples its earlier steps have
+# moved away from, and the samples that arrive while it trains come from the candidate before
+# it; fewer steps keep them closer to the weights being trained (bench/learning_race.py).
+STEPS_PER_CANDIDATE = 2
 CANARY = 1.0  # the demo opts in: every request goes to the newest candidate under test (bench/learning_race.py)
 
 
@@ -63,7 +67,7 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
         "embedded": embedded,
         **engine,
         "learner": {
-            "sao": {"batch_size": 8, "steps_per_candidate": 6, "lr": lr},
+            "sao": {"batch_size": 8, "steps_per_candidate": STEPS_PER_CANDIDATE, "lr": lr},
             "gate": {"tasks": str(heldout.resolve()), "scorer": scorer,
                      "max_tokens": gate_max_tokens, "temperature": 0},
             **({"canary": {"demo": canary}} if canary else {}),

@@ -7,8 +7,10 @@ like any other, marked by their release id `canary-<batch id>`. Its reported rec
 freshest samples the learner has (the policy being trained continues from that candidate), and
 their live scores are compared with the serving release's latest (SERVING_WINDOW, so a canary
 serving every request still has a yardstick): a canary whose live scores are worse (one-sided
-z-test at WORSE_Z, at least MIN_SCORES of each) is withdrawn at once, whatever the gate is still
-doing. A scenario that does not opt in never gets one.
+two-sample z-test at WORSE_Z on the pooled variance, at least MIN_SCORES of each) is withdrawn at
+once, whatever the gate is still doing. The variance is pooled because scores are skewed: a few
+scores of a canary as good as the serving release are often all 0 (variance 0), and a test on
+each side's own variance would then withdraw it on the serving side's spread alone. A scenario that does not opt in never gets one.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def live_worse(canary: Sequence[float], serving: Sequence[float]) -> bool:
     """Whether live scores say the canary is worse than the serving release."""
     if len(canary) < MIN_SCORES or len(serving) < MIN_SCORES:
         return False
-    mc, ms = _mean(canary), _mean(serving)
-    se = math.sqrt(_var(canary) / len(canary) + _var(serving) / len(serving))
+    mc, ms, nc, ns = _mean(canary), _mean(serving), len(canary), len(serving)
+    pooled = ((nc - 1) * _var(canary) + (ns - 1) * _var(serving)) / (nc + ns - 2)
+    se = math.sqrt(pooled * (1 / nc + 1 / ns))
     if se == 0:
         return mc < ms
     return (ms - mc) / se >= WORSE_Z
