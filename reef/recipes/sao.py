@@ -41,7 +41,8 @@ class SAOConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     batch_size: int = Field(8, ge=1, description="Scored samples per optimiser step")
-    steps_per_candidate: int = Field(4, ge=1, description="Optimiser steps before the gate judges the adapter")
+    steps_per_candidate: int = Field(2, ge=1, description="Optimiser steps before the gate judges the adapter "
+                                     "(and the canary serves it): fewer keep samples closer to the weights")
     lr: float = Field(5e-4, gt=0)
     warmup_steps: int = Field(0, ge=0, description="A fresh optimiser's first steps ramp lr up linearly over this many")
     lora_r: int = Field(16, ge=1)

@@ -1,0 +1,127 @@
+"""What training on samples a candidate old costs per step: the bare loop, pipelined as Reef is.
+
+Reef's learner makes a candidate of K optimiser steps on the newest K x 8 samples, and those
+were sampled by what served meanwhile: the candidate it trains on from (lag 0) or, for the
+samples that arrived while that one was training, the candidate before it (lag 1, K to 2K - 1
+steps behind the weights). This runs bench/bare_loop.py's on-policy loop with that structure and
+nothing else of Reef (no server, no gate): per round, sample K batches of 8 with the weights of
+L candidates ago, then take K clipped policy-gradient steps on them from the current weights,
+with the loss either masking tokens whose ratio left the clip range (`mask`: `clipped_is`) or
+PPO's clipped surrogate over every token (`nomask`: `ppo` without the dual clip). Test success
+(bench/learning_race.py's evaluation) after 24, 48, 72... steps. K=1 L=0 is the bare loop.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/staleness.py [--task sentence] [--steps 72]
+        [--variants 1:0:mask,6:1:mask,6:1:nomask]
+
+One run of each variant, one seed: a variant's take-off varies by tens of steps from run to
+run, so read large differences only (docs/learning.md). Not in CI. Writes
+bench/results/staleness_<task>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import torch  # noqa: E402
+
+import bare_loop  # noqa: E402
+from learning_race import LEARNING_RATE, evaluate, log, race_task  # noqa: E402
+
+BATCH = 8
+
+
+def ppo_step(model, opt, prompts, comps, old, advantages, eps=(0.2, 0.28)) -> None:  # type: ignore[no-untyped-def]
+    """bare_loop.pg_step with PPO's surrogate over every real token (nothing masked)."""
+    ids, mask, positions = bare_loop._left_pad([p + c for p, c in zip(prompts, comps)])  # noqa: SLF001
+    longest = max(map(len, comps))
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=longest + 1).logits
+    new = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, -longest:, None]).squeeze(-1)
+    real = torch.arange(longest)[None] >= longest - torch.tensor([len(c) for c in comps])[:, None]
+    old_t = torch.tensor([[0.0] * (longest - len(o)) + o for o in old])
+    adv = torch.tensor(advantages)[:, None]
+    ratio = torch.where(real, new - old_t, torch.zeros_like(new)).exp()
+    loss = -torch.minimum(ratio * adv, ratio.clamp(1 - eps[0], 1 + eps[1]) * adv)
+    (torch.where(real, loss, 0.0).sum() / real.sum().clamp(min=1)).backward()
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: int, loss: str,  # type: ignore[no-untyped-def]
+                total_steps: int, temperature: float = 1.0) -> dict[int, float]:
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(model, fresh)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LEARNING_RATE, weight_decay=0.0)
+    rng, train = random.Random(0), task.module.train_tasks()
+    candidates = [bare_loop.adapter_weights(model)]  # the weights after each candidate
+    eval_at = {s for s in range(24, total_steps + 1, 24)}
+    baseline, steps, curve, started = None, 0, {}, time.monotonic()
+    while steps < total_steps:
+        current = bare_loop.adapter_weights(model)
+        set_peft_model_state_dict(model, candidates[max(0, len(candidates) - 1 - lag)])  # what served
+        batches = []
+        for _ in range(steps_per_candidate):
+            chosen = [rng.choice(train) for _ in range(BATCH)]
+            prompts = [bare_loop.prompt_ids(tokenizer, task.module.messages(t)) for t in chosen]
+            comps, old, finish = bare_loop.generate(model, prompts, temperature, task.traffic_max_tokens)
+            scores = [task.module.score(t, bare_loop.decode(tokenizer, c), f) for t, c, f in zip(chosen, comps, finish)]
+            batches.append((prompts, comps, old, scores))
+        set_peft_model_state_dict(model, current)
+        for prompts, comps, old, scores in batches:
+            baseline = sum(scores) / len(scores) if baseline is None else baseline
+            advantages = []
+            for s in scores:  # bare_loop's EMA baseline, as Reef's sao keeps it
+                advantages.append(s - baseline)
+                baseline = 0.9 * baseline + 0.1 * s
+            if loss == "nomask":
+                ppo_step(model, opt, prompts, comps, old, advantages)
+            else:
+                bare_loop.pg_step(model, opt, prompts, comps, old, advantages, temperature)
+            steps += 1
+            if steps in eval_at:
+                weights = bare_loop.adapter_weights(model)
+                curve[steps] = evaluate(model, tokenizer, weights, task)
+                set_peft_model_state_dict(model, weights)
+                log(f"K={steps_per_candidate} L={lag} {loss}: step {steps}: test {100 * curve[steps]:.1f}% "
+                    f"({time.monotonic() - started:.0f} s)")
+        candidates.append(bare_loop.adapter_weights(model))
+    return curve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=["demo", "sentence"], default="sentence")
+    parser.add_argument("--steps", type=int, default=72, help="optimiser steps per variant")
+    parser.add_argument("--variants", default="1:0:mask,6:1:mask,6:1:nomask",
+                        help="K:L:mask|nomask, comma-separated (K steps per candidate, samples L candidates old)")
+    args = parser.parse_args()
+    task = race_task(args.task)
+    tokenizer, model = bare_loop.load_model()
+    fresh = bare_loop.adapter_weights(model)
+    results = {}
+    for variant in args.variants.split(","):
+        k, lag, loss = variant.split(":")
+        if loss not in ("mask", "nomask"):
+            parser.error(f"{variant}: the loss is mask or nomask")
+        results[variant] = run_variant(model, tokenizer, task, fresh, int(k), int(lag), loss, args.steps)
+    out = ROOT / "bench" / "results" / f"staleness_{task.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "staleness", "task": task.name, "lr": LEARNING_RATE, "batch": BATCH,
+                               "test_success_by_step": results}, indent=1))
+    print(f"{'variant':>12} " + " ".join(f"{s:>7}" for s in range(24, args.steps + 1, 24)))
+    for variant, curve in results.items():
+        print(f"{variant:>12} " + " ".join(f"{100 * curve.get(s, float('nan')):6.1f}%" for s in range(24, args.steps + 1, 24)))
+    log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
