@@ -10,7 +10,8 @@ serving every request still has a yardstick): a canary whose live scores are wor
 two-sample z-test at WORSE_Z on the pooled variance, at least MIN_SCORES of each) is withdrawn at
 once, whatever the gate is still doing. The variance is pooled because scores are skewed: a few
 scores of a canary as good as the serving release are often all 0 (variance 0), and a test on
-each side's own variance would then withdraw it on the serving side's spread alone. A scenario that does not opt in never gets one.
+each side's own variance would then withdraw it on the serving side's spread alone. A scenario
+that does not opt in never gets one.
 """
 
 from __future__ import annotations
