@@ -38,23 +38,6 @@ from learning_race import LEARNING_RATE, evaluate, log, race_task  # noqa: E402
 BATCH = 8
 
 
-def ppo_step(model, opt, prompts, comps, old, advantages, eps=(0.2, 0.28)) -> None:  # type: ignore[no-untyped-def]
-    """bare_loop.pg_step with PPO's surrogate over every real token (nothing masked)."""
-    ids, mask, positions = bare_loop._left_pad([p + c for p, c in zip(prompts, comps)])  # noqa: SLF001
-    longest = max(map(len, comps))
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=longest + 1).logits
-    new = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, -longest:, None]).squeeze(-1)
-    real = torch.arange(longest)[None] >= longest - torch.tensor([len(c) for c in comps])[:, None]
-    old_t = torch.tensor([[0.0] * (longest - len(o)) + o for o in old])
-    adv = torch.tensor(advantages)[:, None]
-    ratio = torch.where(real, new - old_t, torch.zeros_like(new)).exp()
-    loss = -torch.minimum(ratio * adv, ratio.clamp(1 - eps[0], 1 + eps[1]) * adv)
-    (torch.where(real, loss, 0.0).sum() / real.sum().clamp(min=1)).backward()
-    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-
-
 def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: int, loss: str,  # type: ignore[no-untyped-def]
                 total_steps: int, temperature: float = 1.0) -> dict[int, float]:
     from peft import set_peft_model_state_dict
@@ -82,10 +65,7 @@ def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: in
             for s in scores:  # bare_loop's EMA baseline, as Reef's sao keeps it
                 advantages.append(s - baseline)
                 baseline = 0.9 * baseline + 0.1 * s
-            if loss == "nomask":
-                ppo_step(model, opt, prompts, comps, old, advantages)
-            else:
-                bare_loop.pg_step(model, opt, prompts, comps, old, advantages, temperature)
+            bare_loop.pg_step(model, opt, prompts, comps, old, advantages, temperature, masked=loss == "mask")
             steps += 1
             if steps in eval_at:
                 weights = bare_loop.adapter_weights(model)
