@@ -1,0 +1,47 @@
+"""The `sao` recipe trains with the loss its settings name: `ppo` by default, `clipped_is` on request,
+`steps_per_candidate` optimiser steps of `batch_size` samples each."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from reef.core.training import Sample
+from reef.recipes.sao import SAOBatch, SAOConfig, SAORecipe, ScoredSample
+
+
+class Trainer:
+    def __init__(self) -> None:
+        self.losses: list[str] = []
+        self.steps = 0
+
+    async def load_state(self, checkpoint: Any, lora: Any = None) -> dict[str, float]:
+        return {}
+
+    async def forward_backward(self, data: Any, loss: str, config: Any) -> dict[str, float]:
+        self.losses.append(loss)
+        return {"loss": 0.0}
+
+    async def optim_step(self, adam: Any) -> dict[str, float]:
+        self.steps += 1
+        return {}
+
+    async def save_state(self) -> dict[str, bytes]:
+        return {"adapter_config.json": b"{}"}
+
+
+def train(config: SAOConfig) -> Trainer:
+    items = [ScoredSample(f"r{i}", f"p{i}", i, float(i % 2), Sample([1, 2], [3, 4], [-0.5, -0.5], 0.0))
+             for i in range(config.batch_size * config.steps_per_candidate)]
+    trainer = Trainer()
+    job = SimpleNamespace(trainer=trainer, start=None, algorithm_state={})
+    asyncio.run(SAORecipe(config).candidate(SAOBatch(items), job))  # type: ignore[arg-type]
+    return trainer
+
+
+def test_sao_trains_with_ppo_by_default_and_clipped_is_when_asked() -> None:
+    default = train(SAOConfig(batch_size=2))
+    assert default.losses == ["ppo", "ppo"] and default.steps == 2  # steps_per_candidate defaults to 2
+    masked = train(SAOConfig(batch_size=2, steps_per_candidate=3, loss="clipped_is"))
+    assert masked.losses == ["clipped_is"] * 3 and masked.steps == 3
