@@ -154,3 +154,43 @@ def test_a_rollback_mid_canary_stops_it_and_voids_the_candidate(tiny_model_dir: 
         assert reason.startswith("head_moved") and learner.working is None
 
     run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+def test_a_batch_waits_for_the_canarys_samples_and_drops_the_older_as_off_policy(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def body(rig: Rig) -> None:
+        canary, gate = RecordingCanary(), ScriptedGate(("reject", PROMISING), ("reject", PROMISING))
+        learner = rig.learner(gate, canary)
+        gate.hold.clear()
+        await rig.feed(4)  # the head's samples: on-policy while training starts from the head
+        await learner.step()
+        b1 = rig.batches()[0]["batch_id"]
+        await until(lambda: canary.calls == [f"start {b1}"], "the canary of candidate 1")
+        assert learner.view.policy() == canary_release_id(b1)
+        await rig.feed(3)  # served by the head while candidate 1 trained: a candidate behind now
+        fresh = await rig.feed(2, release_id=canary_release_id(b1))
+        await learner.step()
+        assert len(rig.batches()) == 1 and learner.stats.dropped["off_policy"] == 3  # waits for two more
+        fresh += await rig.feed(2, release_id=canary_release_id(b1))
+        await learner.step()
+        assert rig.batches()[1]["record_ids"] == fresh and learner.stats.dropped["off_policy"] == 3
+        gate.hold.set()
+        await until(lambda: len(gate.judged) == 2 and learner._gate_idle(), "both verdicts")
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+def test_without_a_release_serving_the_working_weights_a_batch_is_the_newest_samples(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def body(rig: Rig) -> None:
+        learner = rig.learner(ScriptedGate(("reject", PROMISING), ("reject", PROMISING)))  # no canary
+        await rig.feed(4)
+        await learner.step()
+        await until(lambda: learner._gate_idle() and learner.working is not None, "candidate 1 judged")
+        assert learner.view.policy() is None  # training goes on from candidate 1, which nothing serves
+        ids = await rig.feed(4)
+        await learner.step()
+        assert rig.batches()[1]["record_ids"] == ids and "off_policy" not in learner.stats.dropped
+        await until(lambda: learner._gate_idle() and learner.waiting is None, "candidate 2 judged")
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
