@@ -32,7 +32,7 @@ class Trainer:
 
 
 def train(config: SAOConfig) -> Trainer:
-    items = [ScoredSample(f"r{i}", "release", f"p{i}", i, float(i % 2), Sample([1, 2], [3, 4], [-0.5, -0.5], 0.0))
+    items = [ScoredSample(f"r{i}", f"p{i}", i, float(i % 2), Sample([1, 2], [3, 4], [-0.5, -0.5], 0.0))
              for i in range(config.batch_size * config.steps_per_candidate)]
     trainer = Trainer()
     job = SimpleNamespace(trainer=trainer, start=None, algorithm_state={})

@@ -88,10 +88,8 @@ class Learner:
         self.consumed = batched_record_ids(chain)
         self.algorithm_state = dict(chain.algorithm_state() or {})  # ahead of the log while a candidate is judged
         self.view = LearnerView(self.scenario, self.consumed, self._staleness_of, chain.head, self._head_files,
-                                self.stats.dropped, store, self._policy)
+                                self.stats.dropped, store)
         self.working: dict[str, bytes] | None = None  # the last candidate, once training goes on from it
-        self.working_batch: str | None = None  # the batch `working` was made of
-        self.published_batch: str | None = None  # the batch of the last candidate this learner published
         self.working_head: str | None = None  # the head `working` continues from; a rollback resets it
         self.published_here: str | None = None  # the last release this learner's gate published
         self.lineage = 0  # bumped whenever `working` is dropped: candidates trained from it are void
@@ -174,7 +172,7 @@ class Learner:
         if lineage != self.lineage:  # the candidate it trained on from was dropped meanwhile
             await self._abandon(batch_id, f"trained on from a candidate that was dropped: {self.drop_reason}")
             return
-        self.working, self.working_batch = made.files, batch_id
+        self.working = made.files
         self.stats.candidates += 1
         candidate = self._candidate(batch_id, high_water, job, made)
         if self.pipelined:
@@ -275,7 +273,7 @@ class Learner:
         self.stats.count(verdict)
         head = self.chain.head().release_id
         if verdict.decision in ("select", "review"):
-            self.published_here, self.published_batch = head, candidate.batch_id
+            self.published_here = head
             self.evidence = LineageEvidence()
             if verdict.decision == "select" and self.canary is not None:
                 self.live.published(head, canary_release_id(candidate.batch_id))
@@ -306,7 +304,7 @@ class Learner:
                 **(extra or {})}
 
     def _drop_working(self, reason: str) -> None:
-        self.working, self.working_batch, self.lineage, self.drop_reason = None, None, self.lineage + 1, reason
+        self.working, self.lineage, self.drop_reason = None, self.lineage + 1, reason
         self.evidence = LineageEvidence()
 
     async def _abandon(self, batch_id: str, reason: str) -> None:
@@ -314,19 +312,6 @@ class Learner:
         with contextlib.suppress(NotFound):
             await asyncio.to_thread(self.chain.abandon_batch, batch_id, reason)
         self.stats.abandoned += 1
-
-    def _policy(self) -> str | None:
-        """The release serving the weights the next batch trains on from: the canary of the
-        working candidate, or the head when training starts from it (or the working candidate
-        is the head); None when no release serves them (no canary, or it was withdrawn)."""
-        if self.working is not None and self.live.running and self.canary_batch == self.working_batch:
-            return self.live.canary_id
-        head = self.chain.head().release_id
-        if self.chain.serving().release_id != head:
-            return None
-        if self.working is None or (self.working_batch == self.published_batch and head == self.published_here):
-            return head
-        return None
 
     def _staleness_of(self, release_id: str) -> int | None:
         """How many releases were published after `release_id` (None: not in this chain); a

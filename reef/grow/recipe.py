@@ -73,12 +73,9 @@ class LearnerView:
     dropped: Counter[str] = field(default_factory=Counter)
     store: ExperienceStore | None = None  # read-only: the scenario's records, for a recipe that learns from
     # traffic itself rather than from reports (openclaw_rl stitches sessions from it)
-    policy: Callable[[], str | None] = lambda: None  # the release serving the weights the next batch trains
-    # on from (its samples are on-policy); None when no release serves them
 
     def drop(self, reason: str, n: int = 1) -> None:
-        if n:
-            self.dropped[reason] += n
+        self.dropped[reason] += n
 
 
 @dataclass

@@ -9,10 +9,6 @@ importance ratios against the recorded rollout log-probs, clipped to `(1 - eps_c
 make one candidate for the gate. Its later steps train on samples a few steps older than the
 weights, so a token past the clip still counts (`loss: clipped_is` masks it out instead, which
 bench/learning_race.py measured to stall learning: docs/learning.md). A batch is the newest samples: what waited behind them is superseded.
-With `on_policy` (the default), while a release serves the weights the next batch trains on from
-(the canary of the last candidate, or the head when training starts from it), the batch waits for
-that release's samples and the others are dropped as `off_policy`: samples one candidate old
-learned about half as fast in bench/staleness.py.
 
 A record is a sample only if it can be trained on honestly: complete, with token ids, log-probs
 and the prompt's token ids, its spans verified against the release it was frozen to
@@ -58,9 +54,6 @@ class SAOConfig(BaseModel):
     kl_coef: float = Field(0.0, ge=0)
     baseline_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of the running score baseline")
     max_staleness: int = Field(2, ge=0, description="Oldest producing release a sample may come from, in releases")
-    on_policy: bool = Field(True, description="While a release serves the weights training goes on from (the canary "
-                            "of the last candidate, or the head), a batch waits for that release's samples; the "
-                            "rest are dropped as off_policy")
 
 
 @dataclass
@@ -68,7 +61,6 @@ class ScoredSample:
     """A trainable sample with where it came from (for the batch log)."""
 
     record_id: str
-    release_id: str
     report_id: str
     report_seq: int
     score: float
@@ -123,8 +115,7 @@ class SAORecipe:
                 if reason:
                     view.drop(reason)
                     continue
-                scored = ScoredSample(record.id, _release_id(record), item.report.id, item.cursor,
-                                      item.report.score, sample_of(record))
+                scored = ScoredSample(record.id, item.report.id, item.cursor, item.report.score, sample_of(record))
                 (self.holdout if held_out(record.id, self.holdout_fraction) else self.pending).append(scored)
 
     def _ineligible(self, record: Record, view: LearnerView) -> str | None:
@@ -137,11 +128,6 @@ class SAORecipe:
 
     async def next_batch(self, view: LearnerView) -> SAOBatch | None:
         size = self.candidate_size
-        policy = view.policy() if self.config.on_policy else None
-        if policy is not None:  # bench/staleness.py: samples a candidate old halve the learning
-            on_policy = [s for s in self.pending if s.release_id == policy]
-            view.drop("off_policy", len(self.pending) - len(on_policy))
-            self.pending = on_policy
         if len(self.pending) < size:
             return None
         # The newest samples: the policy gradient is only as good as its samples are close to the
@@ -151,8 +137,8 @@ class SAORecipe:
         return SAOBatch(batch)
 
     def resume(self, items: Sequence[ReportedRecords]) -> SAOBatch:
-        return SAOBatch([ScoredSample(item.records[0].id, _release_id(item.records[0]), item.report.id, item.cursor,
-                                      item.report.score, sample_of(item.records[0])) for item in items])
+        return SAOBatch([ScoredSample(item.records[0].id, item.report.id, item.cursor, item.report.score,
+                                      sample_of(item.records[0])) for item in items])
 
     def high_water(self, cursor: int) -> int:
         return cursor  # nothing waits here past a batch: the rest was superseded
@@ -197,6 +183,3 @@ class SAORecipe:
     async def close(self) -> None:
         return None
 
-
-def _release_id(record: Record) -> str:
-    return record.release.release_id if record.release is not None else ""
