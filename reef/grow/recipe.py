@@ -75,7 +75,8 @@ class LearnerView:
     # traffic itself rather than from reports (openclaw_rl stitches sessions from it)
 
     def drop(self, reason: str, n: int = 1) -> None:
-        self.dropped[reason] += n
+        if n:  # a reason is shown only once something was dropped for it
+            self.dropped[reason] += n
 
 
 @dataclass
