@@ -6,7 +6,8 @@ Checked: a wrong token is refused with a message and the token never lands in a 
 server's log or localStorage; a scenario and a newly learned release appear without reloading;
 a record opens in full; a rollback through the confirmation dialog grows the chain; a conflict
 (someone moved the head after the preview) is shown plainly and changes nothing; the static
-files need no token, every data call does.
+files need no token, every data call does; on the embedded tiny model, the canary's card shows
+and the records the canary served are labelled as its.
 
 `REEF_UI_SCREENSHOTS=1` (or `scripts/ui_screenshots`) also writes the pages to docs/ui-*.png.
 """
@@ -365,11 +366,12 @@ def test_an_adapter_diff_is_summarised_never_dumped(page: Any, reef: ReefServer)
 def serve_tiny(model_dir: Path, work: Path) -> ReefServer:
     """`reef serve` running the embedded tiny model whose `tiny` scenario learns weights with
     `sao`: a LoRA step per four scored samples, judged by the offline gate on held-out reports
-    (a generous bound: this shows the page following learning, not the gate's taste)."""
+    (a generous bound: this shows the page following learning, not the gate's taste); the
+    candidate under test serves half its requests (the canary)."""
     settings = {"tokens": [TOKEN], "log_level": "info",
                 "embedded": {"model_dir": str(model_dir), "default_max_tokens": 8, "threads": 1},
                 "recipes": {"scenarios": {TINY: "sao"}},
-                "learner": {"poll_interval": 0.1, "train_threads": 1,
+                "learner": {"poll_interval": 0.1, "train_threads": 1, "canary": {TINY: 0.5},
                             "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
                             "gate": {"holdout_fraction": 0.5, "offline_bound": 1000.0}}}
     return ReefServer(work, settings)
@@ -423,6 +425,18 @@ def test_the_tiny_model_learns_and_the_open_page_shows_the_new_release_in_the_ch
         sync_api.expect(page.get_by_test_id("curve").locator("line.live-bar")).not_to_have_count(1)  # scored traffic
         assert page.url == f"{reef.url}/ui/#/s/{TINY}/curve"  # a hash change: the page was never reloaded
         assert page.evaluate("window.reefTestMarker") == "not reloaded"
+        sync_api.expect(page.get_by_test_id("canary")).to_contain_text("50%")  # the canary's card
+        sync_api.expect(page.get_by_test_id("canary")).to_contain_text("withdrawn")
+
+        records = httpx.get(f"{reef.url}/reef/scenarios/{TINY}/records", params={"limit": 50},
+                            headers={"Authorization": f"Bearer {TOKEN}"}).json()["records"]
+        by_canary = [r for r in records if str(r["release_id"]).startswith("canary-")]  # labelled as the canary's
+        page.get_by_test_id("tab-records").click()
+        rows = page.get_by_test_id("record-row")
+        sync_api.expect(rows).to_have_count(len(records))
+        for r in by_canary[:3]:
+            label = f"canary {r['release_id'][len('canary-'):][:10]}"
+            sync_api.expect(page.locator(f"[data-record='{r['id']}']")).to_contain_text(label)
 
 
 def test_screenshots_exist_when_asked() -> None:

@@ -51,6 +51,8 @@
   }
 
   const short = (id) => (id ? String(id).slice(0, 10) : "—");
+  // a record served by the canary names `canary-<batch id>`, a candidate under test, not a release of the chain
+  const releaseLabel = (id) => (id && String(id).startsWith("canary-") ? `canary ${short(String(id).slice(7))}` : short(id));
   const fmtNum = (x, digits = 3) =>
     x === null || x === undefined ? "—" : typeof x !== "number" || Number.isInteger(x) ? String(x) : x.toFixed(digits);
   const fmtScore = (x) => (x === null || x === undefined ? "—" : Number(x).toFixed(3));
@@ -285,9 +287,19 @@
         card("Learner", l.state, learner ? `${learner.published} published · ${learner.rejected} rejected · ${learner.candidates} candidates` : (l.reason || "")),
         card("Last verdict", learner && learner.last_verdict ? learner.last_verdict.decision : (sc.head.verdict ? sc.head.verdict.decision : "—"),
           verdictText((learner && learner.last_verdict) || sc.head.verdict, false)),
+        learner && learner.canary ? canaryCard(learner.canary) : null,
         card("Records", sc.records, `${sc.reports} reports`),
         card("Commit log", `step ${sc.step}`, `learner cursor ${sc.learner.high_water}${sc.learner.open_batches.length ? ` · ${sc.learner.open_batches.length} open batch(es)` : ""}`)),
       tabs, body);
+  }
+
+  function canaryCard(c) {
+    const mean = (x) => (x === null || x === undefined ? "—" : Number(x).toFixed(2));
+    const value = c.running ? `${Math.round(c.fraction * 100)}% · ${releaseLabel(c.release_id)}` : `${Math.round(c.fraction * 100)}% · idle`;
+    const el = card("Canary", value,
+      `live mean ${mean(c.mean)} (${c.scores}) vs serving ${mean(c.serving_mean)} (${c.serving_scores}) · ${c.withdrawn} withdrawn`);
+    el.setAttribute("data-testid", "canary");
+    return el;
   }
 
   function madeBy(r) {
@@ -439,7 +451,7 @@
         h("td", {}, h("a", { class: "mono", href: `#/s/${enc(name)}/record/${enc(r.id)}`, text: short(r.id) }),
           r.status !== "complete" ? pill(r.status, "warn") : null),
         h("td", { class: "small", text: ago(r.created_at) }),
-        h("td", {}, h("code", { text: short(r.release_id) })),
+        h("td", {}, h("code", { text: releaseLabel(r.release_id) })),
         h("td", { class: "small", text: r.session || "—" }),
         h("td", { class: "small clip" }, h("span", { text: r.prompt }), h("span", { class: "muted", text: " → " }), h("span", { text: r.error || r.answer })),
         h("td", { class: "num", text: fmtScore(r.score) }),
@@ -464,7 +476,7 @@
       h("h1", {}, "Record ", h("code", { text: r.id })),
       h("div", { class: "cards" },
         card("Status", r.status, r.error || ""),
-        card("Release", short(r.release && r.release.release_id), r.release ? `load ${r.release.runtime_load_id || "—"}` : ""),
+        card("Release", releaseLabel(r.release && r.release.release_id), r.release ? `load ${r.release.runtime_load_id || "—"}` : ""),
         card("Session", r.session || "—", Object.entries(r.tags || {}).map(([k, v]) => `${k}=${v}`).join(" ")),
         card("Latency", latency === undefined ? "—" : `${(latency * 1000).toFixed(1)} ms`, req.dialect ? `${req.dialect} dialect · model ${req.model}` : ""),
         card("Tokens", data.verified ? "verified" : "unverified", r.token_ids
