@@ -4,7 +4,9 @@ frozen release; LoRA releases hot-loaded into the engine (served by the adapter,
 unloaded; a corrupt adapter refused while the old release keeps serving); an adapter release
 exported as a PEFT folder (`reef export release`) loaded into vLLM directly, answering with the
 token ids Reef served for it; a kill -9 of vLLM
-answered with 503s until Reef has restarted it and loaded the serving adapter again.
+answered with 503s until Reef has restarted it and loaded the serving adapter again; the learner
+trains on vLLM's records and vLLM serves what it published; a canary (the candidate under test)
+loaded into vLLM serves an opted-in scenario, its records verified and taken in as samples.
 
 One vLLM for the module (it takes about 50 s to start and 25 s more for its first request here).
 It needs the vLLM environment (`scripts/setup --vllm`, or `.ci/run`); without it these tests skip.
@@ -14,6 +16,7 @@ takes no smaller head), so greedy output is gibberish but deterministic.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -35,7 +38,7 @@ USER = [{"role": "user", "content": "Name a colour."}]
 ENV = Path(os.environ["REEF_VLLM_ENV"]) if os.environ.get("REEF_VLLM_ENV") else default_env_dir()
 # the learner trains scenarios that get reports (only `learns` here), on the model vLLM serves; a
 # generous offline bound: the test is about the loop's mechanics on the engine, not the gate's taste
-LEARNER = {"poll_interval": 0.1, "train_threads": 1,
+LEARNER = {"poll_interval": 0.1, "train_threads": 1, "canary": {"canaried": 1.0},
            "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
            "gate": {"holdout_fraction": 0.3, "offline_bound": 1000.0}}
 
@@ -330,3 +333,40 @@ def test_the_learner_trains_on_vllms_records_and_vllm_serves_what_it_published(
     assert record["verified"] is True and record["release"]["release_id"] == serving["release_id"]
     assert {span["runtime_load_id"] for span in record["spans"]} == {serving["runtime_load_id"]}
     print(f"vLLM learning: first publication after {i} scored requests; greedy {base_text!r} -> {text!r}")
+
+
+def test_a_canary_is_loaded_into_vllm_and_its_records_are_trained_on(
+        reef: ReefServer, oai: openai.OpenAI, client: ReefClient, releases: dict[str, object]) -> None:
+    """`canaried` opts in at fraction 1: once the learner has a candidate, vLLM serves it (a LoRA
+    load of its own) to the scenario's requests, recorded under `canary-<batch id>` with vLLM's
+    token ids verified against that load, and a later batch (the commit log) trains on them."""
+    log = Path(str(releases["work"])) / "state" / "commits"
+
+    def batched() -> set[str]:  # record ids every logged batch of any scenario named
+        return {rid for path in log.glob("*.jsonl") for line in path.read_text().splitlines()
+                if (entry := json.loads(line)).get("operation") == "batch" for rid in entry["batch"]["record_ids"]}
+
+    deadline, i = time.monotonic() + 240, 0
+    by_canary: dict[str, str] = {}  # receipt -> the canary's release id
+    while not set(by_canary) & batched():
+        assert time.monotonic() < deadline, f"no canary record trained on: {client.status()['learning']}"
+        for _ in range(4):
+            raw = oai.chat.completions.with_raw_response.create(
+                model="tiny", messages=[{"role": "user", "content": f"Say {i}."}], max_tokens=8, temperature=1.0,
+                extra_headers={"x-reef-scenario": "canaried"})
+            receipt, release = raw.headers["x-reef-agent-record-id"], raw.headers["x-reef-release-id"]
+            client.report(receipt, score=float(i % 2))
+            if release.startswith("canary-"):
+                by_canary[receipt] = release
+            i += 1
+        time.sleep(0.3)
+    receipt = sorted(set(by_canary) & batched())[0]
+    record = fetch(client, receipt)
+    load = record["release"]["runtime_load_id"]
+    assert record["verified"] is True and record["release"]["release_id"] == by_canary[receipt]
+    assert load and {span["runtime_load_id"] for span in record["spans"]} == {load}
+    assert load != client.scenario("canaried")["serving"]["runtime_load_id"]  # its own adapter in vLLM
+    status = next(s for s in client.status()["learning"]["learners"] if s["scenario"] == "canaried")
+    assert not {"no_tokens", "unverified", "unknown_release", "stale"} & set(status["dropped"]), status["dropped"]
+    assert status["last_error"] is None, status["last_error"]
+    print(f"vLLM canary: a canary-served record trained on after {i} scored requests")
