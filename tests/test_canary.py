@@ -154,3 +154,34 @@ def test_a_rollback_mid_canary_stops_it_and_voids_the_candidate(tiny_model_dir: 
         assert reason.startswith("head_moved") and learner.working is None
 
     run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+def test_a_canary_keeps_the_serving_releases_harness_in_front_of_its_requests(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The canary serves the candidate's weights over the serving release's files: a learned
+    system prompt (inject mode, the default) still goes in front of the requests it serves."""
+    from reef.commit.release_chain import Candidate
+    from reef.core.types import ArtifactKind, Verdict
+
+    async def body() -> None:
+        runtime = EmbeddedRuntime(tiny_model_dir, threads=1, default_max_tokens=4)
+        await runtime.start()
+        try:
+            with ReefState.open(tmp_path / "state") as state:
+                directory = ScenarioDirectory(state, runtime, RecipeConfig())
+                chain = await directory.create("s")
+                rule = b"Answer in one word."
+                learned = chain.publish(Candidate({"harness/system.md": rule}, ArtifactKind.HARNESS),
+                                        chain.head().release_id, verdict=Verdict("select", {}))
+                await directory.serve_release(chain, learned)
+                ref = await directory.start_canary("s", canary_release_id("b1"), lora_files(tiny_model_dir, tmp_path / "a"), 1.0)
+                async with directory.admit("s") as admitted:
+                    assert admitted == ref
+                request = ChatRequest(model="m", messages=(Message("user", "hi"),), dialect="openai", max_tokens=4)
+                sent, added = await directory.harness.inject("s", request, admitted)
+                assert added is not None and sent.messages[0].role == "system"
+                assert sent.messages[0].content.startswith(rule.decode())
+        finally:
+            await runtime.close()
+
+    asyncio.run(body())
+

@@ -427,6 +427,7 @@ def test_the_tiny_model_learns_and_the_open_page_shows_the_new_release_in_the_ch
         assert page.evaluate("window.reefTestMarker") == "not reloaded"
         sync_api.expect(page.get_by_test_id("canary")).to_contain_text("50%")  # the canary's card
         sync_api.expect(page.get_by_test_id("canary")).to_contain_text("withdrawn")
+        shot(page, "canary")
 
         records = httpx.get(f"{reef.url}/reef/scenarios/{TINY}/records", params={"limit": 50},
                             headers={"Authorization": f"Bearer {TOKEN}"}).json()["records"]
@@ -442,5 +443,6 @@ def test_the_tiny_model_learns_and_the_open_page_shows_the_new_release_in_the_ch
 def test_screenshots_exist_when_asked() -> None:
     if not SCREENSHOTS:
         pytest.skip("REEF_UI_SCREENSHOTS=1 writes docs/ui-*.png")
-    for name in ("login", "scenarios", "chain", "curve", "records", "record", "diff", "rollback-confirm", "conflict"):
+    for name in ("login", "scenarios", "chain", "curve", "records", "record", "diff", "rollback-confirm", "conflict",
+                 "canary"):
         assert (DOCS / f"ui-{name}.png").stat().st_size > 10_000, name
