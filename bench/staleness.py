@@ -11,11 +11,12 @@ PPO's clipped surrogate over every token (`nomask`: `ppo` without the dual clip)
 (bench/learning_race.py's evaluation) after 24, 48, 72... steps. K=1 L=0 is the bare loop.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/staleness.py [--task sentence] [--steps 72]
-        [--variants 1:0:mask,6:1:mask,6:1:nomask]
+        [--variants 1:0:mask,6:1:mask,6:1:nomask] [--seeds 1]
 
-One run of each variant, one seed: a variant's take-off varies by tens of steps from run to
-run, so read large differences only (docs/learning.md). Not in CI. Writes
-bench/results/staleness_<task>.json.
+`--seeds N` runs each variant N times (seed k seeds the questions and the sampling); a
+variant's take-off varies by tens of steps from run to run, so one seed shows large differences
+only (docs/learning.md). Not in CI. Writes bench/results/staleness_<task>.json (per variant, a
+curve per seed).
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ BATCH = 8
 
 
 def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: int, loss: str,  # type: ignore[no-untyped-def]
-                total_steps: int, temperature: float = 1.0) -> dict[int, float]:
+                total_steps: int, seed: int = 0, temperature: float = 1.0) -> dict[int, float]:
     from peft import set_peft_model_state_dict
 
     set_peft_model_state_dict(model, fresh)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LEARNING_RATE, weight_decay=0.0)
-    rng, train = random.Random(0), task.module.train_tasks()
+    torch.manual_seed(seed)  # the sampling, and with `rng` the questions: one seed, one run
+    rng, train = random.Random(seed), task.module.train_tasks()
     candidates = [bare_loop.adapter_weights(model)]  # the weights after each candidate
     eval_at = {s for s in range(24, total_steps + 1, 24)}
     baseline, steps, curve, started = None, 0, {}, time.monotonic()
@@ -71,7 +73,7 @@ def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: in
                 weights = bare_loop.adapter_weights(model)
                 curve[steps] = evaluate(model, tokenizer, weights, task)
                 set_peft_model_state_dict(model, weights)
-                log(f"K={steps_per_candidate} L={lag} {loss}: step {steps}: test {100 * curve[steps]:.1f}% "
+                log(f"K={steps_per_candidate} L={lag} {loss} seed {seed}: step {steps}: test {100 * curve[steps]:.1f}% "
                     f"({time.monotonic() - started:.0f} s)")
         candidates.append(bare_loop.adapter_weights(model))
     return curve
@@ -83,23 +85,32 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=72, help="optimiser steps per variant")
     parser.add_argument("--variants", default="1:0:mask,6:1:mask,6:1:nomask",
                         help="K:L:mask|nomask, comma-separated (K steps per candidate, samples L candidates old)")
+    parser.add_argument("--seeds", type=int, default=1, help="runs of each variant (seeds 0..N-1), interleaved")
     args = parser.parse_args()
     task = race_task(args.task)
     tokenizer, model = bare_loop.load_model()
     fresh = bare_loop.adapter_weights(model)
-    results = {}
-    for variant in args.variants.split(","):
-        k, lag, loss = variant.split(":")
-        if loss not in ("mask", "nomask"):
-            parser.error(f"{variant}: the loss is mask or nomask")
-        results[variant] = run_variant(model, tokenizer, task, fresh, int(k), int(lag), loss, args.steps)
+    variants = args.variants.split(",")
+    for variant in variants:
+        if len(variant.split(":")) != 3 or variant.split(":")[2] not in ("mask", "nomask"):
+            parser.error(f"{variant}: expected K:L:mask or K:L:nomask")
+    results: dict[str, list[dict[int, float]]] = {v: [] for v in variants}
+    for seed in range(args.seeds):  # seed by seed, so a slower machine late in the run hits every variant alike
+        for variant in variants:
+            k, lag, loss = variant.split(":")
+            results[variant].append(run_variant(model, tokenizer, task, fresh, int(k), int(lag), loss, args.steps, seed))
     out = ROOT / "bench" / "results" / f"staleness_{task.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "staleness", "task": task.name, "lr": LEARNING_RATE, "batch": BATCH,
                                "test_success_by_step": results}, indent=1))
-    print(f"{'variant':>12} " + " ".join(f"{s:>7}" for s in range(24, args.steps + 1, 24)))
-    for variant, curve in results.items():
-        print(f"{variant:>12} " + " ".join(f"{100 * curve.get(s, float('nan')):6.1f}%" for s in range(24, args.steps + 1, 24)))
+    at = range(24, args.steps + 1, 24)
+    print(f"{'variant':>16} " + " ".join(f"{s:>7}" for s in at))
+    for variant, curves in results.items():
+        for seed, curve in enumerate(curves):
+            print(f"{variant + ' s' + str(seed):>16} " + " ".join(f"{100 * curve.get(s, float('nan')):6.1f}%" for s in at))
+        if len(curves) > 1:
+            print(f"{variant + ' mean':>16} " + " ".join(
+                f"{100 * sum(c.get(s, float('nan')) for c in curves) / len(curves):6.1f}%" for s in at))
     log(f"wrote {out}")
 
 
