@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Mapping
+from typing import Awaitable, Callable, Mapping
 
 from reef.commit.state import ReefState
 from reef.config import RecipeConfig, ServeConfig
@@ -18,6 +18,21 @@ from reef.runtimes.embedded import EmbeddedRuntime
 from reef.serve.scenarios import ScenarioDirectory
 from tests.helpers.lora import lora_files
 from tests.test_learner import PROMISING, Rig, ScriptedGate, run_with_rig, until
+
+
+def with_directory(model_dir: Path, tmp_path: Path,
+                   body: Callable[[ReefState, EmbeddedRuntime, ScenarioDirectory], Awaitable[None]]) -> None:
+    """Run `body` with the embedded tiny model started and a scenario directory on a real state."""
+    async def main() -> None:
+        runtime = EmbeddedRuntime(model_dir, threads=1, default_max_tokens=4)
+        await runtime.start()
+        try:
+            with ReefState.open(tmp_path / "state") as state:
+                await body(state, runtime, ScenarioDirectory(state, runtime, RecipeConfig()))
+        finally:
+            await runtime.close()
+
+    asyncio.run(main())
 
 
 def test_live_scores_withdraw_only_on_evidence_that_the_canary_is_worse() -> None:
@@ -43,47 +58,39 @@ def test_live_scores_withdraw_only_on_evidence_that_the_canary_is_worse() -> Non
 
 def test_a_canary_serves_its_fraction_of_an_opted_in_scenario_and_unloads_when_free(
         tiny_model_dir: Path, tmp_path: Path) -> None:
-    async def body() -> None:
-        runtime = EmbeddedRuntime(tiny_model_dir, threads=1, default_max_tokens=4)
-        await runtime.start()
-        try:
-            with ReefState.open(tmp_path / "state") as state:
-                directory = ScenarioDirectory(state, runtime, RecipeConfig())
-                await directory.create("s")
-                await directory.create("t")
-                files = lora_files(tiny_model_dir, tmp_path / "adapter")
-                ref = await directory.start_canary("s", canary_release_id("b1"), files, 0.5)
-                assert ref.content_id.startswith("sha256:")  # a content id like any release's, of what it serves
-                served = []
-                for _ in range(200):
-                    async with directory.admit("s") as admitted:
-                        served.append(admitted.release_id)
-                    async with directory.admit("t") as other:
-                        assert other.release_id == state.chain("t").head().release_id  # not opted in
-                assert 60 < served.count(ref.release_id) < 140 and set(served) == {ref.release_id,
-                                                                                   state.chain("s").head().release_id}
-                result = ChatResult()
-                request = ChatRequest(model="m", messages=(Message("user", "hi"),), dialect="openai", max_tokens=4)
-                async for delta in runtime.generate(request, ref):
-                    result.add(delta)
-                assert result.token_ids  # the canary's load serves, stamped with its own load id
+    async def body(state: ReefState, runtime: EmbeddedRuntime, directory: ScenarioDirectory) -> None:
+        await directory.create("s")
+        await directory.create("t")
+        files = lora_files(tiny_model_dir, tmp_path / "adapter")
+        ref = await directory.start_canary("s", canary_release_id("b1"), files, 0.5)
+        assert ref.content_id.startswith("sha256:")  # a content id like any release's, of what it serves
+        served = []
+        for _ in range(200):
+            async with directory.admit("s") as admitted:
+                served.append(admitted.release_id)
+            async with directory.admit("t") as other:
+                assert other.release_id == state.chain("t").head().release_id  # not opted in
+        assert 60 < served.count(ref.release_id) < 140 and set(served) == {ref.release_id,
+                                                                           state.chain("s").head().release_id}
+        result = ChatResult()
+        request = ChatRequest(model="m", messages=(Message("user", "hi"),), dialect="openai", max_tokens=4)
+        async for delta in runtime.generate(request, ref):
+            result.add(delta)
+        assert result.token_ids  # the canary's load serves, stamped with its own load id
 
-                pinned = directory.admit("s")
-                while (await pinned.__aenter__()).release_id != ref.release_id:  # hold a request on the canary
-                    await pinned.__aexit__(None, None, None)
-                    pinned = directory.admit("s")
-                await directory.stop_canary("s")
-                async with directory.admit("s") as after:
-                    assert after.release_id != ref.release_id  # no new request goes to it
-                await asyncio.sleep(0.2)
-                assert ref.runtime_load_id in runtime._loads  # the request in flight keeps it loaded
-                await pinned.__aexit__(None, None, None)
-                await until(lambda: ref.runtime_load_id not in runtime._loads, "the canary unloaded", 10)
-        finally:
-            await runtime.close()
+        pinned = directory.admit("s")
+        while (await pinned.__aenter__()).release_id != ref.release_id:  # hold a request on the canary
+            await pinned.__aexit__(None, None, None)
+            pinned = directory.admit("s")
+        await directory.stop_canary("s")
+        async with directory.admit("s") as after:
+            assert after.release_id != ref.release_id  # no new request goes to it
+        await asyncio.sleep(0.2)
+        assert ref.runtime_load_id in runtime._loads  # the request in flight keeps it loaded
+        await pinned.__aexit__(None, None, None)
+        await until(lambda: ref.runtime_load_id not in runtime._loads, "the canary unloaded", 10)
 
-    asyncio.run(body())
-
+    with_directory(tiny_model_dir, tmp_path, body)
 
 def test_learner_canary_settings_are_checked() -> None:
     import pytest
@@ -162,26 +169,18 @@ def test_a_canary_keeps_the_serving_releases_harness_in_front_of_its_requests(ti
     from reef.commit.release_chain import Candidate
     from reef.core.types import ArtifactKind, Verdict
 
-    async def body() -> None:
-        runtime = EmbeddedRuntime(tiny_model_dir, threads=1, default_max_tokens=4)
-        await runtime.start()
-        try:
-            with ReefState.open(tmp_path / "state") as state:
-                directory = ScenarioDirectory(state, runtime, RecipeConfig())
-                chain = await directory.create("s")
-                rule = b"Answer in one word."
-                learned = chain.publish(Candidate({"harness/system.md": rule}, ArtifactKind.HARNESS),
-                                        chain.head().release_id, verdict=Verdict("select", {}))
-                await directory.serve_release(chain, learned)
-                ref = await directory.start_canary("s", canary_release_id("b1"), lora_files(tiny_model_dir, tmp_path / "a"), 1.0)
-                async with directory.admit("s") as admitted:
-                    assert admitted == ref
-                request = ChatRequest(model="m", messages=(Message("user", "hi"),), dialect="openai", max_tokens=4)
-                sent, added = await directory.harness.inject("s", request, admitted)
-                assert added is not None and sent.messages[0].role == "system"
-                assert sent.messages[0].content.startswith(rule.decode())
-        finally:
-            await runtime.close()
+    async def body(state: ReefState, runtime: EmbeddedRuntime, directory: ScenarioDirectory) -> None:
+        chain = await directory.create("s")
+        rule = b"Answer in one word."
+        learned = chain.publish(Candidate({"harness/system.md": rule}, ArtifactKind.HARNESS),
+                                chain.head().release_id, verdict=Verdict("select", {}))
+        await directory.serve_release(chain, learned)
+        ref = await directory.start_canary("s", canary_release_id("b1"), lora_files(tiny_model_dir, tmp_path / "a"), 1.0)
+        async with directory.admit("s") as admitted:
+            assert admitted == ref
+        request = ChatRequest(model="m", messages=(Message("user", "hi"),), dialect="openai", max_tokens=4)
+        sent, added = await directory.harness.inject("s", request, admitted)
+        assert added is not None and sent.messages[0].role == "system"
+        assert sent.messages[0].content.startswith(rule.decode())
 
-    asyncio.run(body())
-
+    with_directory(tiny_model_dir, tmp_path, body)
