@@ -90,10 +90,12 @@ def decode(tokenizer: Any, ids: list[int]) -> str:
 
 def pg_step(model: Any, opt: Any, prompts: list[list[int]], comps: list[list[int]], old: list[list[float]],
             advantages: list[float], temperature: float, eps: tuple[float, float] = (0.2, 0.28),
-            masked: bool = True) -> None:
-    """One clipped importance-ratio policy-gradient step (the mean over kept tokens), AdamW.
-    `masked`: tokens whose ratio left the clip range are left out (`clipped_is`); otherwise every
-    token counts in PPO's surrogate (`ppo` without its dual clip; bench/staleness.py)."""
+            loss: str = "mask") -> dict[str, float]:
+    """One policy-gradient step with importance ratios against the sampling log-probs (the mean
+    over kept tokens), AdamW; the fraction of tokens whose ratio left the clip range. `loss`:
+    `mask` leaves those tokens out (`clipped_is`); `nomask` keeps every token in PPO's surrogate
+    (`ppo` without its dual clip); `cispo` weights every token's log-prob gradient by its ratio
+    truncated at 1 + eps[1] (`cispo`). bench/staleness.py compares them."""
     ids, mask, positions = _left_pad([p + c for p, c in zip(prompts, comps)])
     longest = max(map(len, comps))
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=longest + 1).logits
@@ -103,12 +105,16 @@ def pg_step(model: Any, opt: Any, prompts: list[list[int]], comps: list[list[int
     old_t = torch.tensor([[0.0] * (longest - len(o)) + o for o in old])
     adv = torch.tensor(advantages)[:, None]
     ratio = torch.where(real, new - old_t, torch.zeros_like(new)).exp()
-    keep = real & (ratio.detach() > 1 - eps[0]) & (ratio.detach() < 1 + eps[1]) if masked else real
-    loss = -torch.minimum(ratio * adv, ratio.clamp(1 - eps[0], 1 + eps[1]) * adv)
-    (torch.where(keep, loss, 0.0).sum() / keep.sum().clamp(min=1)).backward()
+    outside = real & ((ratio.detach() <= 1 - eps[0]) | (ratio.detach() >= 1 + eps[1]))
+    keep = real & ~outside if loss == "mask" else real
+    per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - eps[0], 1 + eps[1]) * adv)
+    if loss == "cispo":
+        per_token = -ratio.detach().clamp(max=1 + eps[1]) * new * adv
+    (torch.where(keep, per_token, 0.0).sum() / keep.sum().clamp(min=1)).backward()
     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
+    return {"outside_clip": float(outside.sum() / real.sum())}
 
 
 def adapter_weights(model: Any) -> dict[str, torch.Tensor]:

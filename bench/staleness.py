@@ -7,7 +7,8 @@ steps behind the weights). This runs bench/bare_loop.py's on-policy loop with th
 nothing else of Reef (no server, no gate): per round, sample K batches of 8 with the weights of
 L candidates ago, then take K clipped policy-gradient steps on them from the current weights,
 with the loss either masking tokens whose ratio left the clip range (`mask`: `clipped_is`) or
-PPO's clipped surrogate over every token (`nomask`: `ppo` without the dual clip). Test success
+PPO's clipped surrogate over every token (`nomask`: `ppo` without the dual clip), or weighting
+every token's gradient by its ratio truncated at the clip's top (`cispo`). Test success
 (bench/learning_race.py's evaluation) after 24, 48, 72... steps. K=1 L=0 is the bare loop.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/staleness.py [--task sentence] [--steps 72]
@@ -50,6 +51,7 @@ def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: in
     candidates = [bare_loop.adapter_weights(model)]  # the weights after each candidate
     eval_at = {s for s in range(24, total_steps + 1, 24)}
     baseline, steps, curve, started = None, 0, {}, time.monotonic()
+    outside: list[float] = []
     while steps < total_steps:
         current = bare_loop.adapter_weights(model)
         set_peft_model_state_dict(model, candidates[max(0, len(candidates) - 1 - lag)])  # what served
@@ -67,14 +69,16 @@ def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: in
             for s in scores:  # bare_loop's EMA baseline, as Reef's sao keeps it
                 advantages.append(s - baseline)
                 baseline = 0.9 * baseline + 0.1 * s
-            bare_loop.pg_step(model, opt, prompts, comps, old, advantages, temperature, masked=loss == "mask")
+            step = bare_loop.pg_step(model, opt, prompts, comps, old, advantages, temperature, loss=loss)
+            outside.append(step["outside_clip"])
             steps += 1
             if steps in eval_at:
                 weights = bare_loop.adapter_weights(model)
                 curve[steps] = evaluate(model, tokenizer, weights, task)
                 set_peft_model_state_dict(model, weights)
                 log(f"K={steps_per_candidate} L={lag} {loss} seed {seed}: step {steps}: test {100 * curve[steps]:.1f}% "
-                    f"({time.monotonic() - started:.0f} s)")
+                    f"(tokens outside the clip range, last 24 steps: {100 * sum(outside[-24:]) / 24:.1f}%; "
+                    f"{time.monotonic() - started:.0f} s)")
         candidates.append(bare_loop.adapter_weights(model))
     return curve
 
@@ -84,7 +88,7 @@ def main() -> None:
     parser.add_argument("--task", choices=["demo", "sentence"], default="sentence")
     parser.add_argument("--steps", type=int, default=72, help="optimiser steps per variant")
     parser.add_argument("--variants", default="1:0:mask,6:1:mask,6:1:nomask",
-                        help="K:L:mask|nomask, comma-separated (K steps per candidate, samples L candidates old)")
+                        help="K:L:mask|nomask|cispo, comma-separated (K steps per candidate, samples L candidates old)")
     parser.add_argument("--seeds", type=int, default=1, help="runs of each variant (seeds 0..N-1), interleaved")
     args = parser.parse_args()
     task = race_task(args.task)
@@ -92,8 +96,8 @@ def main() -> None:
     fresh = bare_loop.adapter_weights(model)
     variants = args.variants.split(",")
     for variant in variants:
-        if len(variant.split(":")) != 3 or variant.split(":")[2] not in ("mask", "nomask"):
-            parser.error(f"{variant}: expected K:L:mask or K:L:nomask")
+        if len(variant.split(":")) != 3 or variant.split(":")[2] not in ("mask", "nomask", "cispo"):
+            parser.error(f"{variant}: expected K:L:mask, K:L:nomask or K:L:cispo")
     results: dict[str, list[dict[int, float]]] = {v: [] for v in variants}
     for seed in range(args.seeds):  # seed by seed, so a slower machine late in the run hits every variant alike
         for variant in variants:

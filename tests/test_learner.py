@@ -7,6 +7,7 @@ resumed, in order."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -146,8 +147,8 @@ def test_the_next_candidate_trains_while_the_gate_judges(tiny_model_dir: Path, t
     run_with_rig(tmp_path, tiny_model_dir, body)
 
 
-def test_the_gate_judges_the_newest_candidate_and_logs_the_one_it_replaced(tiny_model_dir: Path,
-                                                                           tmp_path: Path) -> None:
+def test_the_gate_judges_the_newest_candidate_and_logs_the_one_it_replaced(
+        tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     async def body(rig: Rig) -> None:
         gate = ScriptedGate(("reject", PROMISING), ("select", PROMISING))
         learner = rig.learner(gate)
@@ -164,7 +165,10 @@ def test_the_gate_judges_the_newest_candidate_and_logs_the_one_it_replaced(tiny_
         assert reason.startswith(f"superseded: batch {b3}, trained on from it")
         assert rig.chain.open_batches() == [] and learner.stats.candidates == 3
 
+    caplog.set_level(logging.INFO, logger="reef.learner")
     run_with_rig(tmp_path, tiny_model_dir, body)
+    superseded = [r for r in caplog.records if "superseded" in r.getMessage()]
+    assert [r.levelno for r in superseded] == [logging.INFO]  # routine work, not a warning on the operator's terminal
 
 
 def test_a_batch_is_the_newest_samples(tiny_model_dir: Path, tmp_path: Path) -> None:

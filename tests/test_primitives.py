@@ -136,13 +136,20 @@ def test_losses_by_name_with_per_token_advantages_and_mask(trainer: LoRATrainer)
     trainer.load_state("ahead", None, LoraShape())
     trainer.forward_backward("ahead", [ahead], "ppo", LossConfig())
     assert trainer.optim_step("ahead", ADAM)["grad_norm"] == 0.0
+    # cispo: that token still learns, its weight bounded by the clip (1 + eps_clip_high), not stopped
+    trainer.load_state("cispo", None, LoraShape())
+    metrics = trainer.forward_backward("cispo", [ahead], "cispo", LossConfig())
+    assert metrics["clipped_fraction"] == 0.0 and metrics["outside_clip_fraction"] == 1.0, metrics
+    assert metrics["loss"] == pytest.approx(-1.28 * sum(base) / 4, rel=1e-4)  # -(clipped weight) x log p x A
+    trainer.optim_step("cispo", ADAM)
+    assert mean_logprob(trainer, trainer.save_state("cispo"), target) > sum(base) / 4
 
     # a zero mask weight trains nothing; an unknown loss is refused with the known ones
     trainer.load_state("masked", None, LoraShape())
     masked = Datum(PROMPT, target, base, [1.0] * 4, [0.0] * 4)
     assert trainer.forward_backward("masked", [masked], "clipped_is", LossConfig())["clipped_fraction"] == 1.0
     assert trainer.optim_step("masked", ADAM)["steps"] == 0.0
-    with pytest.raises(ValueError, match="known: ppo, clipped_is, importance_sampling, cross_entropy"):
+    with pytest.raises(ValueError, match="known: ppo, clipped_is, cispo, importance_sampling, cross_entropy"):
         trainer.forward_backward("masked", [masked], "dpo", LossConfig())
     with pytest.raises(ValueError, match="datum 0: 4 completion tokens but 3 advantages"):
         trainer.forward_backward("masked", [Datum(PROMPT, target, base, [1.0] * 3, [1.0] * 4)], "clipped_is",

@@ -45,3 +45,5 @@ def test_sao_trains_with_ppo_by_default_and_clipped_is_when_asked() -> None:
     assert default.losses == ["ppo", "ppo"] and default.steps == 2  # steps_per_candidate defaults to 2
     masked = train(SAOConfig(batch_size=2, steps_per_candidate=3, loss="clipped_is"))
     assert masked.losses == ["clipped_is"] * 3 and masked.steps == 3
+    weighted = train(SAOConfig(batch_size=2, steps_per_candidate=1, loss="cispo"))
+    assert weighted.losses == ["cispo"] and weighted.steps == 1

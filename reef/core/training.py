@@ -20,9 +20,11 @@ from typing import Mapping
 #   DUAL_CLIP times the advantage: dual-clip PPO).
 # clipped_is: policy gradient with importance ratios; tokens whose ratio lies outside the clip
 #   range are masked out altogether (for behaviour log-probs that cannot be trusted far off).
+# cispo: every token's log-prob gradient times its ratio truncated at 1 + eps_clip_high (the weight
+#   is bounded, no token is dropped: one made likelier since it was sampled still learns).
 # importance_sampling: the same without clipping or masking.
 # cross_entropy: supervised: -log p of each weighted completion token (distillation targets).
-LOSSES = ("ppo", "clipped_is", "importance_sampling", "cross_entropy")
+LOSSES = ("ppo", "clipped_is", "cispo", "importance_sampling", "cross_entropy")
 DUAL_CLIP = 3.0
 TRAINING_FOLDER = "training/"  # where a checkpoint keeps the optimiser beside its adapter
 

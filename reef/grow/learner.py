@@ -186,7 +186,7 @@ class Learner:
         replaced, self.waiting = self.waiting, (candidate, lineage)
         if replaced is not None:
             await self._abandon(replaced[0].batch_id, f"superseded: batch {candidate.batch_id}, trained on from it, "
-                                "goes to the gate instead")
+                                "goes to the gate instead", routine=True)
         await self._start_canary(candidate)
         if self._gate_idle():
             await self._judged()
@@ -307,8 +307,11 @@ class Learner:
         self.working, self.lineage, self.drop_reason = None, self.lineage + 1, reason
         self.evidence = LineageEvidence()
 
-    async def _abandon(self, batch_id: str, reason: str) -> None:
-        log.warning("learner %s: batch %s abandoned: %s", self.scenario, batch_id, reason)
+    async def _abandon(self, batch_id: str, reason: str, routine: bool = False) -> None:
+        """Close the batch in the log as abandoned. `routine`: superseded by a newer candidate that
+        carries its steps, every few seconds in normal work, so not a warning."""
+        log.log(logging.INFO if routine else logging.WARNING, "learner %s: batch %s abandoned: %s",
+                self.scenario, batch_id, reason)
         with contextlib.suppress(NotFound):
             await asyncio.to_thread(self.chain.abandon_batch, batch_id, reason)
         self.stats.abandoned += 1

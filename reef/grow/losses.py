@@ -43,6 +43,16 @@ def clipped_is(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor, confi
     return -torch.minimum(ratio * advantages, clipped * advantages), keep
 
 
+def cispo(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor, config: LossConfig) -> tuple[Tensor, Tensor]:
+    """CISPO: every live token's log-prob gradient, weighted by its importance ratio truncated at
+    1 + eps_clip_high (no lower bound, as in the CISPO paper: a token the adapter now finds
+    unlikely counts as little as it is likely). The clip bounds the weight instead of stopping
+    the gradient: a token made likelier since it was sampled (the one being learned) still
+    counts, as it does on-policy, where `ppo`'s clip drops it."""
+    weight = torch.clamp(log_ratio(new, old, live).exp(), max=1 + config.eps_clip_high).detach()
+    return -weight * new * advantages, live
+
+
 def importance_sampling(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor,
                         config: LossConfig) -> tuple[Tensor, Tensor]:
     return -log_ratio(new, old, live).exp() * advantages, live
@@ -52,7 +62,8 @@ def cross_entropy(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor, co
     return -new, live
 
 
-LOSS_FUNCTIONS: dict[str, LossFn] = {"ppo": ppo, "clipped_is": clipped_is, "importance_sampling": importance_sampling,
+LOSS_FUNCTIONS: dict[str, LossFn] = {"ppo": ppo, "clipped_is": clipped_is, "cispo": cispo,
+                                     "importance_sampling": importance_sampling,
                                      "cross_entropy": cross_entropy}
 
 

@@ -47,8 +47,9 @@ class SAOConfig(BaseModel):
     warmup_steps: int = Field(0, ge=0, description="A fresh optimiser's first steps ramp lr up linearly over this many")
     lora_r: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
-    loss: Literal["ppo", "clipped_is"] = Field("ppo", description="ppo: PPO's clipped surrogate over every token; "
-                                                 "clipped_is: tokens whose ratio left the clip range are masked out")
+    loss: Literal["ppo", "clipped_is", "cispo"] = Field(
+        "ppo", description="ppo: PPO's clipped surrogate over every token; clipped_is: tokens whose ratio left the "
+        "clip range are masked out; cispo: every token's gradient, weighted by its ratio truncated at 1 + eps_clip_high")
     eps_clip: float = Field(0.2, gt=0, lt=1)
     eps_clip_high: float = Field(0.28, gt=0)
     kl_coef: float = Field(0.0, ge=0)
