@@ -14,7 +14,7 @@ questions greedily, through one evaluation function; nothing trains or selects o
 base is snapshot 0 (the base model), measured in the same run.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
-        [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--out PATH.json]
+        [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
 reach +10, +20 and +30 points over the base and the ratio reef/bare, and the final values;
@@ -51,8 +51,8 @@ import yaml  # noqa: E402
 
 import bare_loop  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
-from reef.demo.server import (CANARY, GATE_MAX_TOKENS, LEARNING_RATE, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE,  # noqa: E402
-                              DemoServer, demo_settings, free_port)
+from reef.demo.server import (CANARY, GATE_MAX_TOKENS, LEARNING_RATE, LOSS, TRAFFIC_MAX_TOKENS,  # noqa: E402
+                              TRAFFIC_TEMPERATURE, DemoServer, demo_settings, free_port)
 
 BATCH = 8  # the demo's learner.sao.batch_size
 GAINS = (10, 20, 30)  # points over the base
@@ -100,13 +100,13 @@ def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: 
 
 
 def run_reef(task: RaceTask, seconds: float, every: float, concurrency: int, workdir: Path,
-             canary: float | None) -> dict[str, Any]:
+             canary: float | None, loss: str = LOSS) -> dict[str, Any]:
     heldout = task.module.write_heldout_jsonl(workdir / "heldout.jsonl")
     port = free_port()
     config = workdir / "serve.yaml"
     settings = demo_settings(workdir, heldout, port, None, LEARNING_RATE, scorer=task.scorer,
                              traffic_max_tokens=task.traffic_max_tokens, gate_max_tokens=task.eval_max_tokens,
-                             canary=canary)
+                             canary=canary, loss=loss)
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     server = DemoServer(config, port, workdir / "serve.log", pythonpath=(str(BENCH),))
     log(f"reef: starting reef serve on {server.url} (log {server.log_path})")
@@ -301,6 +301,8 @@ def main() -> None:
     parser.add_argument("--canary", type=float, default=CANARY,
                         help="reef: learner.canary of the scenario, the fraction of requests the newest candidate "
                              "under test serves (0: none)  [default: the demo's]")
+    parser.add_argument("--loss", choices=["ppo", "clipped_is", "cispo"], default=LOSS,
+                        help="reef: learner.sao.loss  [default: the demo's, %(default)s]")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -320,7 +322,8 @@ def main() -> None:
             if name == "bare":
                 arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every)
             else:
-                arms[name] = run_reef(task, seconds, args.snapshot_every, args.concurrency, workdir, args.canary)
+                arms[name] = run_reef(task, seconds, args.snapshot_every, args.concurrency, workdir, args.canary,
+                                      args.loss)
     base_success = evaluate_arms(arms, model, tokenizer, base, task)
     summary = summarise(arms, base_success)
     print(table(arms, summary))
@@ -331,7 +334,7 @@ def main() -> None:
 
 def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> None:
     settings = {"task": task.name, "minutes": args.minutes, "snapshot_every_s": args.snapshot_every,
-                "concurrency": args.concurrency, "canary": args.canary, "lr": LEARNING_RATE, "batch": BATCH,
+                "concurrency": args.concurrency, "canary": args.canary, "loss": args.loss, "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,
                 "lora": {"r": bare_loop.LORA.r, "alpha": bare_loop.LORA.alpha,

@@ -44,13 +44,18 @@ LEARNING_RATE = 2e-4
 # moved away from, and the samples that arrive while it trains come from the candidate before
 # it; fewer steps keep them closer to the weights being trained (bench/learning_race.py).
 STEPS_PER_CANDIDATE = 2
+# The sao loss the demo trains with: cispo keeps the gradient of the tokens its stale samples have
+# already made likelier (ppo's clip drops them); on the demo's one-word answers that took +30
+# points from minute 5 to minutes 3 and 4 in two runs each (bench/learning_race.py; docs/learning.md).
+LOSS = "cispo"
 CANARY = 1.0  # the demo opts in: every request goes to the newest candidate under test (bench/learning_race.py)
 
 
 def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | None,
                   lr: float = LEARNING_RATE, runtime: str = "embedded", scorer: str = "reef.demo.tasks:gate_score",
                   traffic_max_tokens: int = TRAFFIC_MAX_TOKENS,
-                  gate_max_tokens: int = GATE_MAX_TOKENS, canary: float | None = None) -> dict[str, Any]:
+                  gate_max_tokens: int = GATE_MAX_TOKENS, canary: float | None = None,
+                  loss: str = LOSS) -> dict[str, Any]:
     """serve.yaml for the demo: the embedded model (or vLLM, serving the same model folder the
     trainer trains), short answers, and a learner whose gate runs the held-out tasks through the
     strict verifier (or another task's `scorer`, as bench/learning_race.py does)."""
@@ -67,7 +72,7 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
         "embedded": embedded,
         **engine,
         "learner": {
-            "sao": {"batch_size": 8, "steps_per_candidate": STEPS_PER_CANDIDATE, "lr": lr},
+            "sao": {"batch_size": 8, "steps_per_candidate": STEPS_PER_CANDIDATE, "lr": lr, "loss": loss},
             "gate": {"tasks": str(heldout.resolve()), "scorer": scorer,
                      "max_tokens": gate_max_tokens, "temperature": 0},
             **({"canary": {"demo": canary}} if canary else {}),

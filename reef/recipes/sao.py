@@ -8,7 +8,10 @@ importance ratios against the recorded rollout log-probs, clipped to `(1 - eps_c
 1 + eps_clip_high)`, with an optional KL penalty to the base model; `steps_per_candidate` steps
 make one candidate for the gate. Its later steps train on samples a few steps older than the
 weights, so a token past the clip still counts (`loss: clipped_is` masks it out instead, which
-bench/learning_race.py measured to stall learning: docs/learning.md). A batch is the newest samples: what waited behind them is superseded.
+bench/learning_race.py measured to stall learning: docs/learning.md). `loss: cispo` weights
+every token's gradient by its ratio truncated at `1 + eps_clip_high`, so even a token already
+made likelier than PPO's clip allows still learns (the demo's loss). A batch is the newest
+samples: what waited behind them is superseded.
 
 A record is a sample only if it can be trained on honestly: complete, with token ids, log-probs
 and the prompt's token ids, its spans verified against the release it was frozen to
