@@ -69,7 +69,7 @@ class Sample:
 @dataclass(frozen=True)
 class LossConfig:
     eps_clip: float = 0.2       # ppo, clipped_is: the ratio's lower bound is 1 - eps_clip
-    eps_clip_high: float = 0.28  # ppo, clipped_is: its upper bound is 1 + eps_clip_high
+    eps_clip_high: float = 0.28  # ppo, clipped_is: its upper bound is 1 + eps_clip_high (cispo: the weight's cap)
     kl_coef: float = 0.0        # any loss: a KL penalty to the base model (adapter off), k3 estimator per token
     micro_batch: int = 8        # sequences per forward pass (memory, not maths)
 
