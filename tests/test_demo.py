@@ -257,7 +257,8 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
 
 @pytest.mark.slow
 def test_sigterm_stops_a_background_demo_and_still_writes_the_curve(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """A shell starts `reef demo &` with SIGINT ignored; SIGTERM must stop it all the same."""
+    """A shell starts `reef demo --json &` with SIGINT ignored; SIGTERM must stop it all the same,
+    and its stdout is the result alone (the progress goes to stderr)."""
     import os
     import signal
     import subprocess
@@ -265,10 +266,10 @@ def test_sigterm_stops_a_background_demo_and_still_writes_the_curve(tiny_model_d
     import time
 
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "reef", "demo", "--minutes", "5", "--concurrency", "2",
+    command = [sys.executable, "-m", "reef", "demo", "--json", "--minutes", "5", "--concurrency", "2",
                "--model-dir", str(tiny_model_dir), "--workdir", str(tmp_path / "work"), "--out-dir", str(out)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    demo = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    demo = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 90
@@ -276,11 +277,13 @@ def test_sigterm_stops_a_background_demo_and_still_writes_the_curve(tiny_model_d
             assert time.monotonic() < deadline and demo.poll() is None, "the demo sent no traffic"
             time.sleep(0.2)
         demo.send_signal(signal.SIGTERM)
-        assert demo.wait(timeout=60) == 0
+        stdout, _ = demo.communicate(timeout=60)
+        assert demo.returncode == 0
     finally:
         if demo.poll() is None:
             demo.kill()
     assert json.loads((out / "learning_curve.json").read_text())["summary"]["interrupted"] is True
+    assert json.loads(stdout)["interrupted"] is True
 
 
 def _demo_has_traffic(config: Path) -> bool:

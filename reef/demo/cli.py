@@ -64,13 +64,14 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
     from reef.demo.run import run_demo
     from reef.demo.server import CANARY, LEARNING_RATE, TRAFFIC_TEMPERATURE, DemoServerError
     from reef.demo.tasks import SHOWN_EXAMPLES
+    from rich.console import Console
 
-    try:
+    try:  # with --json, stdout is the result alone: the progress goes to stderr
         result = run_demo(minutes=minutes, workdir=workdir, model_dir=model_dir, concurrency=concurrency,
                           out_dir=out_dir, examples=SHOWN_EXAMPLES if examples is None else examples,
                           temperature=TRAFFIC_TEMPERATURE if temperature is None else temperature,
                           lr=LEARNING_RATE if lr is None else lr, runtime=runtime,
-                          canary=CANARY if canary is None else canary)
+                          canary=CANARY if canary is None else canary, console=Console(stderr=as_json))
     except DemoServerError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
