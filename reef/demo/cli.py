@@ -31,7 +31,8 @@ import click
 @click.option("--canary", type=click.FloatRange(0, 1), default=None,
               help="learner.canary of the demo's scenario: the fraction of requests the newest candidate under "
                    "test serves (0: none, only published releases serve)  [default: 1.0]")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON at the end.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the result as JSON at the end (stdout holds only that; the progress goes to stderr).")
 def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None, workdir: Path | None,
          examples: int | None, temperature: float | None, lr: float | None, runtime: str, canary: float | None,
          as_json: bool) -> None:
