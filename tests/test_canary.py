@@ -92,6 +92,7 @@ def test_a_canary_serves_its_fraction_of_an_opted_in_scenario_and_unloads_when_f
 
     with_directory(tiny_model_dir, tmp_path, body)
 
+
 def test_learner_canary_settings_are_checked() -> None:
     import pytest
 
