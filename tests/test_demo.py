@@ -233,7 +233,7 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     assert (tmp_path / "out" / "serve.log").exists()
     assert "reef demo:" in out.getvalue()
     assert curve["settings"] == {"examples": demo_tasks.SHOWN_EXAMPLES, "temperature": 0.5, "lr": 1e-4, "minutes": 0.4,
-                                 "runtime": "embedded", "canary": 1.0}
+                                 "runtime": "embedded", "canary": 1.0, "loss": "cispo"}
     config = yaml.safe_load((tmp_path / "work" / "serve.yaml").read_text())
     assert config["learner"]["sao"]["lr"] == 1e-4 and config["learner"]["canary"] == {"demo": 1.0}
     assert config["learner"]["sao"]["loss"] == "cispo"  # the demo's loss (the race's measure), not sao's default

@@ -28,7 +28,7 @@ import yaml
 
 from reef.demo import tasks as demo_tasks
 from reef.demo.curve import curve_table, rolling_success, write_curve
-from reef.demo.server import (CANARY, GATE_MAX_TOKENS, LEARNING_RATE, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE,
+from reef.demo.server import (CANARY, GATE_MAX_TOKENS, LEARNING_RATE, LOSS, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE,
                               DemoServer, DemoServerError, demo_settings, free_port)
 
 SCENARIO = "demo"
@@ -369,7 +369,7 @@ def _finish(stats: DemoStats, out_dir: Path, server: DemoServer, interrupted: bo
         server_log=str(server.log_path),
     )
     settings = {"examples": stats.examples, "temperature": stats.temperature, "lr": stats.lr,
-                "minutes": stats.minutes, "runtime": stats.runtime, "canary": stats.canary}
+                "minutes": stats.minutes, "runtime": stats.runtime, "canary": stats.canary, "loss": LOSS}
     curve = {"scenario": SCENARIO, "settings": settings, "heldout": heldout, "rejected": rejected, "traffic": stats.traffic,
              "releases": stats.releases(), "test": stats.test, "decisions": stats.decisions, "summary": result.to_json()}
     write_curve(curve, out_dir)
