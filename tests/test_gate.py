@@ -122,3 +122,39 @@ def test_offline_check_rejects_a_candidate_trained_on_inverted_scores(tiny_model
         return out
 
     assert asyncio.run(decisions()) == {"inverted": "reject", "true": "select"}
+
+
+def test_each_answer_on_the_tasks_keeps_its_task_index(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two candidates judged against one release: every per-task result names its task, the
+    looks' fixed order, and a task's current score is the same in both verdicts (the learner
+    counts a task once across a line's verdicts by this index)."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"prompt": f"Tell me about {i}."}) + "\n" for i in range(12)))
+    config = GateConfig(tasks=str(tasks), scorer="tests.test_gate:length_scorer", looks=3, max_tokens=6,
+                        temperature=0.0, confidence=0.8)
+    data = rollouts(tiny_model_dir, 4)
+
+    async def verdicts() -> list[dict]:
+        worker = TrainingWorker(tiny_model_dir, threads=1)
+        runtime = EmbeddedRuntime(tiny_model_dir, threads=1, default_max_tokens=6)
+        await worker.start()
+        await runtime.start()
+        try:
+            current = ReleaseRef("r", "c", await runtime.load("c", {}))
+            gate = WeightsGate(config, runtime, worker)
+            out = []
+            for name, lr in (("a", 0.05), ("b", 0.1)):
+                samples = [Sample(p, c, lp, 1.0 if i % 2 else -1.0) for i, (p, c, lp) in enumerate(data)]
+                files, _ = await worker.train(name, None, samples, TrainConfig(lr=lr))
+                out.append((await gate.judge(current, {}, f"sha256:{name}", files, [])).metrics)
+        finally:
+            await runtime.close()
+            await worker.close()
+        return out
+
+    order = sum(look_parts(12, 3), [])
+    first, second = asyncio.run(verdicts())
+    for metrics in (first, second):
+        assert [t["index"] for t in metrics["per_task"]] == order[:metrics["n"]]
+    current = {t["index"]: t["current"] for t in first["per_task"]}
+    assert all(current[t["index"]] == t["current"] for t in second["per_task"] if t["index"] in current)

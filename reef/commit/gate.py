@@ -65,6 +65,7 @@ class WeightsGate:
         known = self._scores.setdefault(current.content_id, {})
         before: list[float] = []
         after: list[float] = []
+        asked: list[int] = []  # task indices, in the order before and after hold them
         mine = self._scores.setdefault(candidate_id, {})  # kept: once published, it is the current release
         load_id = await self.runtime.load(candidate_id, files)
         try:
@@ -77,7 +78,8 @@ class WeightsGate:
                 mine.update(zip(part, candidate_answers))
                 before += [known[i] for i in part]
                 after += candidate_answers
-                verdict = sequential_verdict(before, after, self.config, look, len(parts))
+                asked += part
+                verdict = sequential_verdict(before, after, self.config, look, len(parts), asked)
                 if verdict is not None:
                     return verdict
         finally:
@@ -139,7 +141,7 @@ def look_parts(n: int, looks: int) -> list[list[int]]:
 
 
 def sequential_verdict(before: list[float], after: list[float], config: GateConfig, look: int,
-                       looks: int) -> Verdict | None:
+                       looks: int, tasks: Sequence[int] | None = None) -> Verdict | None:
     """The verdict at look `look` of `looks` (None: answer the next part). At the last look the
     full test at the final level; before it, select only at the early level, reject only a
     candidate already losing (`p_worse` <= FUTILE_P: 2-6 is losing, 5-6 is a tie to look further at)."""
@@ -147,7 +149,7 @@ def sequential_verdict(before: list[float], after: list[float], config: GateConf
     early_alpha = alpha / 4 / (looks - 1) if looks > 1 else 0.0
     final = look >= looks
     level = alpha - early_alpha * (looks - 1) if final else early_alpha
-    verdict = paired_verdict(before, after, config.margin, 1 - level)
+    verdict = paired_verdict(before, after, config.margin, 1 - level, tasks)
     verdict.metrics.update(look=look, looks=looks, early=not final)
     if final or verdict.decision == "select":
         return verdict
@@ -156,8 +158,10 @@ def sequential_verdict(before: list[float], after: list[float], config: GateConf
     return None
 
 
-def paired_verdict(before: list[float], after: list[float], margin: float, confidence: float) -> Verdict:
-    """Select when the mean gain reaches `margin` and the sign test says wins beat losses."""
+def paired_verdict(before: list[float], after: list[float], margin: float, confidence: float,
+                   tasks: Sequence[int] | None = None) -> Verdict:
+    """Select when the mean gain reaches `margin` and the sign test says wins beat losses.
+    `tasks`: each pair's index in the task file, kept in `per_task` (as `index`)."""
     diffs = [a - b for a, b in zip(after, before)]
     wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
     p_value = sign_test_p(wins, losses)
@@ -170,7 +174,8 @@ def paired_verdict(before: list[float], after: list[float], margin: float, confi
         "margin": margin, "confidence": confidence,
         "current_success": _mean([float(b >= 1.0) for b in before]),
         "candidate_success": _mean([float(a >= 1.0) for a in after]),
-        "per_task": [{"current": b, "candidate": a} for b, a in zip(before, after)],
+        "per_task": [{"current": b, "candidate": a, **({"index": tasks[i]} if tasks is not None else {})}
+                     for i, (b, a) in enumerate(zip(before, after))],
     }
     return Verdict("select" if ok else "reject", metrics)
 

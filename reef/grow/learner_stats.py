@@ -52,17 +52,37 @@ def promising(verdict: Verdict) -> bool:
 class LineageEvidence:
     """The gate's wins and losses over the rejected candidates of one line of training, each
     trained on from the one before: one candidate's evidence is thin (a sequential gate stops
-    early on few decided tasks), theirs together says whether the line is going the wrong way."""
+    early on few decided tasks), theirs together says whether the line is going the wrong way.
+    The gate asks every candidate the same tasks (its looks go in one fixed order), so a task
+    counts once, by the newest candidate's outcome on it: five candidates that each lose the one
+    task the serving release gets right are one loss, not five (the sign test is over tasks).
+    A verdict without per-task results (the offline check) adds its counts as they are."""
 
-    wins: int = 0
-    losses: int = 0
+    outcomes: dict[Any, int] = field(default_factory=dict)  # task -> +1 won, -1 lost, 0 tied (newest)
+    counted_wins: int = 0  # from verdicts without per-task results
+    counted_losses: int = 0
     verdicts: int = 0
 
     def add(self, verdict: Verdict) -> LineageEvidence:
-        self.wins += int(verdict.metrics.get("wins", 0))
-        self.losses += int(verdict.metrics.get("losses", 0))
+        per_task = verdict.metrics.get("per_task") or []
+        keys = [t.get("index", t.get("task")) for t in per_task]
+        if per_task and None not in keys:
+            for key, t in zip(keys, per_task):
+                diff = float(t["candidate"]) - float(t["current"])
+                self.outcomes[key] = (diff > 0) - (diff < 0)
+        else:
+            self.counted_wins += int(verdict.metrics.get("wins", 0))
+            self.counted_losses += int(verdict.metrics.get("losses", 0))
         self.verdicts += 1
         return self
+
+    @property
+    def wins(self) -> int:
+        return self.counted_wins + sum(o > 0 for o in self.outcomes.values())
+
+    @property
+    def losses(self) -> int:
+        return self.counted_losses + sum(o < 0 for o in self.outcomes.values())
 
     def surely_worse(self) -> bool:
         return self.verdicts > 1 and sign_test_p(self.losses, self.wins) <= WORSE_P

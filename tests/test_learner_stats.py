@@ -1,0 +1,45 @@
+"""How a learner reads the gate's rejections of one line of training."""
+
+from __future__ import annotations
+
+from reef.core.types import Verdict
+from reef.grow.learner_stats import LineageEvidence, promising
+
+
+def verdict(**outcomes: tuple[float, float]) -> Verdict:
+    """A tasks-gate rejection with these per-task (current, candidate) scores, keyed by index."""
+    per_task = [{"index": int(k[1:]), "current": c, "candidate": a} for k, (c, a) in outcomes.items()]
+    wins = sum(a > c for c, a in outcomes.values())
+    losses = sum(a < c for c, a in outcomes.values())
+    return Verdict("reject", {"gate": "tasks", "wins": wins, "losses": losses, "per_task": per_task})
+
+
+def test_a_task_lost_by_every_candidate_of_a_line_counts_once() -> None:
+    evidence = LineageEvidence()
+    for _ in range(6):  # each candidate loses the one task the serving release gets right
+        evidence.add(verdict(t7=(1.0, 0.0), t3=(0.0, 0.0), t9=(0.0, 0.0)))
+    assert (evidence.wins, evidence.losses, evidence.verdicts) == (0, 1, 6)
+    assert not evidence.surely_worse()  # summing per verdict would say 0-6: p = 0.016
+
+
+def test_losses_on_different_tasks_add_up_and_the_newest_outcome_counts() -> None:
+    evidence = LineageEvidence()
+    evidence.add(verdict(t1=(1.0, 0.0), t2=(1.0, 0.0), t3=(0.0, 1.0)))
+    assert not evidence.surely_worse()  # one verdict is the gate's own business
+    evidence.add(verdict(t3=(0.0, 0.0), t4=(1.0, 0.0), t5=(1.0, 0.0), t6=(1.0, 0.0)))
+    assert (evidence.wins, evidence.losses) == (0, 5)  # t3's win was undone by the newer candidate
+    assert evidence.surely_worse()  # 0-5 over five tasks: p = 0.031
+
+
+def test_verdicts_without_per_task_results_add_their_counts() -> None:
+    evidence = LineageEvidence()
+    for _ in range(3):
+        evidence.add(Verdict("reject", {"gate": "offline", "wins": 0, "losses": 2}))
+    assert (evidence.wins, evidence.losses) == (0, 6) and evidence.surely_worse()
+
+
+def test_a_rejection_is_worth_training_on_unless_the_gate_is_sure_it_is_worse() -> None:
+    assert promising(Verdict("reject", {"p_worse": 0.25}))
+    assert not promising(Verdict("reject", {"p_worse": 0.03}))
+    assert promising(Verdict("reject", {"wins": 2, "losses": 1}))  # no paired test: won more than it lost
+    assert not promising(Verdict("reject", {"wins": 1, "losses": 1}))
