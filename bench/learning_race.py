@@ -14,7 +14,7 @@ questions greedily, through one evaluation function; nothing trains or selects o
 base is snapshot 0 (the base model), measured in the same run.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
-        [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--out PATH.json]
+        [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
 reach +10, +20 and +30 points over the base and the ratio reef/bare, and the final values;
@@ -88,10 +88,12 @@ def log(message: str) -> None:
 # -- the bare arm --------------------------------------------------------------------------------
 
 
-def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: float) -> dict[str, Any]:
-    log(f"bare: training for {seconds / 60:.1f} min")
+def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: float, seed: int = 0) -> dict[str, Any]:
+    log(f"bare: training for {seconds / 60:.1f} min (seed {seed})")
+    if seed:  # seed 0 keeps the sampling stream load_model leaves, as the runs in docs/learning.md did
+        torch.manual_seed(seed)
     snaps, steps = bare_loop.run(model, tokenizer, task.module, seconds, every, lr=LEARNING_RATE, batch=BATCH,
-                                 temperature=TRAFFIC_TEMPERATURE, max_tokens=task.traffic_max_tokens, log=log)
+                                 temperature=TRAFFIC_TEMPERATURE, max_tokens=task.traffic_max_tokens, seed=seed, log=log)
     log(f"bare: {len(steps)} steps, {len(steps) * BATCH} scored rollouts")
     return {"snapshots": [{"second": s, "weights": w} for s, w in snaps], "steps": steps}
 
@@ -100,7 +102,7 @@ def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: 
 
 
 def run_reef(task: RaceTask, seconds: float, every: float, concurrency: int, workdir: Path,
-             canary: float | None, loss: str = LOSS) -> dict[str, Any]:
+             canary: float | None, loss: str = LOSS, seed: int = 0) -> dict[str, Any]:
     heldout = task.module.write_heldout_jsonl(workdir / "heldout.jsonl")
     port = free_port()
     config = workdir / "serve.yaml"
@@ -113,7 +115,7 @@ def run_reef(task: RaceTask, seconds: float, every: float, concurrency: int, wor
     server.start()
     try:
         log(f"reef: traffic for {seconds / 60:.1f} min, {concurrency} in flight")
-        serving, stats = asyncio.run(_drive(server, task, seconds, every, concurrency))
+        serving, stats = asyncio.run(_drive(server, task, seconds, every, concurrency, seed))
     finally:
         server.stop()
     published, rejected = stats.counts()
@@ -126,10 +128,10 @@ def run_reef(task: RaceTask, seconds: float, every: float, concurrency: int, wor
 
 
 async def _drive(server: DemoServer, task: RaceTask, seconds: float, every: float,
-                 concurrency: int) -> tuple[list[dict[str, Any]], DemoStats]:
+                 concurrency: int, seed: int = 0) -> tuple[list[dict[str, Any]], DemoStats]:
     stats = DemoStats(minutes=seconds / 60, examples=task.examples, tasks=task.module,
                       max_tokens=task.traffic_max_tokens)
-    stop, rng = asyncio.Event(), random.Random(0)
+    stop, rng = asyncio.Event(), random.Random(seed)  # the questions; the server samples with its own seeds
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=server.url, timeout=300.0, limits=limits) as client:
         started = time.monotonic()
@@ -190,18 +192,31 @@ def _release_weights(state_dir: Path, release_ids: set[str]) -> dict[str, dict[s
 
 def evaluate(model: Any, tokenizer: Any, weights: dict[str, torch.Tensor], task: RaceTask) -> float:
     """Greedy success (exact and finished) on the task's test questions with these LoRA weights."""
+    return evaluate_by_kind(model, tokenizer, weights, task)["all"]
+
+
+def evaluate_by_kind(model: Any, tokenizer: Any, weights: dict[str, torch.Tensor], task: RaceTask) -> dict[str, float]:
+    """`evaluate`'s success, as `all` and per kind of question (the tasks' `category`)."""
     from peft import set_peft_model_state_dict
 
     loaded = set_peft_model_state_dict(model, weights)
     assert not loaded.unexpected_keys, f"adapter weights that fit no LoRA module: {loaded.unexpected_keys[:3]}"
     tests = task.module.test_tasks()
-    hits = 0
+    hits: dict[str, list[bool]] = {}
     for start in range(0, len(tests), EVAL_BATCH):
         chunk = tests[start:start + EVAL_BATCH]
         prompts = [bare_loop.prompt_ids(tokenizer, task.module.messages(t)) for t in chunk]
         comps, _, finish = bare_loop.generate(model, prompts, 0.0, task.eval_max_tokens)
-        hits += sum(task.module.success(t, bare_loop.decode(tokenizer, c), f) for t, c, f in zip(chunk, comps, finish))
-    return hits / len(tests)
+        for t, c, f in zip(chunk, comps, finish):
+            ok = task.module.success(t, bare_loop.decode(tokenizer, c), f)
+            for kind in ("all", t.get("category", "all")):
+                hits.setdefault(kind, []).append(bool(ok))
+    by_kind = {kind: sum(v) / len(v) for kind, v in hits.items()}
+    return {"all": by_kind.pop("all"), **dict(sorted(by_kind.items()))}
+
+
+def kinds_text(by_kind: dict[str, float]) -> str:
+    return ", ".join(f"{kind} {100 * v:.0f}%" for kind, v in by_kind.items() if kind != "all")
 
 
 def _digest(weights: dict[str, torch.Tensor]) -> str:
@@ -215,17 +230,18 @@ def _digest(weights: dict[str, torch.Tensor]) -> str:
 def evaluate_arms(arms: dict[str, dict[str, Any]], model: Any, tokenizer: Any, base: dict[str, torch.Tensor],
                   task: RaceTask) -> float:
     """Adds `success` to every snapshot (equal weights are evaluated once); the base's success."""
-    seen = {_digest(base): evaluate(model, tokenizer, base, task)}
-    log(f"eval: base {100 * next(iter(seen.values())):.1f}%")
+    seen = {_digest(base): evaluate_by_kind(model, tokenizer, base, task)}
+    log(f"eval: base {100 * seen[_digest(base)]['all']:.1f}% ({kinds_text(seen[_digest(base)])})")
     for name, arm in arms.items():
         for snap in arm["snapshots"]:
             weights = snap.pop("weights") or base
             key = _digest(weights)
             if key not in seen:
-                seen[key] = evaluate(model, tokenizer, weights, task)
-                log(f"eval: {name} at {snap['second'] / 60:.1f} min: {100 * seen[key]:.1f}%")
-            snap["minute"], snap["success"] = round(snap["second"] / 60, 3), seen[key]
-    return seen[_digest(base)]
+                seen[key] = evaluate_by_kind(model, tokenizer, weights, task)
+                log(f"eval: {name} at {snap['second'] / 60:.1f} min: {100 * seen[key]['all']:.1f}% "
+                    f"({kinds_text(seen[key])})")
+            snap["minute"], snap["success"], snap["by_kind"] = round(snap["second"] / 60, 3), seen[key]["all"], seen[key]
+    return seen[_digest(base)]["all"]
 
 
 # -- the report ----------------------------------------------------------------------------------
@@ -265,6 +281,7 @@ def table(arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> str:
             parts.append(f"reef/bare {ratio:.2f}")
         lines.append(f"time to +{g} points: " + ", ".join(parts))
     lines.append("final: " + ", ".join(f"{n} {pct(v)}" for n, v in summary["final"].items()))
+    lines += [f"final by kind, {n}: {kinds_text(arm['snapshots'][-1]['by_kind'])}" for n, arm in arms.items()]
     lines.append("scored rollouts: " + ", ".join(f"{n} {v}" for n, v in summary["scored_rollouts"].items()))
     return "\n".join(lines)
 
@@ -303,6 +320,9 @@ def main() -> None:
                              "under test serves (0: none)  [default: the demo's]")
     parser.add_argument("--loss", choices=["ppo", "clipped_is", "cispo"], default=LOSS,
                         help="reef: learner.sao.loss  [default: the demo's, %(default)s]")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="bare: the questions and the sampling; reef: the clients' questions. A run is one "
+                             "draw of a noisy process: compare runs of several seeds")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -320,10 +340,10 @@ def main() -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         for name in names:
             if name == "bare":
-                arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every)
+                arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every, args.seed)
             else:
                 arms[name] = run_reef(task, seconds, args.snapshot_every, args.concurrency, workdir, args.canary,
-                                      args.loss)
+                                      args.loss, args.seed)
     base_success = evaluate_arms(arms, model, tokenizer, base, task)
     summary = summarise(arms, base_success)
     print(table(arms, summary))
@@ -334,7 +354,8 @@ def main() -> None:
 
 def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> None:
     settings = {"task": task.name, "minutes": args.minutes, "snapshot_every_s": args.snapshot_every,
-                "concurrency": args.concurrency, "canary": args.canary, "loss": args.loss, "lr": LEARNING_RATE, "batch": BATCH,
+                "concurrency": args.concurrency, "canary": args.canary, "loss": args.loss, "seed": args.seed,
+                "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,
                 "lora": {"r": bare_loop.LORA.r, "alpha": bare_loop.LORA.alpha,

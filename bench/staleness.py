@@ -35,13 +35,14 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import torch  # noqa: E402
 
 import bare_loop  # noqa: E402
-from learning_race import LEARNING_RATE, evaluate, log, race_task  # noqa: E402
+from learning_race import LEARNING_RATE, evaluate_by_kind, kinds_text, log, race_task  # noqa: E402
 
 BATCH = 8
 
 
 def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: int, loss: str,  # type: ignore[no-untyped-def]
-                total_steps: int, seed: int = 0, temperature: float = 1.0) -> dict[int, float]:
+                total_steps: int, seed: int = 0,
+                temperature: float = 1.0) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
     from peft import set_peft_model_state_dict
 
     set_peft_model_state_dict(model, fresh)
@@ -50,7 +51,7 @@ def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: in
     rng, train = random.Random(seed), task.module.train_tasks()
     candidates = [bare_loop.adapter_weights(model)]  # the weights after each candidate
     eval_at = {s for s in range(24, total_steps + 1, 24)}
-    baseline, steps, curve, started = None, 0, {}, time.monotonic()
+    baseline, steps, curve, kinds, started = None, 0, {}, {}, time.monotonic()
     outside: list[float] = []
     while steps < total_steps:
         current = bare_loop.adapter_weights(model)
@@ -74,13 +75,15 @@ def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: in
             steps += 1
             if steps in eval_at:
                 weights = bare_loop.adapter_weights(model)
-                curve[steps] = evaluate(model, tokenizer, weights, task)
+                by_kind = evaluate_by_kind(model, tokenizer, weights, task)
+                curve[steps], kinds[steps] = by_kind["all"], by_kind
                 set_peft_model_state_dict(model, weights)
                 log(f"K={steps_per_candidate} L={lag} {loss} seed {seed}: step {steps}: test {100 * curve[steps]:.1f}% "
+                    f"({kinds_text(by_kind)}) "
                     f"(tokens outside the clip range, last 24 steps: {100 * sum(outside[-24:]) / 24:.1f}%; "
                     f"{time.monotonic() - started:.0f} s)")
         candidates.append(bare_loop.adapter_weights(model))
-    return curve
+    return curve, kinds
 
 
 def main() -> None:
@@ -99,14 +102,17 @@ def main() -> None:
         if len(variant.split(":")) != 3 or variant.split(":")[2] not in ("mask", "nomask", "cispo"):
             parser.error(f"{variant}: expected K:L:mask, K:L:nomask or K:L:cispo")
     results: dict[str, list[dict[int, float]]] = {v: [] for v in variants}
+    by_kind: dict[str, list[dict[int, dict[str, float]]]] = {v: [] for v in variants}
     for seed in range(args.seeds):  # seed by seed, so a slower machine late in the run hits every variant alike
         for variant in variants:
             k, lag, loss = variant.split(":")
-            results[variant].append(run_variant(model, tokenizer, task, fresh, int(k), int(lag), loss, args.steps, seed))
+            curve, kinds = run_variant(model, tokenizer, task, fresh, int(k), int(lag), loss, args.steps, seed)
+            results[variant].append(curve)
+            by_kind[variant].append(kinds)
     out = ROOT / "bench" / "results" / f"staleness_{task.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "staleness", "task": task.name, "lr": LEARNING_RATE, "batch": BATCH,
-                               "test_success_by_step": results}, indent=1))
+                               "test_success_by_step": results, "by_kind_by_step": by_kind}, indent=1))
     at = range(24, args.steps + 1, 24)
     print(f"{'variant':>16} " + " ".join(f"{s:>7}" for s in at))
     for variant, curves in results.items():
