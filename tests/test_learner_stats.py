@@ -31,11 +31,14 @@ def test_losses_on_different_tasks_add_up_and_the_newest_outcome_counts() -> Non
     assert evidence.surely_worse()  # 0-5 over five tasks: p = 0.031
 
 
-def test_verdicts_without_per_task_results_add_their_counts() -> None:
+def test_verdicts_without_task_indices_add_their_counts() -> None:
     evidence = LineageEvidence()
     for _ in range(3):
         evidence.add(Verdict("reject", {"gate": "offline", "wins": 0, "losses": 2}))
     assert (evidence.wins, evidence.losses) == (0, 6) and evidence.surely_worse()
+    harness = {"gate": "harness", "wins": 1, "losses": 0,  # per-task results keyed by an excerpt of the task
+               "per_task": [{"task": "What is 2 + 2?", "current": 0.0, "candidate": 1.0}]}
+    assert (evidence.add(Verdict("reject", harness)).wins, evidence.losses) == (1, 6)
 
 
 def test_a_rejection_is_worth_training_on_unless_the_gate_is_sure_it_is_worse() -> None:

@@ -56,20 +56,19 @@ class LineageEvidence:
     The gate asks every candidate the same tasks (its looks go in one fixed order), so a task
     counts once, by the newest candidate's outcome on it: five candidates that each lose the one
     task the serving release gets right are one loss, not five (the sign test is over tasks).
-    A verdict without per-task results (the offline check) adds its counts as they are."""
+    A verdict without task indices (the offline check, the harness gate) adds its counts as they are."""
 
-    outcomes: dict[Any, int] = field(default_factory=dict)  # task -> +1 won, -1 lost, 0 tied (newest)
-    counted_wins: int = 0  # from verdicts without per-task results
+    outcomes: dict[int, int] = field(default_factory=dict)  # task index -> +1 won, -1 lost, 0 tied (newest)
+    counted_wins: int = 0  # from verdicts without task indices
     counted_losses: int = 0
     verdicts: int = 0
 
     def add(self, verdict: Verdict) -> LineageEvidence:
         per_task = verdict.metrics.get("per_task") or []
-        keys = [t.get("index", t.get("task")) for t in per_task]
-        if per_task and None not in keys:
-            for key, t in zip(keys, per_task):
+        if per_task and all("index" in t for t in per_task):
+            for t in per_task:
                 diff = float(t["candidate"]) - float(t["current"])
-                self.outcomes[key] = (diff > 0) - (diff < 0)
+                self.outcomes[int(t["index"])] = (diff > 0) - (diff < 0)
         else:
             self.counted_wins += int(verdict.metrics.get("wins", 0))
             self.counted_losses += int(verdict.metrics.get("losses", 0))
