@@ -363,6 +363,24 @@ def test_an_adapter_diff_is_summarised_never_dumped(page: Any, reef: ReefServer)
     sync_api.expect(diff.locator("pre")).to_have_count(0)
 
 
+def test_the_weights_gate_tasks_are_named_by_their_place_in_the_tasks_file(page: Any, reef: ReefServer) -> None:
+    """The weights gate's per-task results carry no excerpt, only `index`; the table shows it.
+    (The scripted upstream cannot train weights, so the chain's answer is played here, in the
+    shape reef/commit/gate.py writes.)"""
+    chain = {"releases": releases(reef)}
+    release = chain["releases"][-1]
+    per_task = [{"current": 1.0, "candidate": 0.0, "index": 7}, {"current": 0.0, "candidate": 1.0, "index": 41}]
+    release["verdict"] = {"decision": "select", "metrics": {"gate": "tasks", "wins": 1, "losses": 1, "per_task": per_task}}
+    page.route(f"**/reef/scenarios/{SCENARIO}/releases", lambda route: route.fulfill(json=chain))
+    sign_in(page, reef, where=f"#/s/{SCENARIO}/release/{release['release_id']}")
+    view = page.get_by_test_id("release-view")
+    view.locator("details summary").click()
+    rows = view.locator("details tbody tr")
+    sync_api.expect(rows).to_have_count(2)
+    sync_api.expect(rows.nth(0).locator("td").first).to_have_text("#7")
+    sync_api.expect(rows.nth(1).locator("td").first).to_have_text("#41")
+
+
 def serve_tiny(model_dir: Path, work: Path) -> ReefServer:
     """`reef serve` running the embedded tiny model whose `tiny` scenario learns weights with
     `sao`: a LoRA step per four scored samples, judged by the offline gate on held-out reports

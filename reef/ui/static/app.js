@@ -523,11 +523,18 @@
       metricsList(r.verdict && r.verdict.metrics),
       perTask && perTask.length ? h("details", {}, h("summary", { text: `Gate tasks (${perTask.length})` }),
         h("table", { class: "grid" }, h("thead", {}, h("tr", {}, ["Task", "Current", "Candidate", "Current answer", "Candidate answer"].map((t) => h("th", { text: t })))),
-          h("tbody", {}, perTask.map((t) => h("tr", {}, h("td", { class: "small", text: t.task || "" }),
+          h("tbody", {}, perTask.map((t) => h("tr", {}, h("td", { class: "small", text: taskLabel(t) }),
             h("td", { class: "num", text: fmtNum(t.current) }), h("td", { class: "num", text: fmtNum(t.candidate) }),
             h("td", { class: "small", text: t.current_answer || "" }), h("td", { class: "small", text: t.candidate_answer || "" })))))) : null,
       h("h2", { text: `Changed against its parent (${diff.changed.length} file${diff.changed.length === 1 ? "" : "s"})` }),
       renderDiff(diff.diff, diff.changed));
+  }
+
+  // A gate task: the harness gate names it by an excerpt, the weights gate by its place in the
+  // tasks file (from 0, blank lines skipped).
+  function taskLabel(t) {
+    if (t.task) return t.task;
+    return t.index === undefined || t.index === null ? "" : `#${t.index}`;
   }
 
   // A unified diff, file by file: text files line by line, LFS files (adapter weights) as a
