@@ -258,7 +258,7 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
 @pytest.mark.slow
 def test_sigterm_stops_a_background_demo_and_still_writes_the_curve(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A shell starts `reef demo --json &` with SIGINT ignored; SIGTERM must stop it all the same,
-    and its stdout is the result alone (the progress goes to stderr)."""
+    and its stdout is the result alone (the progress goes to stderr); `--loss` reaches the learner."""
     import os
     import signal
     import subprocess
@@ -266,7 +266,7 @@ def test_sigterm_stops_a_background_demo_and_still_writes_the_curve(tiny_model_d
     import time
 
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "reef", "demo", "--json", "--minutes", "5", "--concurrency", "2",
+    command = [sys.executable, "-m", "reef", "demo", "--json", "--minutes", "5", "--concurrency", "2", "--loss", "ppo",
                "--model-dir", str(tiny_model_dir), "--workdir", str(tmp_path / "work"), "--out-dir", str(out)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     demo = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -282,8 +282,13 @@ def test_sigterm_stops_a_background_demo_and_still_writes_the_curve(tiny_model_d
     finally:
         if demo.poll() is None:
             demo.kill()
-    assert json.loads((out / "learning_curve.json").read_text())["summary"]["interrupted"] is True
+    curve = json.loads((out / "learning_curve.json").read_text())
+    assert curve["summary"]["interrupted"] is True
     assert json.loads(stdout)["interrupted"] is True
+    import yaml
+
+    assert yaml.safe_load((tmp_path / "work" / "serve.yaml").read_text())["learner"]["sao"]["loss"] == "ppo"
+    assert curve["settings"]["loss"] == "ppo"  # --loss reaches the learner and the curve
 
 
 def _demo_has_traffic(config: Path) -> bool:

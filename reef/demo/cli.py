@@ -31,11 +31,15 @@ import click
 @click.option("--canary", type=click.FloatRange(0, 1), default=None,
               help="learner.canary of the demo's scenario: the fraction of requests the newest candidate under "
                    "test serves (0: none, only published releases serve)  [default: 1.0]")
+@click.option("--loss", type=click.Choice(["cispo", "ppo", "clipped_is"]), default=None,
+              help="learner.sao.loss of the demo's learner: cispo weights every token's gradient by its "
+                   "truncated ratio; ppo is PPO's clipped surrogate; clipped_is masks tokens outside the clip "
+                   "(docs/learning.md compares them)  [default: cispo]")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result as JSON at the end (stdout holds only that; the progress goes to stderr).")
 def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None, workdir: Path | None,
          examples: int | None, temperature: float | None, lr: float | None, runtime: str, canary: float | None,
-         as_json: bool) -> None:
+         loss: str | None, as_json: bool) -> None:
     """Watch Reef learn: the whole loop on the embedded model, with a live learning curve.
 
     Starts its own `reef serve` (SmolLM2-135M-Instruct on the CPU) and sends it one-word
@@ -63,7 +67,7 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
     except ReefError as exc:
         raise click.ClickException(str(exc)) from None
     from reef.demo.run import run_demo
-    from reef.demo.server import CANARY, LEARNING_RATE, TRAFFIC_TEMPERATURE, DemoServerError
+    from reef.demo.server import CANARY, LEARNING_RATE, LOSS, TRAFFIC_TEMPERATURE, DemoServerError
     from reef.demo.tasks import SHOWN_EXAMPLES
     from rich.console import Console
 
@@ -72,7 +76,8 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
                           out_dir=out_dir, examples=SHOWN_EXAMPLES if examples is None else examples,
                           temperature=TRAFFIC_TEMPERATURE if temperature is None else temperature,
                           lr=LEARNING_RATE if lr is None else lr, runtime=runtime,
-                          canary=CANARY if canary is None else canary, console=Console(stderr=as_json))
+                          canary=CANARY if canary is None else canary, loss=loss or LOSS,
+                          console=Console(stderr=as_json))
     except DemoServerError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

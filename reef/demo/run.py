@@ -74,6 +74,7 @@ class DemoStats:
     lr: float = LEARNING_RATE
     runtime: str = "embedded"
     canary: float = CANARY
+    loss: str = LOSS
     tasks: Any = demo_tasks  # what traffic asks and how it is scored (train_tasks, messages, score, feedback)
     max_tokens: int = TRAFFIC_MAX_TOKENS
     requests: int = 0
@@ -284,7 +285,8 @@ async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer
 def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path | None = None, concurrency: int = 8,
              out_dir: Path = Path("reef-demo"), console: Any = None,
              examples: int = demo_tasks.SHOWN_EXAMPLES, temperature: float = TRAFFIC_TEMPERATURE,
-             lr: float = LEARNING_RATE, runtime: str = "embedded", canary: float = CANARY) -> DemoResult:
+             lr: float = LEARNING_RATE, runtime: str = "embedded", canary: float = CANARY,
+             loss: str = LOSS) -> DemoResult:
     from rich.console import Console
 
     console = console or Console()
@@ -295,18 +297,18 @@ def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path |
     heldout = demo_tasks.write_heldout_jsonl(workdir / "heldout.jsonl", examples)
     port = free_port()
     config = workdir / "serve.yaml"
-    config.write_text(yaml.safe_dump(demo_settings(workdir, heldout, port, model_dir, lr, runtime, canary=canary),
-                                     sort_keys=False))
+    settings = demo_settings(workdir, heldout, port, model_dir, lr, runtime, canary=canary, loss=loss)
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
     server = DemoServer(config, port, (out_dir / "serve.log").resolve())
     console.print(f"reef demo: starting reef serve on {server.url} (state in {workdir}, log {server.log_path})")
     stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr, runtime=runtime,
-                      canary=canary)
+                      canary=canary, loss=loss)
     interrupted = False
     with _sigterm_as_interrupt():
         try:
             server.start()
             stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr,
-                              runtime=runtime, canary=canary)  # a fresh clock
+                              runtime=runtime, canary=canary, loss=loss)  # a fresh clock
             asyncio.run(drive(server.url, stats, concurrency, server, console))
         except KeyboardInterrupt:
             interrupted = True
@@ -369,7 +371,7 @@ def _finish(stats: DemoStats, out_dir: Path, server: DemoServer, interrupted: bo
         server_log=str(server.log_path),
     )
     settings = {"examples": stats.examples, "temperature": stats.temperature, "lr": stats.lr,
-                "minutes": stats.minutes, "runtime": stats.runtime, "canary": stats.canary, "loss": LOSS}
+                "minutes": stats.minutes, "runtime": stats.runtime, "canary": stats.canary, "loss": stats.loss}
     curve = {"scenario": SCENARIO, "settings": settings, "heldout": heldout, "rejected": rejected, "traffic": stats.traffic,
              "releases": stats.releases(), "test": stats.test, "decisions": stats.decisions, "summary": result.to_json()}
     write_curve(curve, out_dir)
