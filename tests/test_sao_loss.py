@@ -1,4 +1,4 @@
-"""The `sao` recipe trains with the loss its settings name: `ppo` by default, `clipped_is` on request,
+"""The `sao` recipe trains with the loss its settings name: `cispo` by default, `ppo` or `clipped_is` on request,
 `steps_per_candidate` optimiser steps of `batch_size` samples each."""
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ def train(config: SAOConfig) -> Trainer:
     return trainer
 
 
-def test_sao_trains_with_ppo_by_default_and_clipped_is_when_asked() -> None:
+def test_sao_trains_with_cispo_by_default_and_the_others_when_asked() -> None:
     default = train(SAOConfig(batch_size=2))
-    assert default.losses == ["ppo", "ppo"] and default.steps == 2  # steps_per_candidate defaults to 2
+    assert default.losses == ["cispo", "cispo"] and default.steps == 2  # steps_per_candidate defaults to 2
     masked = train(SAOConfig(batch_size=2, steps_per_candidate=3, loss="clipped_is"))
     assert masked.losses == ["clipped_is"] * 3 and masked.steps == 3
-    weighted = train(SAOConfig(batch_size=2, steps_per_candidate=1, loss="cispo"))
-    assert weighted.losses == ["cispo"] and weighted.steps == 1
+    surrogate = train(SAOConfig(batch_size=2, steps_per_candidate=1, loss="ppo"))
+    assert surrogate.losses == ["ppo"] and surrogate.steps == 1

@@ -3,15 +3,15 @@
 Each scored record is one sample as soon as its report arrives: no sibling groups, no barrier.
 Its advantage is the score minus a running baseline (an exponential moving average kept in the
 commit log's algorithm state, so a restart resumes it). `batch_size` samples make one
-optimiser step of the `ppo` loss: PPO's clipped surrogate, a token-level policy gradient with
-importance ratios against the recorded rollout log-probs, clipped to `(1 - eps_clip,
-1 + eps_clip_high)`, with an optional KL penalty to the base model; `steps_per_candidate` steps
+optimiser step of the `cispo` loss: a token-level policy gradient with importance ratios
+against the recorded rollout log-probs, each token's gradient weighted by its ratio truncated at
+`1 + eps_clip_high`, with an optional KL penalty to the base model; `steps_per_candidate` steps
 make one candidate for the gate. Its later steps train on samples a few steps older than the
-weights, so a token past the clip still counts (`loss: clipped_is` masks it out instead, which
-bench/learning_race.py measured to stall learning: docs/learning.md). `loss: cispo` weights
-every token's gradient by its ratio truncated at `1 + eps_clip_high`, so even a token already
-made likelier than PPO's clip allows still learns (the demo's loss). A batch is the newest
-samples: what waited behind them is superseded.
+weights, and samples come from a candidate or a release behind them, so every token must still
+count: `loss: ppo` (PPO's clipped surrogate) gives no gradient to a token already made likelier
+than its clip allows, and `loss: clipped_is` masks every token past the clip, which
+bench/learning_race.py measured to stall learning (docs/learning.md, which also has the race
+that made `cispo` the default). A batch is the newest samples: what waited behind them is superseded.
 
 A record is a sample only if it can be trained on honestly: complete, with token ids, log-probs
 and the prompt's token ids, its spans verified against the release it was frozen to
@@ -50,9 +50,9 @@ class SAOConfig(BaseModel):
     warmup_steps: int = Field(0, ge=0, description="A fresh optimiser's first steps ramp lr up linearly over this many")
     lora_r: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
-    loss: Literal["ppo", "clipped_is", "cispo"] = Field(
-        "ppo", description="ppo: PPO's clipped surrogate over every token; clipped_is: tokens whose ratio left the "
-        "clip range are masked out; cispo: every token's gradient, weighted by its ratio truncated at 1 + eps_clip_high")
+    loss: Literal["cispo", "ppo", "clipped_is"] = Field(
+        "cispo", description="cispo: every token's gradient, weighted by its ratio truncated at 1 + eps_clip_high; "
+        "ppo: PPO's clipped surrogate over every token; clipped_is: tokens whose ratio left the clip range are masked out")
     eps_clip: float = Field(0.2, gt=0, lt=1)
     eps_clip_high: float = Field(0.28, gt=0)
     kl_coef: float = Field(0.0, ge=0)
@@ -150,7 +150,7 @@ class SAORecipe:
     # -- the candidate --------------------------------------------------------------------------
 
     async def candidate(self, batch: SAOBatch, job: Job) -> Made:
-        """`steps_per_candidate` clipped-IS steps, on from `job.start`."""
+        """`steps_per_candidate` optimiser steps of the configured loss, on from `job.start`."""
         assert job.trainer is not None
         samples, job.algorithm_state = self.with_advantages(batch.items, job.algorithm_state)
         c, started = self.train_config(), time.monotonic()
