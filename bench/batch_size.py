@@ -1,5 +1,4 @@
-"""How many requests the embedded runtime should generate together (`embedded.max_batch`), and
-whether rows of different loads should share a batch (each row with its own adapter).
+"""How many requests the embedded runtime should generate together (`embedded.max_batch`).
 
 The embedded runtime runs one batch at a time on its thread(s); a gate judging a candidate sends
 all of a look's tasks at once (the race's sentence gate: 30-31 a look), live traffic sends what is
@@ -12,15 +11,11 @@ on a 2-core machine), the race's `sentence` prompts (bench/race_tasks.py, one wo
 for each `--batches` value, alternately, `--rounds` times. Prints seconds (best of the rounds),
 answers a second and the ratio against the first value (the baseline, measured in the same run).
 
-Then the race's shape (`--mixed`): 8 live clients asking training questions one after another
-(temperature 1) on one LoRA load (a canary), while a gate judges another LoRA load on the 92
-held-out tasks in 3 looks (each look's ~31 requests at once, greedy); the adapters are peft's
-fresh ones (B = 0: the base model's answers, through the LoRA path). Measured: how long the
-gate took and how many live answers came back meanwhile, for the embedded runtime as it was
-(a batch holds one load's requests, loads take turns; max_batch 8) and with rows of several
-loads in one batch (each `--batches` value). Writes bench/results/batch_size.json.
+Writes bench/results/batch_size.json. (Commit 8cd08d0 also measured rows of several loads in one
+batch, each with its own adapter, against this scheduler in the race's shape; docs/learning.md
+has the figures and why it was not kept.)
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/batch_size.py [--batches 8,16,32] [--rounds 2] [--mixed-rounds 2]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/batch_size.py [--batches 8,16,32] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -31,7 +26,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -72,71 +66,6 @@ async def serve_all(runtime: EmbeddedRuntime, load: str, batch: list[ChatRequest
     return time.perf_counter() - started, outputs, sum(map(len, outputs))
 
 
-def fresh_adapter(model_dir: Path, folder: Path) -> dict[str, bytes]:
-    """A peft LoRA adapter shaped as `sao`'s (B = 0), as release bytes."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from reef.recipes.sao import SAOConfig
-
-    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    config = LoraConfig(r=SAOConfig().lora_r, lora_alpha=SAOConfig().lora_alpha,
-                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-    get_peft_model(base, config).save_pretrained(str(folder))
-    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-
-
-async def gate_with_live_traffic(runtime: EmbeddedRuntime, live_load: str, gate_load: str,
-                                 clients: int = 8) -> dict[str, float]:
-    """The gate's 92 tasks in 3 looks on `gate_load` while `clients` live clients keep asking on
-    `live_load`: (gate seconds, live answers meanwhile, live answers a second)."""
-    gate = requests(race_tasks.heldout_tasks(), 0.0, race_tasks.EVAL_MAX_TOKENS)
-    live = requests(race_tasks.train_tasks(), 1.0, race_tasks.TRAFFIC_MAX_TOKENS)
-    done = asyncio.Event()
-    answered = 0
-
-    async def one(req: ChatRequest, load: str) -> None:
-        async for _ in runtime.generate(req, ReleaseRef("r", "c", load)):
-            pass
-
-    async def client(k: int) -> None:
-        nonlocal answered
-        i = k
-        while not done.is_set():
-            await one(live[i % len(live)], live_load)
-            answered += 1 if not done.is_set() else 0
-            i += clients
-
-    started = time.perf_counter()
-    tasks = [asyncio.create_task(client(k)) for k in range(clients)]
-    await asyncio.sleep(0.5)  # the live clients are going
-    counted_from, answered = time.perf_counter(), 0
-    for look in (gate[:31], gate[31:62], gate[62:]):
-        await asyncio.gather(*(one(r, gate_load) for r in look))
-    seconds = time.perf_counter() - counted_from
-    done.set()
-    await asyncio.gather(*tasks)
-    return {"gate_seconds": seconds, "live_answers": answered, "live_per_second": answered / seconds,
-            "wall_seconds": time.perf_counter() - started}
-
-
-async def mixed(model_dir: Path, settings: list[tuple[str, bool, int]], rounds: int) -> dict[str, Any]:
-    runtime = EmbeddedRuntime(model_dir, threads=1)
-    await runtime.start()
-    results: dict[str, Any] = {name: [] for name, _, _ in settings}
-    try:
-        with tempfile.TemporaryDirectory() as folder:
-            files = fresh_adapter(model_dir, Path(folder))
-        live_load, gate_load = await runtime.load("canary", files), await runtime.load("candidate", files)
-        for _ in range(rounds):
-            for name, mix, size in settings:
-                runtime.mix_loads, runtime.max_batch = mix, size
-                results[name].append(await gate_with_live_traffic(runtime, live_load, gate_load))
-    finally:
-        await runtime.close()
-    return results
-
-
 async def measure(model_dir: Path, sizes: list[int], rounds: int) -> dict[str, Any]:
     runtime = EmbeddedRuntime(model_dir, threads=1, max_batch=max(sizes))
     await runtime.start()
@@ -169,12 +98,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="8,16,32", help="max_batch values; the first is the baseline")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--mixed-rounds", type=int, default=2, help="rounds of the race-shaped workload (0: skip)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.batches.split(",")]
     torch.set_num_threads(1)
-    model_dir = ensure_embedded_model()
-    results = asyncio.run(measure(model_dir, sizes, args.rounds)) if args.rounds else {}
+    results = asyncio.run(measure(ensure_embedded_model(), sizes, args.rounds))
     for name, r in results.items():
         base = min(r["seconds"][str(sizes[0])])
         cells = []
@@ -183,21 +110,10 @@ def main() -> None:
             cells.append(f"max_batch {size}: {best:.1f} s ({r['requests'] / best:.2f} answers/s, "
                          f"{base / best:.2f}x)")
         print(f"{name} ({r['requests']} requests, same tokens in every setting: {r['same_tokens']}): " + "; ".join(cells))
-    settings = [("one load a batch, max_batch 8", False, 8)] + [(f"loads mixed, max_batch {n}", True, n) for n in sizes]
-    race_shape = asyncio.run(mixed(model_dir, settings, args.mixed_rounds)) if args.mixed_rounds else {}
-    if race_shape:
-        base = race_shape[settings[0][0]]
-        base_live = max(r["live_per_second"] for r in base)
-        base_gate = min(r["gate_seconds"] for r in base)
-        for name, runs in race_shape.items():
-            live, gate = max(r["live_per_second"] for r in runs), min(r["gate_seconds"] for r in runs)
-            print(f"gate + 8 live clients, {name}: gate {gate:.1f} s ({base_gate / gate:.2f}x), live "
-                  f"{live:.2f} answers/s ({live / base_live:.2f}x) (best of {len(runs)})")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"benchmark": "batch_size", "machine": {"cpus": os.cpu_count(),
                                                                      "platform": platform.platform()},
-                               "batches": sizes, "rounds": args.rounds, "results": results,
-                               "race_shape": race_shape}, indent=2) + "\n")
+                               "batches": sizes, "rounds": args.rounds, "results": results}, indent=2) + "\n")
     print(f"wrote {OUT}")
 
 

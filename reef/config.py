@@ -42,8 +42,7 @@ class UpstreamConfig(Strict):
 class EmbeddedConfig(Strict):
     model_dir: Path | None = Field(None, description="A transformers model folder; default: SmolLM2 from the cache")
     cache_dir: Path | None = Field(None, description="Where converted weights live; default ~/.cache/reef")
-    max_batch: int = Field(16, ge=1, description="Requests generated together, shared fairly among the loads "
-                                               "waiting (live traffic, a gate's candidate, a canary)")
+    max_batch: int = Field(8, ge=1)
     default_max_tokens: int = Field(256, ge=1)
     threads: int | None = Field(None, ge=1)
     min_shared_prefix: int = Field(16, ge=0, description="Prefill a batch's common prompt prefix once when it "

@@ -9,7 +9,6 @@ import contextlib
 import math
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Awaitable, Callable
 
 import pytest
@@ -144,11 +143,12 @@ def test_concurrent_requests_batch_and_match_running_alone(tiny_model_dir: Path)
     with_runtime(tiny_model_dir, body)
 
 
-def _burst_then_live(rt: EmbeddedRuntime, burst_load: str, live_load: str) -> Awaitable[list[str]]:
-    """Six requests of one load queued, then one of another; the order they finish in."""
+def test_loads_take_turns_so_a_burst_never_starves_another_load(tiny_model_dir: Path) -> None:
+    """A gate's burst of requests for a candidate load must not hold up live traffic."""
     request = ask(PROMPTS[0], temperature=0, max_tokens=4)
 
-    async def go() -> list[str]:
+    async def body(rt: EmbeddedRuntime) -> None:
+        burst_load, live_load = await rt.load("candidate", {}), await rt.load("serving", {})
         finished: list[str] = []
 
         async def run(name: str, load: str) -> None:
@@ -163,66 +163,9 @@ def _burst_then_live(rt: EmbeddedRuntime, burst_load: str, live_load: str) -> Aw
             while rt.queued() < 7:
                 await asyncio.sleep(0.001)
         await asyncio.gather(*tasks)
-        return finished
-
-    return go()
-
-
-def test_a_burst_takes_a_fair_share_of_a_batch_so_it_never_holds_up_another_load(tiny_model_dir: Path) -> None:
-    """A gate's burst of requests for a candidate load must not hold up live traffic: the live
-    request rides in the very first batch, beside one of the burst."""
-    async def body(rt: EmbeddedRuntime) -> None:
-        burst_load, live_load = await rt.load("candidate", {}), await rt.load("serving", {})
-        before = rt.batches_run
-        finished = await _burst_then_live(rt, burst_load, live_load)
-        assert finished.index("live") < 2  # in the first batch of two
-        assert rt.batches_run - before == 4  # 7 requests, 2 a batch
-
-    with_runtime(tiny_model_dir, body, max_batch=2)
-
-
-def test_without_mixing_loads_take_turns_batch_by_batch(tiny_model_dir: Path) -> None:
-    async def body(rt: EmbeddedRuntime) -> None:
-        burst_load, live_load = await rt.load("candidate", {}), await rt.load("serving", {})
-        finished = await _burst_then_live(rt, burst_load, live_load)
         assert finished.index("live") == 2  # one burst batch of two, then the live request
 
-    with_runtime(tiny_model_dir, body, max_batch=2, mix_loads=False)
-
-
-def test_fair_share_gives_each_load_its_turn_in_order() -> None:
-    from reef.runtimes.embedded import fair_share
-
-    jobs = [SimpleNamespace(load_id=load, n=n) for n, load in enumerate("aaaaabca")]
-    assert [(j.load_id, j.n) for j in fair_share(jobs, 5)] == [("a", 0), ("b", 5), ("c", 6), ("a", 1), ("a", 2)]
-    assert [j.n for j in fair_share(jobs, 100)] == [0, 5, 6, 1, 2, 3, 4, 7]  # room for all: everyone
-    assert [j.n for j in fair_share(jobs[:5], 3)] == [0, 1, 2]  # one load alone fills the batch
-
-
-@pytest.mark.filterwarnings(LORA_WARNING)
-@pytest.mark.filterwarnings(MANY_ADAPTERS)
-def test_rows_of_several_adapters_in_one_batch_match_running_alone(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Base, two LoRA adapters and a sampled row in one batch, with a shared prompt prefix (run
-    once per adapter): the same tokens and log-probs as each request alone."""
-    adapters = [lora_files(tiny_model_dir, tmp_path / f"m{seed}", seed) for seed in (6, 7)]
-    system = Message("system", "You are a careful assistant. Answer briefly and exactly, in plain words only.")
-    requests = [ChatRequest(model="m", messages=(system, Message("user", p)), dialect="openai", temperature=t,
-                            seed=5, max_tokens=n) for p, t, n in zip(PROMPTS, (0, 0, 0.9, 0), (6, 14, 9, 11))]
-
-    async def body(rt: EmbeddedRuntime) -> None:
-        loads = [await rt.load("base", {}), await rt.load("a", adapters[0]), await rt.load("b", adapters[1])]
-        jobs = [(requests[0], loads[1]), (requests[1], loads[0]), (requests[2], loads[2]), (requests[3], loads[1])]
-        alone = [(await collect(rt, r, load))[0] for r, load in jobs]
-        assert len({tuple(a.token_ids) for a in alone[:2]}) == 2
-        batches, shared = rt.batches_run, rt.shared_prefix_tokens
-        together = await gather_batched(rt, jobs)
-        assert rt.batches_run - batches == 1  # four requests of three loads, one batch
-        assert rt.shared_prefix_tokens > shared  # the prefix ran once per adapter, not per row
-        for one, many in zip(alone, together):
-            assert many.token_ids == one.token_ids
-            assert many.logprobs == pytest.approx(one.logprobs, abs=1e-4)
-
-    with_runtime(tiny_model_dir, body, max_batch=8)
+    with_runtime(tiny_model_dir, body, max_batch=2)
 
 
 def test_consumer_leaving_stops_the_work(tiny_model_dir: Path) -> None:

@@ -1,12 +1,8 @@
 """The embedded runtime: SmolLM2 (or the tiny test model) on the CPU through transformers + peft.
 
 One worker thread owns the model (torch releases the GIL inside its kernels, so the event loop
-stays responsive). It takes queued requests in batches (left padding, position ids
-`cumsum(mask) - 1`, a KV cache) whose rows may belong to different loads: each row runs with
-its own load's adapter (peft's mixed-adapter forward: the base model's matrices once for all
-rows, each adapter's low-rank update on its own rows), and the rows are shared fairly among the
-loads waiting, so a gate judging a candidate (dozens of requests at once) and live traffic on the
-serving release decode together instead of taking turns. It samples each row with the request's own temperature, top_p
+stays responsive). It takes queued requests in batches of one load id (left padding, position
+ids `cumsum(mask) - 1`, a KV cache), samples each row with the request's own temperature, top_p
 and seed, and streams every token back with its id and the log-prob of the distribution it was
 actually drawn from, so records can be verified and trained on (invariant 2, docs/architecture.md). Adapter
 loads and unloads also run on the worker, between decoding steps, so no lock guards the model
@@ -24,7 +20,6 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future
-from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -41,8 +36,6 @@ from reef.runtimes.chatml import TextStream, prompt_ids, stop_token_ids
 from reef.runtimes.sampling import sample
 
 _UNSET = object()  # "adapter state unknown": forces the next batch step to set it again
-_MIXED = object()  # adapters enabled, each row's chosen per forward pass (`_mixed_rows`)
-BASE_ROW = "__base__"  # peft's name for a row of a mixed batch that runs without an adapter
 # Many resident adapters is the point here, not the mistake peft warns about.
 warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute", category=UserWarning)
 warnings.filterwarnings("ignore", message=r"Adapter \S+ was active which is now deleted", category=UserWarning)
@@ -78,8 +71,8 @@ class EmbeddedRuntime(Runtime):
     verifies_tokens = True
 
     def __init__(self, model_dir: Path, *, model_name: str = "smollm2-135m-instruct", threads: int | None = None,
-                 max_batch: int = 16, default_max_tokens: int = 256, max_context: int = 2048,
-                 min_shared_prefix: int = MIN_SHARED_PREFIX, mix_loads: bool = True) -> None:
+                 max_batch: int = 8, default_max_tokens: int = 256, max_context: int = 2048,
+                 min_shared_prefix: int = MIN_SHARED_PREFIX) -> None:
         self.model_dir = Path(model_dir)
         self.model_name = model_name
         self.threads = threads
@@ -87,7 +80,6 @@ class EmbeddedRuntime(Runtime):
         self.default_max_tokens = default_max_tokens
         self.max_context = max_context
         self.min_shared_prefix = min_shared_prefix  # 0: every row prefills its whole prompt
-        self.mix_loads = mix_loads  # False: a batch holds one load's requests, loads take turns (bench/batch_size.py)
         self.model: Any = None
         self.tokenizer: Any = None
         self.batches_run = 0  # counters for tests and /metrics
@@ -111,8 +103,7 @@ class EmbeddedRuntime(Runtime):
         self._stop_ids: frozenset[int] = frozenset()
         self._adapters: set[str] = set()
         self._active: object = _UNSET
-        self._batch_adapters: list[str | None] = []  # each row's adapter in the running batch
-        self._lora_modules: list[Any] | None = None  # peft's LoRA layers, found again when adapters change
+        self._batch_adapter: str | None = None
         self._doomed: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -229,15 +220,13 @@ class EmbeddedRuntime(Runtime):
                     self.model.delete_adapter(name)  # no half-injected adapter stays behind
                 raise
         self._adapters.add(name)
-        self._lora_modules = None
 
     def _drop_adapter(self, name: str) -> None:
-        if name in self._batch_adapters:
+        if name == self._batch_adapter:
             self._doomed.add(name)  # a batch still decodes with it; drop it when that ends
             return
         self.model.delete_adapter(name)
         self._adapters.discard(name)
-        self._lora_modules = None
 
     # -- generation: the async side ------------------------------------------------------------
 
@@ -299,7 +288,7 @@ class EmbeddedRuntime(Runtime):
                     job.send(RuntimeFailure(f"the embedded model failed: {exc}"))
             finally:
                 self._running, self._batch = False, []
-                self._batch_adapters = []
+                self._batch_adapter = None
                 for name in self._doomed:
                     with contextlib.suppress(Exception):  # a leaked adapter must not stop serving
                         self._drop_adapter(name)
@@ -320,30 +309,26 @@ class EmbeddedRuntime(Runtime):
                     self._cond.wait()
 
     def _take_batch(self) -> list[_Job] | None:
-        """Up to `max_batch` queued requests, shared fairly among the loads waiting
-        (`fair_share`), so a burst for one load (a gate judging a candidate: dozens of requests
-        at once) takes at most its share of a batch and never stalls live traffic. With
-        `mix_loads` off, the requests of one load, loads taking turns."""
+        """The oldest request and the next ones of the same load id, up to `max_batch`. Loads
+        take turns: when another load's request waits, the last batch's load goes after it, so
+        a burst for one load (a gate judging a candidate: dozens of requests at once) never
+        stalls live traffic on the serving load for more than one batch."""
         self._queue = [job for job in self._queue if not job.cancelled.is_set()]
-        for job in [job for job in self._queue if job.load_id not in self._loads]:
-            job.send(RuntimeFailure(f"runtime load {job.load_id} was unloaded"))
-        self._queue = [job for job in self._queue if job.load_id in self._loads]
         if not self._queue:
             return None
-        batch = fair_share(self._queue, self.max_batch) if self.mix_loads else self._one_load()
-        taken = set(map(id, batch))
-        self._queue = [job for job in self._queue if id(job) not in taken]
-        self._batch_adapters = [self._loads[job.load_id] for job in batch]
+        others = (job for job in self._queue if job.load_id != self._last_load_id)
+        load_id = next(others, self._queue[0]).load_id
+        self._last_load_id = load_id
+        batch = [job for job in self._queue if job.load_id == load_id][: self.max_batch]
+        self._queue = [job for job in self._queue if job not in batch]
+        if load_id not in self._loads:
+            for job in batch:
+                job.send(RuntimeFailure(f"runtime load {load_id} was unloaded"))
+            return None
+        self._batch_adapter = self._loads[load_id]
         self._running = True  # under the lock, so `idle()` never sees a gap between queue and batch
         self._batch = batch
         return batch
-
-    def _one_load(self) -> list[_Job]:
-        """The oldest request and the next ones of its load; another load's goes first when
-        the last batch was this load's."""
-        others = (job for job in self._queue if job.load_id != self._last_load_id)
-        load_id = self._last_load_id = next(others, self._queue[0]).load_id
-        return [job for job in self._queue if job.load_id == load_id][: self.max_batch]
 
     def _run_calls(self) -> None:
         with self._cond:
@@ -358,15 +343,6 @@ class EmbeddedRuntime(Runtime):
                 future.set_exception(exc)
         if calls:
             self._active = _UNSET  # whatever they did to the adapters, set ours again
-
-    def _apply_adapters(self, rows: list[str | None]) -> None:
-        """Set the model up for a batch whose rows run with these adapters: one adapter (or
-        none) for all is set as the active one; rows of several go through `_mixed_rows`."""
-        if len(set(rows)) == 1:
-            self._apply_adapter(rows[0])
-        elif self._active is not _MIXED:
-            self.model.enable_adapters()
-            self._active = _MIXED
 
     def _apply_adapter(self, adapter: str | None) -> None:
         if self._active == adapter:
@@ -390,7 +366,7 @@ class EmbeddedRuntime(Runtime):
 
         cache = DynamicCache(config=self.model.config)
         with torch.inference_mode():
-            self._apply_adapters(self._batch_adapters)
+            self._apply_adapter(self._batch_adapter)
             logits, mask, positions = self._prefill(jobs, cache)
             while True:
                 keep = [i for i, job in enumerate(jobs) if self._advance(job, logits[i])]
@@ -400,34 +376,25 @@ class EmbeddedRuntime(Runtime):
                     index = torch.tensor(keep)
                     cache.batch_select_indices(index)
                     mask, positions, jobs = mask[index], positions[index], [jobs[i] for i in keep]
-                    self._batch_adapters = [self._batch_adapters[i] for i in keep]
                 self._run_calls()
-                self._apply_adapters(self._batch_adapters)
+                self._apply_adapter(self._batch_adapter)
                 mask = torch.cat([mask, mask.new_ones(len(jobs), 1)], dim=1)
                 positions = positions[:, -1:] + 1
                 step = torch.tensor([[job.ids[-1]] for job in jobs])
-                logits = self._forward(step, mask, positions, cache, self._batch_adapters)
+                logits = self._forward(step, mask, positions, cache)
 
     def _prefill(self, jobs: list[_Job], cache: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the prompts into `cache`; return the next-token logits, the attention mask and the
         position ids. Prefill is most of a batch's cost, and the prompts of one batch often share
         a long start (a system prompt, an agent's instructions): that prefix runs once, with batch
         size one, its KV rows are copied to every row, and only the suffixes (left-padded) run
-        batched after it: mask `[1]*P + [0]*pad + [1]*suffix`, positions going on from P. The
-        prefix's keys and values depend on the adapter, so a batch of several runs it once for
-        each adapter and gives every row its own adapter's."""
-        rows = self._batch_adapters
+        batched after it: mask `[1]*P + [0]*pad + [1]*suffix`, positions going on from P."""
         shared = shared_prefix_length([job.prompt_ids for job in jobs], self.min_shared_prefix)
         if shared:
-            adapters = list(dict.fromkeys(rows))  # distinct, in order
-            prefix = torch.tensor([jobs[0].prompt_ids[:shared]] * len(adapters))
-            self._forward(prefix, torch.ones_like(prefix), torch.arange(shared).expand(len(adapters), -1), cache,
-                          adapters)
-            if len(adapters) == 1:
-                cache.batch_repeat_interleave(len(jobs))
-            else:
-                cache.batch_select_indices(torch.tensor([adapters.index(adapter) for adapter in rows]))
-            self.shared_prefix_tokens += shared * (len(jobs) - len(adapters))
+            prefix = torch.tensor([jobs[0].prompt_ids[:shared]])
+            self._forward(prefix, torch.ones_like(prefix), torch.arange(shared)[None], cache)
+            cache.batch_repeat_interleave(len(jobs))
+            self.shared_prefix_tokens += shared * (len(jobs) - 1)
         suffixes = [job.prompt_ids[shared:] for job in jobs]
         width = max(len(suffix) for suffix in suffixes)
         pad = self.tokenizer.pad_token_id or 0
@@ -435,34 +402,12 @@ class EmbeddedRuntime(Runtime):
         suffix_mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in suffixes])
         positions = shared + (suffix_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: each row counts on from P
         mask = torch.cat([suffix_mask.new_ones(len(jobs), shared), suffix_mask], dim=1)
-        return self._forward(ids, mask, positions, cache, rows), mask, positions
+        return self._forward(ids, mask, positions, cache), mask, positions
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any,
-                 rows: list[str | None]) -> torch.Tensor:
-        with self._mixed_rows(rows):
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                             use_cache=True, logits_to_keep=1)
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()
-
-    @contextlib.contextmanager
-    def _mixed_rows(self, rows: list[str | None]) -> Iterator[None]:
-        """For rows of several adapters, hand every LoRA layer each row's adapter name (peft's
-        `adapter_names`; `__base__` for a row without one) for this forward pass."""
-        if len(set(rows)) == 1:
-            yield
-            return
-        if self._lora_modules is None:
-            from peft.tuners.lora import LoraLayer
-
-            self._lora_modules = [m for m in self.model.modules() if isinstance(m, LoraLayer)]
-        names = [BASE_ROW if adapter is None else adapter for adapter in rows]
-        hooks = [m.register_forward_pre_hook(partial(_with_adapter_names, names=names), with_kwargs=True)
-                 for m in self._lora_modules]
-        try:
-            yield
-        finally:
-            for hook in hooks:
-                hook.remove()
 
     def _advance(self, job: _Job, logits: torch.Tensor) -> bool:
         """Sample one token for `job`, stream it, and say whether the row goes on."""
@@ -497,29 +442,6 @@ class EmbeddedRuntime(Runtime):
         usage = Usage(prompt_tokens=len(job.prompt_ids), completion_tokens=len(job.ids))
         job.send(Finish("tool_calls" if calls else reason, usage, model=self.model_name,
                         prompt_token_ids=tuple(job.prompt_ids)))
-
-
-def fair_share(jobs: list[_Job], limit: int) -> list[_Job]:
-    """Up to `limit` of `jobs`, one of each load in turn (the loads in the order of their oldest
-    job, each load's jobs in their own order): a load gets all it asks for when the others leave
-    room, and no load more than an equal share of a full batch."""
-    by_load: dict[str, deque[_Job]] = {}
-    for job in jobs:
-        by_load.setdefault(job.load_id, deque()).append(job)
-    taken: list[_Job] = []
-    while by_load and len(taken) < limit:
-        for load_id in list(by_load):
-            if len(taken) == limit:
-                break
-            taken.append(by_load[load_id].popleft())
-            if not by_load[load_id]:
-                del by_load[load_id]
-    return taken
-
-
-def _with_adapter_names(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                        names: list[str]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    return args, {**kwargs, "adapter_names": names}
 
 
 def _adapter_files(files: Mapping[str, bytes]) -> dict[str, bytes] | None:
