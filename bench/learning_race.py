@@ -102,13 +102,14 @@ def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: 
 
 
 def run_reef(task: RaceTask, seconds: float, every: float, concurrency: int, workdir: Path,
-             canary: float | None, loss: str = LOSS, seed: int = 0) -> dict[str, Any]:
+             canary: float | None, loss: str = LOSS, seed: int = 0,
+             gate_concurrency: int | None = None) -> dict[str, Any]:
     heldout = task.module.write_heldout_jsonl(workdir / "heldout.jsonl")
     port = free_port()
     config = workdir / "serve.yaml"
     settings = demo_settings(workdir, heldout, port, None, LEARNING_RATE, scorer=task.scorer,
                              traffic_max_tokens=task.traffic_max_tokens, gate_max_tokens=task.eval_max_tokens,
-                             canary=canary, loss=loss)
+                             canary=canary, loss=loss, gate_concurrency=gate_concurrency)
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     server = DemoServer(config, port, workdir / "serve.log", pythonpath=(str(BENCH),))
     log(f"reef: starting reef serve on {server.url} (log {server.log_path})")
@@ -323,6 +324,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="bare: the questions and the sampling; reef: the clients' questions. A run is one "
                              "draw of a noisy process: compare runs of several seeds")
+    parser.add_argument("--gate-concurrency", type=int, default=None,
+                        help="reef: learner.gate.concurrency, the gate's requests in flight at once  [default: the "
+                             "demo's, a look's tasks all at once]")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -343,7 +347,7 @@ def main() -> None:
                 arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every, args.seed)
             else:
                 arms[name] = run_reef(task, seconds, args.snapshot_every, args.concurrency, workdir, args.canary,
-                                      args.loss, args.seed)
+                                      args.loss, args.seed, args.gate_concurrency)
     base_success = evaluate_arms(arms, model, tokenizer, base, task)
     summary = summarise(arms, base_success)
     print(table(arms, summary))
@@ -355,7 +359,7 @@ def main() -> None:
 def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> None:
     settings = {"task": task.name, "minutes": args.minutes, "snapshot_every_s": args.snapshot_every,
                 "concurrency": args.concurrency, "canary": args.canary, "loss": args.loss, "seed": args.seed,
-                "lr": LEARNING_RATE, "batch": BATCH,
+                "gate_concurrency": args.gate_concurrency, "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,
                 "lora": {"r": bare_loop.LORA.r, "alpha": bare_loop.LORA.alpha,

@@ -151,6 +151,8 @@ class GateConfig(Strict):
     confidence: float = Field(0.8, gt=0, lt=1, description="One-sided confidence of the paired sign test")
     looks: int = Field(3, ge=1, description="Parts the tasks are answered in, with an early decision possible "
                                             "after each (1: all tasks, then decide)")
+    concurrency: int | None = Field(None, ge=1, description="The gate's requests in flight at once (null: a look's "
+                                    "tasks all at once); fewer leave more of the serving runtime to live traffic")
     holdout_fraction: float = Field(0.2, ge=0, lt=1, description="Offline check: reported records kept out of training")
     offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
 

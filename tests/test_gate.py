@@ -158,3 +158,30 @@ def test_each_answer_on_the_tasks_keeps_its_task_index(tiny_model_dir: Path, tmp
         assert [t["index"] for t in metrics["per_task"]] == order[:metrics["n"]]
     current = {t["index"]: t["current"] for t in first["per_task"]}
     assert all(current[t["index"]] == t["current"] for t in second["per_task"] if t["index"] in current)
+
+
+def test_the_gate_keeps_at_most_its_concurrency_in_flight(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`gate.concurrency` bounds the gate's requests in flight (so live traffic keeps the rest of
+    the runtime); without it a look's tasks go all at once."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"prompt": f"Tell me about {i}."}) + "\n" for i in range(12)))
+
+    async def batch_sizes(concurrency: int | None) -> tuple[list[int], int]:
+        config = GateConfig(tasks=str(tasks), scorer="tests.test_gate:length_scorer", looks=1, max_tokens=4,
+                            concurrency=concurrency)
+        runtime = EmbeddedRuntime(tiny_model_dir, threads=1, max_batch=8)
+        sizes: list[int] = []
+        runtime.batch_observer = lambda n, _waits: sizes.append(n)
+        await runtime.start()
+        try:
+            current = ReleaseRef("r", "c", await runtime.load("c", {}))
+            verdict = await WeightsGate(config, runtime, worker=None).judge(  # type: ignore[arg-type]
+                current, {}, "sha256:candidate", {}, [])
+        finally:
+            await runtime.close()
+        return sizes, verdict.metrics["n"]
+
+    bounded, n = asyncio.run(batch_sizes(2))
+    assert n == 12 and max(bounded) <= 2 and sum(bounded) == 24  # both releases answered every task
+    unbounded, _ = asyncio.run(batch_sizes(None))
+    assert max(unbounded) > 2

@@ -18,6 +18,7 @@ verdict carries its metrics (per-task results included) into the release chain.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from pathlib import Path
@@ -52,6 +53,7 @@ class WeightsGate:
         if self.tasks and self.scorer is None:
             raise InvalidInput("learner.gate.tasks needs learner.gate.scorer (module:function)")
         self._scores: dict[str, dict[int, float]] = {}  # content_id -> task index -> score (deterministic)
+        self._in_flight = asyncio.Semaphore(config.concurrency) if config.concurrency else None
 
     async def judge(self, current: ReleaseRef, current_files: Mapping[str, bytes], candidate_id: str,
                     candidate_files: Mapping[str, bytes], holdout: Sequence[tuple[float, Sample]]) -> Verdict:
@@ -96,8 +98,9 @@ class WeightsGate:
             request = ChatRequest(model="gate", messages=_messages(task), dialect="openai", stream=False,
                                   max_tokens=self.config.max_tokens, temperature=self.config.temperature, seed=index)
             result = ChatResult()
-            async for delta in self.runtime.generate(request, release):
-                result.add(delta)
+            async with self._in_flight or contextlib.nullcontext():
+                async for delta in self.runtime.generate(request, release):
+                    result.add(delta)
             return float(self.scorer(task, result.text))  # type: ignore[misc]
 
         return list(await asyncio.gather(*(one(i) for i in indices)))
