@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +36,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 import race_tasks  # noqa: E402
-from reef.core.chat import ChatRequest, ChatResult, Message  # noqa: E402
-from reef.core.types import ReleaseRef  # noqa: E402
+from shared_prefix import serve_once  # noqa: E402  (every request queued at once, so batches are full)
+from reef.core.chat import ChatRequest, Message  # noqa: E402
 from reef.runtimes.embedded import EmbeddedRuntime  # noqa: E402
 from reef.runtimes.model_files import ensure_embedded_model  # noqa: E402
 
@@ -51,21 +50,6 @@ def requests(tasks: list[dict[str, Any]], temperature: float, max_tokens: int) -
             for i, t in enumerate(tasks)]
 
 
-async def serve_all(runtime: EmbeddedRuntime, load: str, batch: list[ChatRequest]) -> tuple[float, list[list[int]], int]:
-    async def one(req: ChatRequest) -> list[int]:
-        result = ChatResult()
-        async for delta in runtime.generate(req, ReleaseRef("r", "c", load)):
-            result.add(delta)
-        return list(result.token_ids)
-
-    started = time.perf_counter()
-    with runtime.paused():  # queue them all, so batches are as full as max_batch allows
-        pending = [asyncio.create_task(one(r)) for r in batch]
-        await asyncio.sleep(0.05)
-    outputs = await asyncio.gather(*pending)
-    return time.perf_counter() - started, outputs, sum(map(len, outputs))
-
-
 async def measure(model_dir: Path, sizes: list[int], rounds: int) -> dict[str, Any]:
     runtime = EmbeddedRuntime(model_dir, threads=1, max_batch=max(sizes))
     await runtime.start()
@@ -76,7 +60,7 @@ async def measure(model_dir: Path, sizes: list[int], rounds: int) -> dict[str, A
     results: dict[str, Any] = {}
     try:
         load = await runtime.load("base", {})
-        await serve_all(runtime, load, workloads["gate"][:8])  # warm-up
+        await serve_once(runtime, load, workloads["gate"][:8])  # warm-up
         for name, batch in workloads.items():
             seconds: dict[int, list[float]] = {size: [] for size in sizes}
             tokens: dict[int, int] = {}
@@ -84,7 +68,8 @@ async def measure(model_dir: Path, sizes: list[int], rounds: int) -> dict[str, A
             for _ in range(rounds):
                 for size in sizes:
                     runtime.max_batch = size
-                    took, outputs[size], tokens[size] = await serve_all(runtime, load, batch)
+                    took, outputs[size] = await serve_once(runtime, load, batch)
+                    tokens[size] = sum(map(len, outputs[size]))
                     seconds[size].append(took)
             results[name] = {"requests": len(batch), "seconds": {str(s): v for s, v in seconds.items()},
                              "tokens": {str(s): t for s, t in tokens.items()},
