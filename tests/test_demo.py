@@ -285,15 +285,12 @@ def test_sigterm_stops_a_background_demo_and_still_writes_the_curve(tiny_model_d
     curve = json.loads((out / "learning_curve.json").read_text())
     assert curve["summary"]["interrupted"] is True
     assert json.loads(stdout)["interrupted"] is True
-    import yaml
-
     assert yaml.safe_load((tmp_path / "work" / "serve.yaml").read_text())["learner"]["sao"]["loss"] == "ppo"
     assert curve["settings"]["loss"] == "ppo"  # --loss reaches the learner and the curve
 
 
 def _demo_has_traffic(config: Path) -> bool:
     import httpx
-    import yaml
 
     if not config.exists():
         return False
