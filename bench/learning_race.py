@@ -60,6 +60,18 @@ EVAL_BATCH = 16
 
 
 @dataclass(frozen=True)
+class ReefArm:
+    """The settings of Reef's arm that a run may change (the rest are the demo's)."""
+
+    concurrency: int = 8  # live clients, each with one request in flight
+    canary: float | None = CANARY
+    loss: str = LOSS
+    seed: int = 0  # the clients' questions
+    gate_concurrency: int | None = None
+    gate_concurrency_when: str = "always"
+
+
+@dataclass(frozen=True)
 class RaceTask:
     name: str
     module: Any  # train_tasks, heldout_tasks, test_tasks, messages, score, success, feedback, write_heldout_jsonl
@@ -101,22 +113,21 @@ def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: 
 # -- the reef arm --------------------------------------------------------------------------------
 
 
-def run_reef(task: RaceTask, seconds: float, every: float, concurrency: int, workdir: Path,
-             canary: float | None, loss: str = LOSS, seed: int = 0,
-             gate_concurrency: int | None = None) -> dict[str, Any]:
+def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: ReefArm) -> dict[str, Any]:
     heldout = task.module.write_heldout_jsonl(workdir / "heldout.jsonl")
     port = free_port()
     config = workdir / "serve.yaml"
     settings = demo_settings(workdir, heldout, port, None, LEARNING_RATE, scorer=task.scorer,
                              traffic_max_tokens=task.traffic_max_tokens, gate_max_tokens=task.eval_max_tokens,
-                             canary=canary, loss=loss, gate_concurrency=gate_concurrency)
+                             canary=arm.canary, loss=arm.loss, gate_concurrency=arm.gate_concurrency,
+                             gate_concurrency_when=arm.gate_concurrency_when)
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     server = DemoServer(config, port, workdir / "serve.log", pythonpath=(str(BENCH),))
     log(f"reef: starting reef serve on {server.url} (log {server.log_path})")
     server.start()
     try:
-        log(f"reef: traffic for {seconds / 60:.1f} min, {concurrency} in flight")
-        serving, stats = asyncio.run(_drive(server, task, seconds, every, concurrency, seed))
+        log(f"reef: traffic for {seconds / 60:.1f} min, {arm.concurrency} in flight")
+        serving, stats = asyncio.run(_drive(server, task, seconds, every, arm.concurrency, arm.seed))
     finally:
         server.stop()
     published, rejected = stats.counts()
@@ -327,6 +338,9 @@ def main() -> None:
     parser.add_argument("--gate-concurrency", type=int, default=None,
                         help="reef: learner.gate.concurrency, the gate's requests in flight at once  [default: the "
                              "demo's, a look's tasks all at once]")
+    parser.add_argument("--gate-concurrency-when", choices=["always", "starved"], default="always",
+                        help="reef: learner.gate.concurrency_when, whether the bound holds at every verdict or only "
+                             "while the learner waits for samples  [default: %(default)s]")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -346,8 +360,9 @@ def main() -> None:
             if name == "bare":
                 arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every, args.seed)
             else:
-                arms[name] = run_reef(task, seconds, args.snapshot_every, args.concurrency, workdir, args.canary,
-                                      args.loss, args.seed, args.gate_concurrency)
+                arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency,
+                              args.gate_concurrency_when)
+                arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
     base_success = evaluate_arms(arms, model, tokenizer, base, task)
     summary = summarise(arms, base_success)
     print(table(arms, summary))
@@ -359,7 +374,8 @@ def main() -> None:
 def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> None:
     settings = {"task": task.name, "minutes": args.minutes, "snapshot_every_s": args.snapshot_every,
                 "concurrency": args.concurrency, "canary": args.canary, "loss": args.loss, "seed": args.seed,
-                "gate_concurrency": args.gate_concurrency, "lr": LEARNING_RATE, "batch": BATCH,
+                "gate_concurrency": args.gate_concurrency, "gate_concurrency_when": args.gate_concurrency_when,
+                "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,
                 "lora": {"r": bare_loop.LORA.r, "alpha": bare_loop.LORA.alpha,

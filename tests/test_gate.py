@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,13 +163,15 @@ def test_each_answer_on_the_tasks_keeps_its_task_index(tiny_model_dir: Path, tmp
 
 def test_the_gate_keeps_at_most_its_concurrency_in_flight(tiny_model_dir: Path, tmp_path: Path) -> None:
     """`gate.concurrency` bounds the gate's requests in flight (so live traffic keeps the rest of
-    the runtime); without it a look's tasks go all at once."""
+    the runtime); without it a look's tasks go all at once. With `concurrency_when: starved` the
+    bound holds only for a candidate the learner made while waiting for samples."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"prompt": f"Tell me about {i}."}) + "\n" for i in range(12)))
 
-    async def batch_sizes(concurrency: int | None) -> tuple[list[int], int]:
+    async def batch_sizes(concurrency: int | None, when: str = "always",
+                          starved: bool = False) -> tuple[list[int], dict[str, Any]]:
         config = GateConfig(tasks=str(tasks), scorer="tests.test_gate:length_scorer", looks=1, max_tokens=4,
-                            concurrency=concurrency)
+                            concurrency=concurrency, concurrency_when=when)
         runtime = EmbeddedRuntime(tiny_model_dir, threads=1, max_batch=8)
         sizes: list[int] = []
         runtime.batch_observer = lambda n, _waits: sizes.append(n)
@@ -176,12 +179,17 @@ def test_the_gate_keeps_at_most_its_concurrency_in_flight(tiny_model_dir: Path, 
         try:
             current = ReleaseRef("r", "c", await runtime.load("c", {}))
             verdict = await WeightsGate(config, runtime, worker=None).judge(  # type: ignore[arg-type]
-                current, {}, "sha256:candidate", {}, [])
+                current, {}, "sha256:candidate", {}, [], starved=starved)
         finally:
             await runtime.close()
-        return sizes, verdict.metrics["n"]
+        return sizes, verdict.metrics
 
-    bounded, n = asyncio.run(batch_sizes(2))
-    assert n == 12 and max(bounded) <= 2 and sum(bounded) == 24  # both releases answered every task
-    unbounded, _ = asyncio.run(batch_sizes(None))
-    assert max(unbounded) > 2
+    bounded, metrics = asyncio.run(batch_sizes(2))
+    assert metrics["n"] == 12 and max(bounded) <= 2 and sum(bounded) == 24  # both releases answered every task
+    assert metrics["in_flight_bound"] == 2
+    unbounded, metrics = asyncio.run(batch_sizes(None))
+    assert max(unbounded) > 2 and metrics["in_flight_bound"] is None
+    fed, metrics = asyncio.run(batch_sizes(2, "starved", starved=False))
+    assert max(fed) > 2 and metrics["in_flight_bound"] is None
+    starved, metrics = asyncio.run(batch_sizes(2, "starved", starved=True))
+    assert max(starved) <= 2 and metrics["in_flight_bound"] == 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -33,13 +34,15 @@ class ScriptedGate:
     def __init__(self, *verdicts: tuple[str, dict[str, Any]]) -> None:
         self.verdicts = list(verdicts)
         self.judged: list[str] = []  # candidate content ids, in the order judged
+        self.starved: list[bool] = []  # whether the learner was waiting for samples, for each
         self.hold = asyncio.Event()
         self.hold.set()
 
     async def judge(self, current: ReleaseRef, current_files: Any, candidate_id: str, candidate_files: Any,
-                    holdout: Any) -> Verdict:
+                    holdout: Any, starved: bool = False) -> Verdict:
         await self.hold.wait()
         self.judged.append(candidate_id)
+        self.starved.append(starved)
         decision, metrics = self.verdicts.pop(0)
         return Verdict(decision, dict(metrics))
 
@@ -169,6 +172,30 @@ def test_the_gate_judges_the_newest_candidate_and_logs_the_one_it_replaced(
     run_with_rig(tmp_path, tiny_model_dir, body)
     superseded = [r for r in caplog.records if "superseded" in r.getMessage()]
     assert [r.levelno for r in superseded] == [logging.INFO]  # routine work, not a warning on the operator's terminal
+
+
+def test_a_candidate_made_after_waiting_for_samples_goes_to_the_gate_marked_starved(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The learner tells the gate when traffic is what it lacks (`gate.concurrency_when: starved`
+    then leaves the serving runtime to the traffic): a batch it waited for, long against the
+    time it took to make its candidate, marks that candidate."""
+    async def body(rig: Rig) -> None:
+        gate = ScriptedGate(("reject", PROMISING), ("reject", PROMISING))
+        learner = rig.learner(gate)
+        await rig.feed(4)
+        started = time.monotonic()
+        await learner.step()  # the first candidate: nothing measured yet
+        making = time.monotonic() - started
+        await until(lambda: len(gate.judged) == 1 and learner._gate_idle(), "the first judgment")
+        assert learner.status()["waiting_for_samples"] is None
+        assert await learner.step() is False  # no samples: the learner waits
+        await asyncio.sleep(making)  # waiting as long as making one: half its time
+        await rig.feed(4)
+        await learner.step()
+        await until(lambda: len(gate.judged) == 2, "the second judgment")
+        assert gate.starved == [False, True] and learner.status()["waiting_for_samples"] > 0.25
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
 
 
 def test_a_batch_is_the_newest_samples(tiny_model_dir: Path, tmp_path: Path) -> None:

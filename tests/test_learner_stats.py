@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from reef.core.types import Verdict
-from reef.grow.learner_stats import LineageEvidence, promising
+from reef.grow.learner_stats import LineageEvidence, SampleWait, promising
 
 
 def verdict(**outcomes: tuple[float, float]) -> Verdict:
@@ -46,3 +48,17 @@ def test_a_rejection_is_worth_training_on_unless_the_gate_is_sure_it_is_worse() 
     assert not promising(Verdict("reject", {"p_worse": 0.03}))
     assert promising(Verdict("reject", {"wins": 2, "losses": 1}))  # no paired test: won more than it lost
     assert not promising(Verdict("reject", {"wins": 1, "losses": 1}))
+
+
+def test_sample_wait_says_when_the_learner_waits_for_traffic() -> None:
+    wait = SampleWait(decay=0.5)
+    wait.made(0.0, 4.0)  # the first candidate: no wait before it is counted
+    assert wait.fraction is None and not wait.starved()
+    wait.made(4.0, 8.0)  # the next batch was ready at once
+    assert wait.fraction == 0.0 and not wait.starved()
+    wait.made(14.0, 18.0)  # waited 6 s for samples, made it in 4
+    assert wait.fraction == pytest.approx(0.5 * 0.6) and wait.starved()
+    wait.made(18.0, 22.0)
+    assert wait.fraction == pytest.approx(0.15) and wait.starved()  # a tenth of its time or more
+    wait.made(22.0, 26.0)
+    assert wait.fraction == pytest.approx(0.075) and not wait.starved()

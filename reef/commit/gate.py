@@ -12,7 +12,9 @@ early ones, the rest at the end), so deciding early adds no chance of selecting 
 that is no better (union bound); stopping to reject never selects anything. Without tasks, an offline check
 on held-out reported records: the candidate must not make well-scored responses less likely,
 nor badly scored ones more likely, by more than `offline_bound` nats per token. Either way the
-verdict carries its metrics (per-task results included) into the release chain.
+verdict carries its metrics (per-task results included) into the release chain. The gate's
+requests share the serving runtime with live traffic: `concurrency` bounds how many are in flight,
+at every verdict or (`concurrency_when: starved`) only when the learner says it waits for samples.
 """
 
 from __future__ import annotations
@@ -56,14 +58,19 @@ class WeightsGate:
         self._in_flight = asyncio.Semaphore(config.concurrency) if config.concurrency else None
 
     async def judge(self, current: ReleaseRef, current_files: Mapping[str, bytes], candidate_id: str,
-                    candidate_files: Mapping[str, bytes], holdout: Sequence[tuple[float, Sample]]) -> Verdict:
+                    candidate_files: Mapping[str, bytes], holdout: Sequence[tuple[float, Sample]],
+                    starved: bool = False) -> Verdict:
+        """`starved`: the learner waits for samples, so with `concurrency_when: starved` the
+        gate's requests are bounded by `concurrency`, leaving the runtime to live traffic."""
         if self.tasks:
-            return await self._on_tasks(current, candidate_id, candidate_files)
+            bounded = self.config.concurrency_when == "always" or starved
+            return await self._on_tasks(current, candidate_id, candidate_files, bounded)
         return await self._offline(current_files, candidate_files, holdout)
 
     # -- evaluation tasks ------------------------------------------------------------------------
 
-    async def _on_tasks(self, current: ReleaseRef, candidate_id: str, files: Mapping[str, bytes]) -> Verdict:
+    async def _on_tasks(self, current: ReleaseRef, candidate_id: str, files: Mapping[str, bytes],
+                        bounded: bool) -> Verdict:
         known = self._scores.setdefault(current.content_id, {})
         before: list[float] = []
         after: list[float] = []
@@ -75,7 +82,7 @@ class WeightsGate:
             for look, part in enumerate(parts, 1):
                 todo = [i for i in part if i not in known]
                 current_answers, candidate_answers = await asyncio.gather(
-                    self._answer(current.runtime_load_id, todo), self._answer(load_id, part))
+                    self._answer(current.runtime_load_id, todo, bounded), self._answer(load_id, part, bounded))
                 known.update(zip(todo, current_answers))
                 mine.update(zip(part, candidate_answers))
                 before += [known[i] for i in part]
@@ -83,13 +90,15 @@ class WeightsGate:
                 asked += part
                 verdict = sequential_verdict(before, after, self.config, look, len(parts), asked)
                 if verdict is not None:
+                    verdict.metrics["in_flight_bound"] = self.config.concurrency if bounded else None
                     return verdict
         finally:
             await self.runtime.unload(load_id)
         raise AssertionError("the last look always decides")  # pragma: no cover
 
-    async def _answer(self, load_id: str | None, indices: list[int]) -> list[float]:
-        """The scores of these tasks' answers from one runtime load (seeded by task index)."""
+    async def _answer(self, load_id: str | None, indices: list[int], bounded: bool) -> list[float]:
+        """The scores of these tasks' answers from one runtime load (seeded by task index);
+        `bounded`: at most `concurrency` of the gate's requests in flight."""
         assert self.scorer is not None
         release = ReleaseRef("gate", "gate", load_id)
 
@@ -98,7 +107,7 @@ class WeightsGate:
             request = ChatRequest(model="gate", messages=_messages(task), dialect="openai", stream=False,
                                   max_tokens=self.config.max_tokens, temperature=self.config.temperature, seed=index)
             result = ChatResult()
-            async with self._in_flight or contextlib.nullcontext():
+            async with (self._in_flight if bounded and self._in_flight else contextlib.nullcontext()):
                 async for delta in self.runtime.generate(request, release):
                     result.add(delta)
             return float(self.scorer(task, result.text))  # type: ignore[misc]

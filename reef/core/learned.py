@@ -26,3 +26,6 @@ class LearnedCandidate:
     # what the gate evaluates on when it has no task file: (score, Sample) pairs for weights,
     # task objects for a harness
     held_out: list[Any] = field(default_factory=list)
+    # the learner waits for samples as the gate begins to judge this one: the gate may leave the
+    # serving runtime to live traffic while it judges (`gate.concurrency_when: starved`)
+    starved: bool = False

@@ -55,7 +55,8 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
                   lr: float = LEARNING_RATE, runtime: str = "embedded", scorer: str = "reef.demo.tasks:gate_score",
                   traffic_max_tokens: int = TRAFFIC_MAX_TOKENS,
                   gate_max_tokens: int = GATE_MAX_TOKENS, canary: float | None = None,
-                  loss: str = LOSS, gate_concurrency: int | None = None) -> dict[str, Any]:
+                  loss: str = LOSS, gate_concurrency: int | None = None,
+                  gate_concurrency_when: str = "always") -> dict[str, Any]:
     """serve.yaml for the demo: the embedded model (or vLLM, serving the same model folder the
     trainer trains), short answers, and a learner whose gate runs the held-out tasks through the
     strict verifier (or another task's `scorer`, as bench/learning_race.py does)."""
@@ -75,7 +76,8 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
             "sao": {"batch_size": 8, "steps_per_candidate": STEPS_PER_CANDIDATE, "lr": lr, "loss": loss},
             "gate": {"tasks": str(heldout.resolve()), "scorer": scorer,
                      "max_tokens": gate_max_tokens, "temperature": 0,
-                     **({"concurrency": gate_concurrency} if gate_concurrency else {})},
+                     **({"concurrency": gate_concurrency, "concurrency_when": gate_concurrency_when}
+                        if gate_concurrency else {})},
             **({"canary": {"demo": canary}} if canary else {}),
         },
     }

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import time
 from typing import Any, Awaitable, Callable, Protocol
 
 from reef.core.canonical import new_id
@@ -35,7 +37,7 @@ from reef.core.learned import LearnedCandidate
 from reef.core.training import checkpoint_part
 from reef.core.types import CommitEntry, Operation, Release, ReleaseRef, ReportedRecords, Verdict
 from reef.grow.canary import CanaryServing, LiveScores, canary_release_id
-from reef.grow.learner_stats import LearnerStats, LineageEvidence, promising
+from reef.grow.learner_stats import LearnerStats, LineageEvidence, SampleWait, promising
 from reef.grow.loop import keep_stepping
 from reef.grow.recipe import Abandon, Batch, Job, LearnerView, Made, Recipe
 from reef.grow.training_client import TrainingClient
@@ -84,6 +86,7 @@ class Learner:
         self.canary_batch: str | None = None  # the candidate the canary serves
         self.evidence = LineageEvidence()  # the gate's wins and losses since the working line began
         self.stats = LearnerStats()
+        self.wait = SampleWait()  # how much of its time the learner waits for samples
         self.cursor = chain.high_water()
         self.consumed = batched_record_ids(chain)
         self.algorithm_state = dict(chain.algorithm_state() or {})  # ahead of the log while a candidate is judged
@@ -137,7 +140,9 @@ class Learner:
         if batch is None:
             self.stats.state = "collecting" if self._gate_idle() else "evaluating"
             return bool(items)
+        started = time.monotonic()
         await self._make(batch, new_id(), self.recipe.high_water(self.cursor), logged=False)
+        self.wait.made(started, time.monotonic())
         return True
 
     async def _make(self, batch: Batch, batch_id: str, high_water: int, logged: bool) -> None:
@@ -200,8 +205,8 @@ class Learner:
                 await self._abandon(candidate.batch_id,
                                     f"trained on from a candidate that was dropped: {self.drop_reason}")
                 continue
-            try:
-                await self._judge(candidate)
+            try:  # whether the learner waits for samples, as it stands when the gate starts judging
+                await self._judge(dataclasses.replace(candidate, starved=self.wait.starved()))
             except Exception as exc:  # noqa: BLE001 - its batch is abandoned; the next candidate still goes
                 log.exception("learner %s: evaluation failed", self.scenario)
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -339,7 +344,8 @@ class Learner:
                "state": s.state, "cursor": self.cursor, **self.recipe.status(), "batches": s.batches,
                "candidates": s.candidates, "published": s.published, "pending_review": s.review,
                "rejected": s.rejected, "abandoned": s.abandoned, "dropped": dict(s.dropped),
-               "last_verdict": s.last_verdict, "last_error": s.last_error}
+               "last_verdict": s.last_verdict, "last_error": s.last_error,
+               "waiting_for_samples": None if self.wait.fraction is None else round(self.wait.fraction, 3)}
         if self.canary is not None:
             out["canary"] = self.live.summary(fraction=self.canary.fraction)
         if self.trainer is not None:

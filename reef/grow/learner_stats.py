@@ -10,6 +10,7 @@ from reef.core.sign_test import sign_test_p
 from reef.core.types import Verdict
 
 WORSE_P = 0.05  # a rejected candidate is trained on unless the gate is this sure it is worse
+STARVED_FRACTION = 0.1  # the learner waits for samples this share of its time or more: traffic is what it lacks
 
 
 @dataclass
@@ -85,3 +86,26 @@ class LineageEvidence:
 
     def surely_worse(self) -> bool:
         return self.verdicts > 1 and sign_test_p(self.losses, self.wins) <= WORSE_P
+
+
+@dataclass
+class SampleWait:
+    """How much of the learner's time goes to waiting for samples rather than making candidates:
+    per batch, the wait since the last candidate was made over the wait plus the making, as a
+    running average (`decay` per batch). Near 1: the trainer waits for traffic (live traffic is
+    what learning lacks); near 0: batches are ready as soon as the trainer is."""
+
+    decay: float = 0.7
+    fraction: float | None = None
+    idle_since: float | None = None  # when the last candidate was made (None: before the first)
+
+    def made(self, started: float, ended: float) -> None:
+        """A candidate was made from `started` to `ended` (monotonic seconds)."""
+        if self.idle_since is not None:
+            waited = max(0.0, started - self.idle_since)
+            share = waited / max(1e-9, waited + (ended - started))
+            self.fraction = share if self.fraction is None else self.decay * self.fraction + (1 - self.decay) * share
+        self.idle_since = ended
+
+    def starved(self, threshold: float = STARVED_FRACTION) -> bool:
+        return self.fraction is not None and self.fraction >= threshold
