@@ -155,7 +155,7 @@ class GateConfig(Strict):
                                     "tasks all at once); fewer leave more of the serving runtime to live traffic")
     concurrency_when: Literal["always", "starved"] = Field(
         "always", description="When `concurrency` bounds the gate: always, or only while the learner waits for "
-        "samples (a tenth of its time or more: live traffic is what it lacks); otherwise a look's tasks at once")
+        "samples (a fifth of its time or more: live traffic is what it lacks); otherwise a look's tasks at once")
     holdout_fraction: float = Field(0.2, ge=0, lt=1, description="Offline check: reported records kept out of training")
     offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
 

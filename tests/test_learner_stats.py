@@ -59,6 +59,4 @@ def test_sample_wait_says_when_the_learner_waits_for_traffic() -> None:
     wait.made(14.0, 18.0)  # waited 6 s for samples, made it in 4
     assert wait.fraction == pytest.approx(0.5 * 0.6) and wait.starved()
     wait.made(18.0, 22.0)
-    assert wait.fraction == pytest.approx(0.15) and wait.starved()  # a tenth of its time or more
-    wait.made(22.0, 26.0)
-    assert wait.fraction == pytest.approx(0.075) and not wait.starved()
+    assert wait.fraction == pytest.approx(0.15) and not wait.starved()  # starved: a fifth of its time or more

@@ -10,7 +10,7 @@ from reef.core.sign_test import sign_test_p
 from reef.core.types import Verdict
 
 WORSE_P = 0.05  # a rejected candidate is trained on unless the gate is this sure it is worse
-STARVED_FRACTION = 0.1  # the learner waits for samples this share of its time or more: traffic is what it lacks
+STARVED_FRACTION = 0.2  # the learner waits for samples this share of its time or more: traffic is what it lacks
 
 
 @dataclass
