@@ -51,8 +51,9 @@ import yaml  # noqa: E402
 
 import bare_loop  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
-from reef.demo.server import (CANARY, GATE_MAX_TOKENS, LEARNING_RATE, LOSS, TRAFFIC_MAX_TOKENS,  # noqa: E402
-                              TRAFFIC_TEMPERATURE, DemoServer, demo_settings, free_port)
+from reef.demo.server import (CANARY, GATE_CONCURRENCY, GATE_CONCURRENCY_WHEN, GATE_MAX_TOKENS,  # noqa: E402
+                              LEARNING_RATE, LOSS, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer,
+                              demo_settings, free_port)
 
 BATCH = 8  # the demo's learner.sao.batch_size
 GAINS = (10, 20, 30)  # points over the base
@@ -67,8 +68,8 @@ class ReefArm:
     canary: float | None = CANARY
     loss: str = LOSS
     seed: int = 0  # the clients' questions
-    gate_concurrency: int | None = None
-    gate_concurrency_when: str = "always"
+    gate_concurrency: int | None = GATE_CONCURRENCY  # None: a look's tasks at once
+    gate_concurrency_when: str = GATE_CONCURRENCY_WHEN
 
 
 @dataclass(frozen=True)
@@ -335,12 +336,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="bare: the questions and the sampling; reef: the clients' questions. A run is one "
                              "draw of a noisy process: compare runs of several seeds")
-    parser.add_argument("--gate-concurrency", type=int, default=None,
-                        help="reef: learner.gate.concurrency, the gate's requests in flight at once  [default: the "
-                             "demo's, a look's tasks all at once]")
-    parser.add_argument("--gate-concurrency-when", choices=["always", "starved"], default="always",
+    parser.add_argument("--gate-concurrency", type=int, default=GATE_CONCURRENCY,
+                        help="reef: learner.gate.concurrency, the gate's requests in flight at once (0: a look's "
+                             "tasks all at once)  [default: the demo's, %(default)s]")
+    parser.add_argument("--gate-concurrency-when", choices=["always", "starved"], default=GATE_CONCURRENCY_WHEN,
                         help="reef: learner.gate.concurrency_when, whether the bound holds at every verdict or only "
-                             "while the learner waits for samples  [default: %(default)s]")
+                             "while the learner waits for samples  [default: the demo's, %(default)s]")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -360,7 +361,7 @@ def main() -> None:
             if name == "bare":
                 arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every, args.seed)
             else:
-                arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency,
+                arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
                               args.gate_concurrency_when)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
     base_success = evaluate_arms(arms, model, tokenizer, base, task)

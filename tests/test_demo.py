@@ -315,3 +315,5 @@ def test_the_vllm_demo_serves_with_vllm_and_trains_the_same_model_folder(tmp_pat
     assert config.runtime_kind == "vllm" and config.vllm.default_max_tokens == config.embedded.default_max_tokens
     assert config.embedded.model_dir == (tmp_path / "model").resolve()  # vLLM's default model folder
     assert config.learner.enabled and config.vllm.dtype == "auto"  # fp32 while learning
+    gate = config.learner.gate  # the gate leaves the runtime to the traffic while the learner waits for samples
+    assert (gate.concurrency, gate.concurrency_when) == (4, "starved")
