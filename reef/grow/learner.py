@@ -11,7 +11,9 @@ Weights candidates are pipelined: the gate judges one in the background while tr
 on from it, so the training process never waits for an evaluation. A candidate finished while
 the gate is busy waits for it; a newer one, trained on from it, takes its place (the one it
 replaces is logged as abandoned, `superseded`: its steps live on in the newer one), so the gate
-always judges the newest. At most three batches are open: at the gate, waiting, in training. A
+always judges the newest, and hears whether the learner has been waiting for samples (then
+`gate.concurrency_when: starved` leaves the serving runtime to live traffic). At most three
+batches are open: at the gate, waiting, in training. A
 candidate trained on from one the gate then found surely worse is abandoned (logged) unjudged,
 and a rollback sends training back to the head. A harness candidate is made from the head and judged against exactly that head, one at a
 time. With traces on (`reef.observe.spans`), making a candidate is a span `reef.learn` (the
