@@ -88,7 +88,10 @@ def test_a_training_step_is_the_same(trainer: LoRATrainer) -> None:
         assert m1[name] == pytest.approx(m2[name], abs=1e-5), name
     scale = max(float(g.abs().max()) for g in g2)
     assert scale > 0 and max(float((a - b).abs().max()) for a, b in zip(g1, g2)) < 1e-4 * scale
-    assert max(float((w1[k] - w2[k]).abs().max()) for k in w2) < 1e-5
+    # AdamW moves every weight by about lr, whatever its gradient's size, so a weight whose
+    # gradient is near zero turns float noise into a visible step: within 5% of one step's size
+    # (1.2e-5 of lr 1e-3 was seen on one CPU)
+    assert max(float((w1[k] - w2[k]).abs().max()) for k in w2) < 0.05 * config.lr
 
 
 def test_a_prompt_that_is_the_whole_prefix_keeps_its_last_token(trainer: LoRATrainer) -> None:

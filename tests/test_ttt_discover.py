@@ -39,7 +39,7 @@ class Gate:
         self.judged: list[Any] = []
 
     async def judge(self, current: Any, current_files: Any, candidate_id: str, candidate_files: Any,
-                    holdout: Any) -> Verdict:
+                    holdout: Any, starved: bool = False) -> Verdict:
         self.judged.append(candidate_id)
         return Verdict("select", {"gate": "test"})
 
