@@ -35,11 +35,13 @@ def test_sign_test_and_paired_verdict() -> None:
     assert worse.metrics["p_worse"] == pytest.approx(0.125) and better.metrics["p_worse"] == 1.0
 
 
-def test_the_tasks_are_looked_at_in_parts_of_a_fixed_mixed_order() -> None:
-    parts = look_parts(92, 3)
+def test_the_tasks_are_looked_at_in_parts_of_a_mixed_order_drawn_per_candidate() -> None:
+    parts = look_parts(92, 3, "sha256:a")
     assert [len(p) for p in parts] == [31, 30, 31] and sorted(sum(parts, [])) == list(range(92))
-    assert parts == look_parts(92, 3) and parts[0] != list(range(31))  # the file's kinds are mixed into every part
-    assert look_parts(2, 5) == [[i] for i in look_parts(2, 1)[0]]  # no more parts than tasks
+    assert parts == look_parts(92, 3, "sha256:a") and parts[0] != list(range(31))  # the file's kinds mixed in every part
+    firsts = {tuple(sorted(look_parts(92, 3, f"sha256:{name}")[0])) for name in "abcdefgh"}
+    assert len(firsts) == 8  # no subset of tasks is every candidate's first look
+    assert look_parts(2, 5, "x") == [[i] for i in look_parts(2, 1, "x")[0]]  # no more parts than tasks
 
 
 def pairs(wins: int, losses: int, ties: int) -> tuple[list[float], list[float]]:
@@ -126,8 +128,8 @@ def test_offline_check_rejects_a_candidate_trained_on_inverted_scores(tiny_model
 
 
 def test_each_answer_on_the_tasks_keeps_its_task_index(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Two candidates judged against one release: every per-task result names its task, the
-    looks' fixed order, and a task's current score is the same in both verdicts (the learner
+    """Two candidates judged against one release: every per-task result names its task, in
+    the order drawn for that candidate, and a task's current score is the same in both verdicts (the learner
     counts a task once across a line's verdicts by this index)."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"prompt": f"Tell me about {i}."}) + "\n" for i in range(12)))
@@ -153,9 +155,9 @@ def test_each_answer_on_the_tasks_keeps_its_task_index(tiny_model_dir: Path, tmp
             await worker.close()
         return out
 
-    order = sum(look_parts(12, 3), [])
     first, second = asyncio.run(verdicts())
-    for metrics in (first, second):
+    for name, metrics in zip("ab", (first, second)):
+        order = sum(look_parts(12, 3, f"sha256:{name}"), [])
         assert [t["index"] for t in metrics["per_task"]] == order[:metrics["n"]]
     current = {t["index"]: t["current"] for t in first["per_task"]}
     assert all(current[t["index"]] == t["current"] for t in second["per_task"] if t["index"] in current)

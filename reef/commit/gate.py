@@ -4,8 +4,9 @@ With evaluation tasks and a scorer configured, candidate and current release ans
 tasks with the same seeds on the serving runtime, and the candidate is selected only when its
 mean score gain reaches `margin` and a one-sided paired sign test over the tasks gives
 confidence `confidence` that it wins more often than it loses. The test is sequential: the
-tasks are answered in `looks` parts (in a fixed shuffled order, so every part mixes the task
-file's kinds), and after each part but the last the gate may decide early: select when the
+tasks are answered in `looks` parts (in a shuffled order drawn for each candidate from its
+content id, so every part mixes the task file's kinds and no task subset is every candidate's
+first look), and after each part but the last the gate may decide early: select when the
 sign test already passes at a stricter level, reject when the candidate is already losing (the
 sign test the other way at FUTILE_P). The selection level is split across the looks (a quarter of `1 - confidence` over the
 early ones, the rest at the end), so deciding early adds no chance of selecting a candidate
@@ -78,7 +79,7 @@ class WeightsGate:
         mine = self._scores.setdefault(candidate_id, {})  # kept: once published, it is the current release
         load_id = await self.runtime.load(candidate_id, files)
         try:
-            parts = look_parts(len(self.tasks), self.config.looks)
+            parts = look_parts(len(self.tasks), self.config.looks, candidate_id)
             for look, part in enumerate(parts, 1):
                 todo = [i for i in part if i not in known]
                 current_answers, candidate_answers = await asyncio.gather(
@@ -143,10 +144,14 @@ class WeightsGate:
         return _mean(per_sample)
 
 
-def look_parts(n: int, looks: int) -> list[list[int]]:
-    """Task indices in a fixed shuffled order, cut into `looks` parts of (nearly) equal size."""
+def look_parts(n: int, looks: int, seed: str) -> list[list[int]]:
+    """Task indices in an order shuffled by `seed` (the candidate's content id), cut into `looks`
+    parts of (nearly) equal size. Per candidate, not fixed: with one order for all, a release
+    selected at the first look is the candidate that did best on exactly those tasks (by luck as
+    well as merit), and every successor met them first and was rejected there. The order never
+    depends on outcomes, so the sequential sign test keeps its level."""
     order = list(range(n))
-    random.Random(0).shuffle(order)
+    random.Random(seed).shuffle(order)
     looks = max(1, min(looks, n))
     bounds = [round(n * k / looks) for k in range(looks + 1)]
     return [order[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]

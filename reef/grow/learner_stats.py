@@ -54,8 +54,8 @@ class LineageEvidence:
     """The gate's wins and losses over the rejected candidates of one line of training, each
     trained on from the one before: one candidate's evidence is thin (a sequential gate stops
     early on few decided tasks), theirs together says whether the line is going the wrong way.
-    The gate asks every candidate the same tasks (its looks go in one fixed order), so a task
-    counts once, by the newest candidate's outcome on it: five candidates that each lose the one
+    Candidates meet the gate's tasks in different orders and may stop at different looks, so a
+    task counts once, by the newest outcome on it: five candidates that each lose the one
     task the serving release gets right are one loss, not five (the sign test is over tasks).
     A verdict without task indices (the offline check, the harness gate) adds its counts as they are."""
 
