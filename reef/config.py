@@ -159,6 +159,13 @@ class GateConfig(Strict):
     holdout_fraction: float = Field(0.2, ge=0, lt=1, description="Offline check: reported records kept out of training")
     offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
 
+    @model_validator(mode="after")
+    def _starved_needs_a_bound(self) -> GateConfig:
+        if self.concurrency_when == "starved" and self.concurrency is None:
+            raise ValueError("concurrency_when: starved needs concurrency (the bound it applies while the "
+                             "learner waits for samples); set both, or neither")
+        return self
+
 
 class ModelEndpointConfig(Strict):
     """An OpenAI- or Anthropic-compatible model Reef calls itself (proposer, judge)."""

@@ -180,3 +180,12 @@ def test_reef_serve_with_an_unknown_recipe_exits_before_binding_anything(tmp_pat
                            "--port", "0"], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "unknown recipe 'nope'; known recipes: sao, skills" in done.stderr
     assert not state.exists()
+
+
+def test_a_gate_bounded_only_when_starved_needs_the_bound(tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text("learner:\n  gate: {concurrency_when: starved}\n")
+    with pytest.raises(InvalidInput, match=r"learner.gate: concurrency_when: starved needs concurrency"):
+        load_config(path, env={})
+    path.write_text("learner:\n  gate: {concurrency: 4, concurrency_when: starved}\n")
+    assert load_config(path, env={}).learner.gate.concurrency == 4
