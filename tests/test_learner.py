@@ -184,16 +184,33 @@ def test_a_candidate_made_after_waiting_for_samples_goes_to_the_gate_marked_star
         learner = rig.learner(gate)
         await rig.feed(4)
         started = time.monotonic()
-        await learner.step()  # the first candidate: nothing measured yet
+        await learner.step()  # the first candidate: its samples were there as the learner began
         making = time.monotonic() - started
         await until(lambda: len(gate.judged) == 1 and learner._gate_idle(), "the first judgment")
-        assert learner.status()["waiting_for_samples"] is None
+        assert learner.status()["waiting_for_samples"] < 0.2
         assert await learner.step() is False  # no samples: the learner waits
         await asyncio.sleep(making)  # waiting as long as making one: half its time
         await rig.feed(4)
         await learner.step()
         await until(lambda: len(gate.judged) == 2, "the second judgment")
         assert gate.starved == [False, True] and learner.status()["waiting_for_samples"] > 0.25
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+def test_the_wait_for_the_first_batch_counts(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A learner begins waiting for samples when it starts: a first candidate whose batch was
+    long in coming is judged as made by a starved learner (the gate leaves the runtime to the
+    traffic that the learner is waiting for)."""
+    async def body(rig: Rig) -> None:
+        gate = ScriptedGate(("reject", PROMISING))
+        learner = rig.learner(gate)
+        assert await learner.step() is False
+        await asyncio.sleep(3.0)  # longer than making a candidate of 4 samples on the tiny model
+        await rig.feed(4)
+        await learner.step()
+        await until(lambda: len(gate.judged) == 1, "the first judgment")
+        assert gate.starved == [True] and learner.status()["waiting_for_samples"] > 0.5
 
     run_with_rig(tmp_path, tiny_model_dir, body)
 

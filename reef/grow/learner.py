@@ -88,7 +88,7 @@ class Learner:
         self.canary_batch: str | None = None  # the candidate the canary serves
         self.evidence = LineageEvidence()  # the gate's wins and losses since the working line began
         self.stats = LearnerStats()
-        self.wait = SampleWait()  # how much of its time the learner waits for samples
+        self.wait = SampleWait(idle_since=time.monotonic())  # waiting for samples from the start
         self.cursor = chain.high_water()
         self.consumed = batched_record_ids(chain)
         self.algorithm_state = dict(chain.algorithm_state() or {})  # ahead of the log while a candidate is judged

@@ -97,7 +97,7 @@ class SampleWait:
 
     decay: float = 0.7
     fraction: float | None = None
-    idle_since: float | None = None  # when the last candidate was made (None: before the first)
+    idle_since: float | None = None  # when the last candidate was made, or waiting began (None: not counted)
 
     def made(self, started: float, ended: float) -> None:
         """A candidate was made from `started` to `ended` (monotonic seconds)."""
