@@ -51,8 +51,8 @@ import yaml  # noqa: E402
 
 import bare_loop  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
-from reef.demo.server import (CANARY, GATE_CONCURRENCY, GATE_CONCURRENCY_WHEN, GATE_MAX_TOKENS,  # noqa: E402
-                              LEARNING_RATE, LOSS, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer,
+from reef.demo.server import (CANARY, GATE_AFTER_BATCHES, GATE_CONCURRENCY, GATE_CONCURRENCY_WHEN,  # noqa: E402
+                              GATE_MAX_TOKENS, LEARNING_RATE, LOSS, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer,
                               demo_settings, free_port)
 
 BATCH = 8  # the demo's learner.sao.batch_size
@@ -70,6 +70,7 @@ class ReefArm:
     seed: int = 0  # the clients' questions
     gate_concurrency: int | None = GATE_CONCURRENCY  # None: a look's tasks at once
     gate_concurrency_when: str = GATE_CONCURRENCY_WHEN
+    gate_after_batches: int = GATE_AFTER_BATCHES
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,8 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
     settings = demo_settings(workdir, heldout, port, None, LEARNING_RATE, scorer=task.scorer,
                              traffic_max_tokens=task.traffic_max_tokens, gate_max_tokens=task.eval_max_tokens,
                              canary=arm.canary, loss=arm.loss, gate_concurrency=arm.gate_concurrency,
-                             gate_concurrency_when=arm.gate_concurrency_when)
+                             gate_concurrency_when=arm.gate_concurrency_when,
+                             gate_after_batches=arm.gate_after_batches)
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     server = DemoServer(config, port, workdir / "serve.log", pythonpath=(str(BENCH),))
     log(f"reef: starting reef serve on {server.url} (log {server.log_path})")
@@ -342,6 +344,9 @@ def main() -> None:
     parser.add_argument("--gate-concurrency-when", choices=["always", "starved"], default=GATE_CONCURRENCY_WHEN,
                         help="reef: learner.gate.concurrency_when, whether the bound holds at every verdict or only "
                              "while the learner waits for samples  [default: the demo's, %(default)s]")
+    parser.add_argument("--gate-after", type=int, default=GATE_AFTER_BATCHES,
+                        help="reef: learner.gate.after_batches, the candidates a line takes past the release it "
+                             "would replace before the gate judges it  [default: the demo's, %(default)s]")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -362,7 +367,7 @@ def main() -> None:
                 arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every, args.seed)
             else:
                 arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
-                              args.gate_concurrency_when)
+                              args.gate_concurrency_when, args.gate_after)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
     base_success = evaluate_arms(arms, model, tokenizer, base, task)
     summary = summarise(arms, base_success)
@@ -376,6 +381,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
     settings = {"task": task.name, "minutes": args.minutes, "snapshot_every_s": args.snapshot_every,
                 "concurrency": args.concurrency, "canary": args.canary, "loss": args.loss, "seed": args.seed,
                 "gate_concurrency": args.gate_concurrency, "gate_concurrency_when": args.gate_concurrency_when,
+                "gate_after_batches": args.gate_after,
                 "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,

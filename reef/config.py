@@ -156,6 +156,9 @@ class GateConfig(Strict):
     concurrency_when: Literal["always", "starved"] = Field(
         "always", description="When `concurrency` bounds the gate: always, or only while the learner waits for "
         "samples (a fifth of its time or more: live traffic is what it lacks); otherwise a look's tasks at once")
+    after_batches: int = Field(1, ge=1, description="A candidate goes to the gate once its line of training has taken "
+                               "this many batches past the release it would replace (1: every candidate); until "
+                               "then each waits for the next, which takes its place")
     holdout_fraction: float = Field(0.2, ge=0, lt=1, description="Offline check: reported records kept out of training")
     offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
 

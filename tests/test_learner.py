@@ -74,14 +74,15 @@ class Rig:
             self.fed += 1
         return ids
 
-    def learner(self, gate: ScriptedGate, canary: Any = None) -> Learner:
+    def learner(self, gate: ScriptedGate, canary: Any = None, gate_after: int = 1) -> Learner:
         async def serve_release(chain: Any, release: Any) -> None:
             return None  # no runtime here: what is served is the server's business
 
         publisher = CandidatePublisher(self.chain, gate, serve_release)  # type: ignore[arg-type]
         recipe = SAORecipe(SAOConfig(batch_size=4, steps_per_candidate=1, lr=0.01, max_staleness=5))
         return Learner(self.chain, self.state.store, recipe, publisher.decide, publisher.head_files,
-                       TrainingClient(self.worker, "s"), poll_interval=0.05, canary=canary)
+                       TrainingClient(self.worker, "s"), poll_interval=0.05, canary=canary,
+                       gate_after=gate_after)
 
     def closers(self) -> list[tuple[str, str]]:
         """(operation, batch id) of every step that closed a batch, in order."""
@@ -172,6 +173,40 @@ def test_the_gate_judges_the_newest_candidate_and_logs_the_one_it_replaced(
     run_with_rig(tmp_path, tiny_model_dir, body)
     superseded = [r for r in caplog.records if "superseded" in r.getMessage()]
     assert [r.levelno for r in superseded] == [logging.INFO]  # routine work, not a warning on the operator's terminal
+
+
+def test_a_line_goes_to_the_gate_once_it_is_enough_batches_past_the_release(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """With `gate.after_batches: 3` a candidate one or two batches past the release its line would
+    replace waits, and the next takes its place (logged as superseded); the third goes. The count
+    starts again at a publication (from the release published) and when the line is dropped."""
+    async def body(rig: Rig) -> None:
+        gate = ScriptedGate(("select", PROMISING), ("reject", LOSING))
+        learner = rig.learner(gate, gate_after=3)
+
+        async def candidate() -> None:
+            await rig.feed(4)
+            await learner.step()
+            await until(lambda: learner._gate_idle(), "the gate's turn, if it had one")
+
+        for made in (1, 2):
+            await candidate()
+            assert gate.judged == [] and learner.status()["batches_past_release"] == made
+        await candidate()  # the third: published
+        b1, b2, b3 = (b["batch_id"] for b in rig.batches())
+        assert rig.closers() == [("abandon", b1), ("abandon", b2), ("training", b3)]
+        assert learner.status()["batches_past_release"] == 0
+        for made in (1, 2):  # counted from the release published
+            await candidate()
+            assert len(gate.judged) == 1 and learner.status()["batches_past_release"] == made
+        await candidate()  # three past it: judged, surely worse, so the line is dropped
+        b4, b5, b6 = (b["batch_id"] for b in rig.batches()[3:])
+        assert rig.closers()[3:] == [("abandon", b4), ("abandon", b5), ("rejection", b6)]
+        await candidate()  # from the head again: one batch past it, so it waits
+        assert len(gate.judged) == 2 and learner.status()["batches_past_release"] == 1
+        assert len(rig.chain.open_batches()) == 1 and learner.waiting is not None
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
 
 
 def test_a_candidate_made_after_waiting_for_samples_goes_to_the_gate_marked_starved(

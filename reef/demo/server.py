@@ -56,6 +56,9 @@ CANARY = 1.0  # the demo opts in: every request goes to the newest candidate und
 # (bench/learning_race.py; docs/learning.md).
 GATE_CONCURRENCY = 4
 GATE_CONCURRENCY_WHEN = "starved"
+# A line of training goes to the gate once it is this many candidates past the release it would
+# replace: a candidate a step or two from it cannot win, and judging it holds the gate for minutes.
+GATE_AFTER_BATCHES = 1
 
 
 def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | None,
@@ -63,7 +66,8 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
                   traffic_max_tokens: int = TRAFFIC_MAX_TOKENS,
                   gate_max_tokens: int = GATE_MAX_TOKENS, canary: float | None = None,
                   loss: str = LOSS, gate_concurrency: int | None = GATE_CONCURRENCY,
-                  gate_concurrency_when: str = GATE_CONCURRENCY_WHEN) -> dict[str, Any]:
+                  gate_concurrency_when: str = GATE_CONCURRENCY_WHEN,
+                  gate_after_batches: int = GATE_AFTER_BATCHES) -> dict[str, Any]:
     """serve.yaml for the demo: the embedded model (or vLLM, serving the same model folder the
     trainer trains), short answers, and a learner whose gate runs the held-out tasks through the
     strict verifier (or another task's `scorer`, as bench/learning_race.py does)."""
@@ -82,7 +86,7 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
         "learner": {
             "sao": {"batch_size": 8, "steps_per_candidate": STEPS_PER_CANDIDATE, "lr": lr, "loss": loss},
             "gate": {"tasks": str(heldout.resolve()), "scorer": scorer,
-                     "max_tokens": gate_max_tokens, "temperature": 0,
+                     "max_tokens": gate_max_tokens, "temperature": 0, "after_batches": gate_after_batches,
                      **({"concurrency": gate_concurrency, "concurrency_when": gate_concurrency_when}
                         if gate_concurrency else {})},
             **({"canary": {"demo": canary}} if canary else {}),

@@ -73,7 +73,7 @@ HeadFiles = Callable[[], Awaitable[dict[str, bytes]]]
 class Learner:
     def __init__(self, chain: Chain, store: ExperienceStore, recipe: Recipe, decide: Decide, head_files: HeadFiles,
                  trainer: TrainingClient | None = None, poll_interval: float = 0.5,
-                 canary: CanaryServing | None = None) -> None:
+                 canary: CanaryServing | None = None, gate_after: int = 1) -> None:
         self.chain = chain
         self.scenario = chain.scenario
         self.store = store
@@ -82,6 +82,7 @@ class Learner:
         self.head_files = head_files
         self.trainer = trainer
         self.poll_interval = poll_interval
+        self.gate_after = gate_after  # batches a weights line takes past the serving release before it is judged
         self.pipelined = recipe.surface == "weights"
         self.canary = canary if self.pipelined else None
         self.live = LiveScores()  # the canary's live scores and the serving release's
@@ -95,12 +96,14 @@ class Learner:
         self.view = LearnerView(self.scenario, self.consumed, self._staleness_of, chain.head, self._head_files,
                                 self.stats.dropped, store)
         self.working: dict[str, bytes] | None = None  # the last candidate, once training goes on from it
-        self.working_head: str | None = None  # the head `working` continues from; a rollback resets it
+        self.working_head = chain.head().release_id  # the head `working` continues from; a rollback resets it
         self.published_here: str | None = None  # the last release this learner's gate published
         self.lineage = 0  # bumped whenever `working` is dropped: candidates trained from it are void
         self.drop_reason = ""
         self.judging: asyncio.Task[None] | None = None  # the gate's turn, while training goes on
-        self.waiting: tuple[LearnedCandidate, int] | None = None  # the next for the gate, with its lineage
+        self.waiting: tuple[LearnedCandidate, int, int] | None = None  # the next for the gate: lineage, position
+        self.line_made = 0  # batches in the working line, counted from the head it began at
+        self.line_published = 0  # the position in that line of the release this learner published last
         self._head: tuple[str, dict[str, bytes]] | None = None
         self._positions: tuple[int, dict[str, int]] | None = None  # (log step, release id -> releases since)
 
@@ -160,6 +163,7 @@ class Learner:
         self.stats.batches += 1
         if self._gate_idle() and self.chain.head().release_id != self.working_head:
             self._drop_working("the head moved (a rollback)")
+            self.working_head = self.chain.head().release_id
             await self._stop_canary()
         lineage = self.lineage
         job = await self._job(batch_id)
@@ -180,35 +184,48 @@ class Learner:
             await self._abandon(batch_id, f"trained on from a candidate that was dropped: {self.drop_reason}")
             return
         self.working = made.files
+        self.line_made += 1
         self.stats.candidates += 1
         candidate = self._candidate(batch_id, high_water, job, made)
         if self.pipelined:
-            await self._to_gate(candidate, lineage)
+            await self._to_gate(candidate, lineage, self.line_made)
         else:
             await self._judge(candidate)
             self.stats.state = "collecting"
 
-    async def _to_gate(self, candidate: LearnedCandidate, lineage: int) -> None:
+    async def _to_gate(self, candidate: LearnedCandidate, lineage: int, position: int) -> None:
         """Queue a weights candidate for the gate, in place of an older one still waiting."""
-        replaced, self.waiting = self.waiting, (candidate, lineage)
+        replaced, self.waiting = self.waiting, (candidate, lineage, position)
         if replaced is not None:
             await self._abandon(replaced[0].batch_id, f"superseded: batch {candidate.batch_id}, trained on from it, "
                                 "goes to the gate instead", routine=True)
         await self._start_canary(candidate)
-        if self._gate_idle():
+        if self._gate_idle() and self._ready_for_gate():
             await self._judged()
             self.judging = asyncio.get_running_loop().create_task(self._gate_turns(), name=f"gate:{self.scenario}")
 
+    def _ready_for_gate(self) -> bool:
+        """Whether the waiting candidate goes to the gate now: one of a dropped line goes (to be
+        abandoned); one fewer than `gate_after` batches past the release its line would replace
+        waits for the next, which takes its place. A candidate a step or two from that release
+        differs from it on a few greedy answers either way and cannot win, and judging it holds
+        the gate for minutes (bench/learning_race.py)."""
+        if self.waiting is None:
+            return False
+        _, lineage, position = self.waiting
+        return lineage != self.lineage or position - self.line_published >= self.gate_after
+
     async def _gate_turns(self) -> None:
-        """Judge the waiting candidate, then the one waiting after it, until none waits."""
-        while self.waiting is not None:
-            (candidate, lineage), self.waiting = self.waiting, None
+        """Judge the waiting candidate, then the one waiting after it, while one is ready."""
+        while self._ready_for_gate():
+            assert self.waiting is not None
+            (candidate, lineage, position), self.waiting = self.waiting, None
             if lineage != self.lineage:
                 await self._abandon(candidate.batch_id,
                                     f"trained on from a candidate that was dropped: {self.drop_reason}")
                 continue
             try:  # whether the learner waits for samples, as it stands when the gate starts judging
-                await self._judge(dataclasses.replace(candidate, starved=self.wait.starved()))
+                await self._judge(dataclasses.replace(candidate, starved=self.wait.starved()), position)
             except Exception as exc:  # noqa: BLE001 - its batch is abandoned; the next candidate still goes
                 log.exception("learner %s: evaluation failed", self.scenario)
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -262,8 +279,9 @@ class Learner:
         return LearnedCandidate(self.scenario, batch_id, self.recipe.name, made.files, job.head.release_id,
                                 job.head_files, high_water, made.metadata, made.metrics, state, made.held_out)
 
-    async def _judge(self, candidate: LearnedCandidate) -> None:
-        """The gate, then publish or reject (which closes the batch in the log)."""
+    async def _judge(self, candidate: LearnedCandidate, position: int = 0) -> None:
+        """The gate, then publish or reject (which closes the batch in the log). `position`: the
+        candidate's batches in its line, for a weights candidate."""
         try:
             with spans.span("reef.gate", self._span_attributes(candidate.batch_id), ok=(StaleHead,)) as span:
                 verdict = await self.decide(candidate)
@@ -280,7 +298,7 @@ class Learner:
         self.stats.count(verdict)
         head = self.chain.head().release_id
         if verdict.decision in ("select", "review"):
-            self.published_here = head
+            self.published_here, self.line_published = head, position
             self.evidence = LineageEvidence()
             if verdict.decision == "select" and self.canary is not None:
                 self.live.published(head, canary_release_id(candidate.batch_id))
@@ -312,6 +330,7 @@ class Learner:
 
     def _drop_working(self, reason: str) -> None:
         self.working, self.lineage, self.drop_reason = None, self.lineage + 1, reason
+        self.line_made = self.line_published = 0
         self.evidence = LineageEvidence()
 
     async def _abandon(self, batch_id: str, reason: str, routine: bool = False) -> None:
@@ -348,6 +367,8 @@ class Learner:
                "rejected": s.rejected, "abandoned": s.abandoned, "dropped": dict(s.dropped),
                "last_verdict": s.last_verdict, "last_error": s.last_error,
                "waiting_for_samples": None if self.wait.fraction is None else round(self.wait.fraction, 3)}
+        if self.pipelined:
+            out["batches_past_release"] = self.line_made - self.line_published
         if self.canary is not None:
             out["canary"] = self.live.summary(fraction=self.canary.fraction)
         if self.trainer is not None:
