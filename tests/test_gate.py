@@ -195,3 +195,37 @@ def test_the_gate_keeps_at_most_its_concurrency_in_flight(tiny_model_dir: Path, 
     assert max(fed) > 2 and metrics["in_flight_bound"] is None
     starved, metrics = asyncio.run(batch_sizes(2, "starved", starved=True))
     assert max(starved) <= 2 and metrics["in_flight_bound"] == 2
+
+
+def test_warming_answers_the_serving_releases_tasks_once_ahead_of_a_verdict(tiny_model_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    """While no candidate is ready the gate answers its tasks for the serving release (bounded as a
+    verdict would be); the verdict that follows asks only the candidate, and its current scores
+    are the warmed ones. Warming again answers nothing."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"prompt": f"Tell me about {i}."}) + "\n" for i in range(12)))
+    config = GateConfig(tasks=str(tasks), scorer="tests.test_gate:length_scorer", looks=1, max_tokens=4,
+                        concurrency=2)
+
+    async def run() -> tuple[int, int, list[int], list[int], dict[str, Any]]:
+        runtime = EmbeddedRuntime(tiny_model_dir, threads=1, max_batch=8)
+        sizes: list[int] = []
+        runtime.batch_observer = lambda n, _waits: sizes.append(n)
+        await runtime.start()
+        try:
+            current = ReleaseRef("r", "c", await runtime.load("c", {}))
+            gate = WeightsGate(config, runtime, worker=None)  # type: ignore[arg-type]
+            first = await gate.warm(current)
+            warmed = list(sizes)
+            again = await gate.warm(current)
+            sizes.clear()
+            verdict = await gate.judge(current, {}, "sha256:candidate", {}, [])
+        finally:
+            await runtime.close()
+        return first, again, warmed, sizes, verdict.metrics
+
+    first, again, warmed, judged, metrics = asyncio.run(run())
+    assert (first, again) == (12, 0)
+    assert sum(warmed) == 12 and max(warmed) <= 2  # the bound holds for warming too
+    assert sum(judged) == 12 and metrics["n"] == 12  # the candidate's answers only
+    assert metrics["ties"] == 12  # the same weights, so the warmed answers are the candidate's too

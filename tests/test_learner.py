@@ -37,6 +37,11 @@ class ScriptedGate:
         self.starved: list[bool] = []  # whether the learner was waiting for samples, for each
         self.hold = asyncio.Event()
         self.hold.set()
+        self.warmed: list[str] = []  # the serving release's content id, each time it was asked to warm
+
+    async def warm(self, current: ReleaseRef, starved: bool = False) -> int:
+        self.warmed.append(current.content_id)
+        return 0
 
     async def judge(self, current: ReleaseRef, current_files: Any, candidate_id: str, candidate_files: Any,
                     holdout: Any, starved: bool = False) -> Verdict:
@@ -76,13 +81,13 @@ class Rig:
 
     def learner(self, gate: ScriptedGate, canary: Any = None, gate_after: int = 1) -> Learner:
         async def serve_release(chain: Any, release: Any) -> None:
-            return None  # no runtime here: what is served is the server's business
+            chain.advance(chain.serving().release_id, release.ref)  # no runtime here: nothing to load
 
         publisher = CandidatePublisher(self.chain, gate, serve_release)  # type: ignore[arg-type]
         recipe = SAORecipe(SAOConfig(batch_size=4, steps_per_candidate=1, lr=0.01, max_staleness=5))
         return Learner(self.chain, self.state.store, recipe, publisher.decide, publisher.head_files,
                        TrainingClient(self.worker, "s"), poll_interval=0.05, canary=canary,
-                       gate_after=gate_after)
+                       gate_after=gate_after, warm=publisher.warm)
 
     def closers(self) -> list[tuple[str, str]]:
         """(operation, batch id) of every step that closed a batch, in order."""
@@ -189,13 +194,16 @@ def test_a_line_goes_to_the_gate_once_it_is_enough_batches_past_the_release(
             await learner.step()
             await until(lambda: learner._gate_idle(), "the gate's turn, if it had one")
 
+        base = rig.chain.serving().content_id
         for made in (1, 2):
             await candidate()
             assert gate.judged == [] and learner.status()["batches_past_release"] == made
+            assert gate.warmed[-1] == base  # meanwhile the gate answers its tasks for the serving release
         await candidate()  # the third: published
         b1, b2, b3 = (b["batch_id"] for b in rig.batches())
         assert rig.closers() == [("abandon", b1), ("abandon", b2), ("training", b3)]
         assert learner.status()["batches_past_release"] == 0
+        assert gate.warmed[-1] == rig.chain.serving().content_id != base  # and then for the new one
         for made in (1, 2):  # counted from the release published
             await candidate()
             assert len(gate.judged) == 1 and learner.status()["batches_past_release"] == made

@@ -16,6 +16,8 @@ nor badly scored ones more likely, by more than `offline_bound` nats per token. 
 verdict carries its metrics (per-task results included) into the release chain. The gate's
 requests share the serving runtime with live traffic: `concurrency` bounds how many are in flight,
 at every verdict or (`concurrency_when: starved`) only when the learner says it waits for samples.
+The serving release's answers are kept per task (answers are greedy and seeded), and `warm`
+answers the rest of them while the gate waits for a candidate.
 """
 
 from __future__ import annotations
@@ -67,6 +69,18 @@ class WeightsGate:
             bounded = self.config.concurrency_when == "always" or starved
             return await self._on_tasks(current, candidate_id, candidate_files, bounded)
         return await self._offline(current_files, candidate_files, holdout)
+
+    async def warm(self, current: ReleaseRef, starved: bool = False) -> int:
+        """Answer the tasks the serving release has not answered yet (with the bound a verdict
+        would have): the next verdict then asks only its candidate. For the learner to call while
+        the gate has nothing to judge; the number answered (0: nothing to do, or no tasks)."""
+        if not self.tasks:
+            return 0
+        known = self._scores.setdefault(current.content_id, {})
+        todo = [i for i in range(len(self.tasks)) if i not in known]
+        bounded = self.config.concurrency_when == "always" or starved
+        known.update(zip(todo, await self._answer(current.runtime_load_id, todo, bounded)))
+        return len(todo)
 
     # -- evaluation tasks ------------------------------------------------------------------------
 

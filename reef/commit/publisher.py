@@ -47,6 +47,10 @@ class CandidatePublisher:
                                  # the next batch may already be logged with a later cursor: never go back
                                  high_water=max(candidate.high_water, self.chain.high_water()))
 
+    async def warm(self, starved: bool = False) -> int:
+        """Let the gate answer its tasks for the serving release ahead of the next candidate."""
+        return await self.gate.warm(self.chain.serving(), starved) if self.gate is not None else 0
+
     async def settle(self, candidate: LearnedCandidate, artifact: Candidate, verdict: Verdict, judged_head: str, *,
                      high_water: int) -> Verdict:
         """Log a candidate judged against `judged_head` (StaleHead if the head moved since):

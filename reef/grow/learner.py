@@ -12,7 +12,9 @@ on from it, so the training process never waits for an evaluation. A candidate f
 the gate is busy waits for it; a newer one, trained on from it, takes its place (the one it
 replaces is logged as abandoned, `superseded`: its steps live on in the newer one), so the gate
 always judges the newest, and hears whether the learner has been waiting for samples (then
-`gate.concurrency_when: starved` leaves the serving runtime to live traffic). At most three
+`gate.concurrency_when: starved` leaves the serving runtime to live traffic). With
+`gate.after_batches` above 1, a line goes to the gate only once it is that many candidates past
+the release it would replace; a nearer one waits for the next, the same way. At most three
 batches are open: at the gate, waiting, in training. A
 candidate trained on from one the gate then found surely worse is abandoned (logged) unjudged,
 and a rollback sends training back to the head. A harness candidate is made from the head and judged against exactly that head, one at a
@@ -68,12 +70,13 @@ class Chain(Protocol):  # the parts of commit's ReleaseChain a learner uses
 
 Decide = Callable[[LearnedCandidate], Awaitable[Verdict]]
 HeadFiles = Callable[[], Awaitable[dict[str, bytes]]]
+Warm = Callable[[bool], Awaitable[Any]]  # (whether the learner waits for samples)
 
 
 class Learner:
     def __init__(self, chain: Chain, store: ExperienceStore, recipe: Recipe, decide: Decide, head_files: HeadFiles,
                  trainer: TrainingClient | None = None, poll_interval: float = 0.5,
-                 canary: CanaryServing | None = None, gate_after: int = 1) -> None:
+                 canary: CanaryServing | None = None, gate_after: int = 1, warm: Warm | None = None) -> None:
         self.chain = chain
         self.scenario = chain.scenario
         self.store = store
@@ -83,6 +86,7 @@ class Learner:
         self.trainer = trainer
         self.poll_interval = poll_interval
         self.gate_after = gate_after  # batches a weights line takes past the serving release before it is judged
+        self.warm = warm  # the gate answers its tasks for the serving release while no candidate is ready
         self.pipelined = recipe.surface == "weights"
         self.canary = canary if self.pipelined else None
         self.live = LiveScores()  # the canary's live scores and the serving release's
@@ -200,7 +204,7 @@ class Learner:
             await self._abandon(replaced[0].batch_id, f"superseded: batch {candidate.batch_id}, trained on from it, "
                                 "goes to the gate instead", routine=True)
         await self._start_canary(candidate)
-        if self._gate_idle() and self._ready_for_gate():
+        if self._gate_idle():
             await self._judged()
             self.judging = asyncio.get_running_loop().create_task(self._gate_turns(), name=f"gate:{self.scenario}")
 
@@ -216,8 +220,13 @@ class Learner:
         return lineage != self.lineage or position - self.line_published >= self.gate_after
 
     async def _gate_turns(self) -> None:
-        """Judge the waiting candidate, then the one waiting after it, while one is ready."""
-        while self._ready_for_gate():
+        """Judge the waiting candidate, then the one waiting after it, while one is ready. While
+        none is, the gate answers its tasks for the serving release (the next verdict's other half)."""
+        while True:
+            if not self._ready_for_gate():
+                await self._warm()
+                if not self._ready_for_gate():
+                    return
             assert self.waiting is not None
             (candidate, lineage, position), self.waiting = self.waiting, None
             if lineage != self.lineage:
@@ -232,6 +241,15 @@ class Learner:
             finally:
                 if self.canary_batch == candidate.batch_id or lineage != self.lineage:
                     await self._stop_canary()  # judged (served now as the head, or rejected), or its line dropped
+
+    async def _warm(self) -> None:
+        if self.warm is None:
+            return
+        try:
+            await self.warm(self.wait.starved())
+        except Exception as exc:  # noqa: BLE001 - the verdict will answer them itself
+            log.warning("learner %s: the gate could not answer its tasks ahead: %s: %s", self.scenario,
+                        type(exc).__name__, exc)
 
     async def _start_canary(self, candidate: LearnedCandidate) -> None:
         """The newest candidate of the line the gate judges serves the canary (in place of an

@@ -136,7 +136,8 @@ class Learning:
         canary = ScenarioCanary(self.scenarios, scenario, fraction) if fraction else None
         learner = Learner(chain, self.state.store, recipe, _logged(chain, name, publisher.decide), publisher.head_files,
                           trainer, poll_interval=self.config.poll_interval, canary=canary,
-                          gate_after=self.config.gate.after_batches)
+                          gate_after=self.config.gate.after_batches,
+                          warm=publisher.warm if recipe_class.surface == "weights" else None)
         self.learners[scenario] = learner
         self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"learner:{scenario}")
         log.info("learner started", extra={"reef": {"event": "learner_started", "scenario": scenario, "recipe": name,
