@@ -56,9 +56,11 @@ CANARY = 1.0  # the demo opts in: every request goes to the newest candidate und
 # (bench/learning_race.py; docs/learning.md).
 GATE_CONCURRENCY = 4
 GATE_CONCURRENCY_WHEN = "starved"
-# A line of training goes to the gate once it is this many candidates past the release it would
-# replace: a candidate a step or two from it cannot win, and judging it holds the gate for minutes.
-GATE_AFTER_BATCHES = 1
+# A line of training goes to the gate once it is this many candidates (16 steps) past the release
+# it would replace: the first candidate, 2 steps from the base, lost or tied in 10 of 11 races and
+# held the gate until minute 1-3; waiting for 8 (and answering the base's tasks meanwhile) took the
+# demo's first release to minute 1.2 and +30 points to minute 2 (bench/learning_race.py; docs/learning.md).
+GATE_AFTER_BATCHES = 8
 
 
 def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | None,
