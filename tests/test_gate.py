@@ -4,9 +4,10 @@ candidate trained on inverted scores fails."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import pytest
 
@@ -131,10 +132,8 @@ def test_each_answer_on_the_tasks_keeps_its_task_index(tiny_model_dir: Path, tmp
     """Two candidates judged against one release: every per-task result names its task, in
     the order drawn for that candidate, and a task's current score is the same in both verdicts (the learner
     counts a task once across a line's verdicts by this index)."""
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"prompt": f"Tell me about {i}."}) + "\n" for i in range(12)))
-    config = GateConfig(tasks=str(tasks), scorer="tests.test_gate:length_scorer", looks=3, max_tokens=6,
-                        temperature=0.0, confidence=0.8)
+    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:length_scorer", looks=3,
+                        max_tokens=6, temperature=0.0, confidence=0.8)
     data = rollouts(tiny_model_dir, 4)
 
     async def verdicts() -> list[dict]:
@@ -163,27 +162,39 @@ def test_each_answer_on_the_tasks_keeps_its_task_index(tiny_model_dir: Path, tmp
     assert all(current[t["index"]] == t["current"] for t in second["per_task"] if t["index"] in current)
 
 
+def twelve_tasks(folder: Path) -> Path:
+    tasks = folder / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"prompt": f"Tell me about {i}."}) + "\n" for i in range(12)))
+    return tasks
+
+
+@contextlib.asynccontextmanager
+async def observed_runtime(model_dir: Path) -> AsyncIterator[tuple[EmbeddedRuntime, ReleaseRef, list[int]]]:
+    """The embedded runtime with the base loaded as the serving release, and the size of every
+    batch it runs, in order."""
+    runtime = EmbeddedRuntime(model_dir, threads=1, max_batch=8)
+    sizes: list[int] = []
+    runtime.batch_observer = lambda n, _waits: sizes.append(n)
+    await runtime.start()
+    try:
+        yield runtime, ReleaseRef("r", "c", await runtime.load("c", {})), sizes
+    finally:
+        await runtime.close()
+
+
 def test_the_gate_keeps_at_most_its_concurrency_in_flight(tiny_model_dir: Path, tmp_path: Path) -> None:
     """`gate.concurrency` bounds the gate's requests in flight (so live traffic keeps the rest of
     the runtime); without it a look's tasks go all at once. With `concurrency_when: starved` the
     bound holds only for a candidate the learner made while waiting for samples."""
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"prompt": f"Tell me about {i}."}) + "\n" for i in range(12)))
+    tasks = twelve_tasks(tmp_path)
 
     async def batch_sizes(concurrency: int | None, when: str = "always",
                           starved: bool = False) -> tuple[list[int], dict[str, Any]]:
         config = GateConfig(tasks=str(tasks), scorer="tests.test_gate:length_scorer", looks=1, max_tokens=4,
                             concurrency=concurrency, concurrency_when=when)
-        runtime = EmbeddedRuntime(tiny_model_dir, threads=1, max_batch=8)
-        sizes: list[int] = []
-        runtime.batch_observer = lambda n, _waits: sizes.append(n)
-        await runtime.start()
-        try:
-            current = ReleaseRef("r", "c", await runtime.load("c", {}))
+        async with observed_runtime(tiny_model_dir) as (runtime, current, sizes):
             verdict = await WeightsGate(config, runtime, worker=None).judge(  # type: ignore[arg-type]
                 current, {}, "sha256:candidate", {}, [], starved=starved)
-        finally:
-            await runtime.close()
         return sizes, verdict.metrics
 
     bounded, metrics = asyncio.run(batch_sizes(2))
@@ -202,26 +213,17 @@ def test_warming_answers_the_serving_releases_tasks_once_ahead_of_a_verdict(tiny
     """While no candidate is ready the gate answers its tasks for the serving release (bounded as a
     verdict would be); the verdict that follows asks only the candidate, and its current scores
     are the warmed ones. Warming again answers nothing."""
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"prompt": f"Tell me about {i}."}) + "\n" for i in range(12)))
-    config = GateConfig(tasks=str(tasks), scorer="tests.test_gate:length_scorer", looks=1, max_tokens=4,
-                        concurrency=2)
+    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:length_scorer", looks=1,
+                        max_tokens=4, concurrency=2)
 
     async def run() -> tuple[int, int, list[int], list[int], dict[str, Any]]:
-        runtime = EmbeddedRuntime(tiny_model_dir, threads=1, max_batch=8)
-        sizes: list[int] = []
-        runtime.batch_observer = lambda n, _waits: sizes.append(n)
-        await runtime.start()
-        try:
-            current = ReleaseRef("r", "c", await runtime.load("c", {}))
+        async with observed_runtime(tiny_model_dir) as (runtime, current, sizes):
             gate = WeightsGate(config, runtime, worker=None)  # type: ignore[arg-type]
             first = await gate.warm(current)
             warmed = list(sizes)
             again = await gate.warm(current)
             sizes.clear()
             verdict = await gate.judge(current, {}, "sha256:candidate", {}, [])
-        finally:
-            await runtime.close()
         return first, again, warmed, sizes, verdict.metrics
 
     first, again, warmed, judged, metrics = asyncio.run(run())
