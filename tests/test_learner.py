@@ -184,9 +184,10 @@ def test_a_line_goes_to_the_gate_once_it_is_enough_batches_past_the_release(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     """With `gate.after_batches: 3` a candidate one or two batches past the release its line would
     replace waits, and the next takes its place (logged as superseded); the third goes. The count
-    starts again at a publication (from the release published) and when the line is dropped."""
+    starts again at a publication (from the release published) and when the line is dropped. A
+    held candidate goes once the learner has waited for samples longer than making one takes."""
     async def body(rig: Rig) -> None:
-        gate = ScriptedGate(("select", PROMISING), ("reject", LOSING))
+        gate = ScriptedGate(("select", PROMISING), ("reject", LOSING), ("reject", PROMISING))
         learner = rig.learner(gate, gate_after=3)
 
         async def candidate() -> None:
@@ -213,6 +214,12 @@ def test_a_line_goes_to_the_gate_once_it_is_enough_batches_past_the_release(
         await candidate()  # from the head again: one batch past it, so it waits
         assert len(gate.judged) == 2 and learner.status()["batches_past_release"] == 1
         assert len(rig.chain.open_batches()) == 1 and learner.waiting is not None
+        assert await learner.step() is False and len(gate.judged) == 2  # no samples yet: still held
+        assert learner.wait.making is not None
+        await asyncio.sleep(learner.wait.making + 0.1)  # the traffic lags: waited longer than making one
+        await learner.step()
+        await until(lambda: len(gate.judged) == 3 and learner._gate_idle(), "the held candidate judged")
+        assert rig.chain.open_batches() == [] and learner.waiting is None
 
     run_with_rig(tmp_path, tiny_model_dir, body)
 

@@ -108,6 +108,7 @@ class Learner:
         self.waiting: tuple[LearnedCandidate, int, int] | None = None  # the next for the gate: lineage, position
         self.line_made = 0  # batches in the working line, counted from the head it began at
         self.line_published = 0  # the position in that line of the release this learner published last
+        self.unheld: str | None = None  # a held candidate's batch, sent to the gate as the traffic lags
         self._head: tuple[str, dict[str, bytes]] | None = None
         self._positions: tuple[int, dict[str, int]] | None = None  # (log step, release id -> releases since)
 
@@ -147,6 +148,7 @@ class Learner:
             self.cursor = items[-1].cursor
         batch = await self.recipe.next_batch(self.view)
         if batch is None:
+            await self._unhold_when_traffic_lags()
             self.stats.state = "collecting" if self._gate_idle() else "evaluating"
             return bool(items)
         started = time.monotonic()
@@ -208,6 +210,17 @@ class Learner:
             await self._judged()
             self.judging = asyncio.get_running_loop().create_task(self._gate_turns(), name=f"gate:{self.scenario}")
 
+    async def _unhold_when_traffic_lags(self) -> None:
+        """A candidate is held back (`gate_after`) only while the next is on its way: once the
+        learner has waited for samples longer than making a candidate takes (the traffic slowed or
+        stopped), the one waiting goes to the gate, and its canary does not serve unjudged for good."""
+        if self.waiting is None or not self._gate_idle() or self._ready_for_gate():
+            return
+        if self.wait.longer_than_making(time.monotonic()):
+            self.unheld = self.waiting[0].batch_id
+            await self._judged()
+            self.judging = asyncio.get_running_loop().create_task(self._gate_turns(), name=f"gate:{self.scenario}")
+
     def _ready_for_gate(self) -> bool:
         """Whether the waiting candidate goes to the gate now: one of a dropped line goes (to be
         abandoned); one fewer than `gate_after` batches past the release its line would replace
@@ -216,8 +229,9 @@ class Learner:
         the gate for minutes (bench/learning_race.py)."""
         if self.waiting is None:
             return False
-        _, lineage, position = self.waiting
-        return lineage != self.lineage or position - self.line_published >= self.gate_after
+        candidate, lineage, position = self.waiting
+        return (lineage != self.lineage or position - self.line_published >= self.gate_after
+                or candidate.batch_id == self.unheld)
 
     async def _gate_turns(self) -> None:
         """Judge the waiting candidate, then the one waiting after it, while one is ready. While

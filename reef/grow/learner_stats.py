@@ -98,6 +98,7 @@ class SampleWait:
     decay: float = 0.7
     fraction: float | None = None
     idle_since: float | None = None  # when the last candidate was made, or waiting began (None: not counted)
+    making: float | None = None  # how long the last candidate took to make
 
     def made(self, started: float, ended: float) -> None:
         """A candidate was made from `started` to `ended` (monotonic seconds)."""
@@ -105,7 +106,11 @@ class SampleWait:
             waited = max(0.0, started - self.idle_since)
             share = waited / max(1e-9, waited + (ended - started))
             self.fraction = share if self.fraction is None else self.decay * self.fraction + (1 - self.decay) * share
-        self.idle_since = ended
+        self.idle_since, self.making = ended, ended - started
+
+    def longer_than_making(self, now: float) -> bool:
+        """Whether the learner has now waited for samples longer than its last candidate took to make."""
+        return self.idle_since is not None and self.making is not None and now - self.idle_since > self.making
 
     def starved(self, threshold: float = STARVED_FRACTION) -> bool:
         return self.fraction is not None and self.fraction >= threshold
