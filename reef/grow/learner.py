@@ -207,8 +207,7 @@ class Learner:
                                 "goes to the gate instead", routine=True)
         await self._start_canary(candidate)
         if self._gate_idle():
-            await self._judged()
-            self.judging = asyncio.get_running_loop().create_task(self._gate_turns(), name=f"gate:{self.scenario}")
+            await self._start_gate_turns()
 
     async def _unhold_when_traffic_lags(self) -> None:
         """A candidate is held back (`gate_after`) only while the next is on its way: once the
@@ -218,8 +217,11 @@ class Learner:
             return
         if self.wait.longer_than_making(time.monotonic()):
             self.unheld = self.waiting[0].batch_id
-            await self._judged()
-            self.judging = asyncio.get_running_loop().create_task(self._gate_turns(), name=f"gate:{self.scenario}")
+            await self._start_gate_turns()
+
+    async def _start_gate_turns(self) -> None:
+        await self._judged()
+        self.judging = asyncio.get_running_loop().create_task(self._gate_turns(), name=f"gate:{self.scenario}")
 
     def _ready_for_gate(self) -> bool:
         """Whether the waiting candidate goes to the gate now: one of a dropped line goes (to be
@@ -242,7 +244,7 @@ class Learner:
                 if not self._ready_for_gate():
                     return
             assert self.waiting is not None
-            (candidate, lineage, position), self.waiting = self.waiting, None
+            (candidate, lineage, position), self.waiting, self.unheld = self.waiting, None, None
             if lineage != self.lineage:
                 await self._abandon(candidate.batch_id,
                                     f"trained on from a candidate that was dropped: {self.drop_reason}")
