@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -58,6 +59,7 @@ from reef.demo.server import (CANARY, GATE_AFTER_BATCHES, GATE_CONCURRENCY, GATE
 BATCH = 8  # the demo's learner.sao.batch_size
 GAINS = (10, 20, 30)  # points over the base
 EVAL_BATCH = 16
+LINE_RECIPE = "race_line:LineSAO"  # bench/race_line.py
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class ReefArm:
     gate_concurrency: int | None = GATE_CONCURRENCY  # None: a look's tasks at once
     gate_concurrency_when: str = GATE_CONCURRENCY_WHEN
     gate_after_batches: int = GATE_AFTER_BATCHES
+    line: bool = False  # also measure the newest candidate at each snapshot (bench/race_line.py)
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,11 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
                              canary=arm.canary, loss=arm.loss, gate_concurrency=arm.gate_concurrency,
                              gate_concurrency_when=arm.gate_concurrency_when,
                              gate_after_batches=arm.gate_after_batches)
+    line_dir = workdir / "line"
+    if arm.line:
+        shutil.rmtree(line_dir, ignore_errors=True)
+        settings["recipes"] = {"default": LINE_RECIPE}
+        settings["learner"][LINE_RECIPE] = {**settings["learner"].pop("sao"), "line_dir": str(line_dir.resolve())}
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     server = DemoServer(config, port, workdir / "serve.log", pythonpath=(str(BENCH),))
     log(f"reef: starting reef serve on {server.url} (log {server.log_path})")
@@ -139,7 +147,21 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
     weights = _release_weights(workdir / "state", {s["release_id"] for s in serving} - {None})
     return {"snapshots": [{**s, "weights": weights.get(s["release_id"])} for s in serving],
             "requests": stats.requests, "reports": stats.reports, "errors": stats.errors,
-            "published": published, "rejected": rejected, "last_error": stats.last_error}
+            "published": published, "rejected": rejected, "last_error": stats.last_error,
+            **({"line": _line_snapshots(line_dir, serving)} if arm.line else {})}
+
+
+def _line_snapshots(line_dir: Path, serving: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """At each snapshot, the newest candidate the learner had made by then (the base before the first)."""
+    from safetensors.torch import load_file
+
+    made = sorted((float(path.stem), path) for path in line_dir.glob("*.safetensors"))
+    snapshots = []
+    for snap in serving:
+        newest = [path for second, path in made if second <= snap["wall"]]
+        snapshots.append({"second": snap["second"], "candidates": len(newest),
+                          "weights": load_file(newest[-1]) if newest else None})
+    return snapshots
 
 
 async def _drive(server: DemoServer, task: RaceTask, seconds: float, every: float,
@@ -149,7 +171,7 @@ async def _drive(server: DemoServer, task: RaceTask, seconds: float, every: floa
     stop, rng = asyncio.Event(), random.Random(seed)  # the questions; the server samples with its own seeds
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=server.url, timeout=300.0, limits=limits) as client:
-        started = time.monotonic()
+        started, started_wall = time.monotonic(), time.time()
         workers = [asyncio.create_task(_worker(client, stats, rng, stop, server)) for _ in range(concurrency)]
         serving: list[dict[str, Any]] = []
         try:
@@ -158,7 +180,7 @@ async def _drive(server: DemoServer, task: RaceTask, seconds: float, every: floa
                 for worker in workers:
                     if worker.done() and worker.exception() is not None:
                         raise worker.exception()  # type: ignore[misc]
-                serving.append({"second": due, "release_id": await _head(client)})
+                serving.append({"second": due, "wall": started_wall + due, "release_id": await _head(client)})
         finally:
             stop.set()
             for worker in workers:
@@ -347,6 +369,9 @@ def main() -> None:
     parser.add_argument("--gate-after", type=int, default=GATE_AFTER_BATCHES,
                         help="reef: learner.gate.after_batches, the candidates a line takes past the release it "
                              "would replace before the gate judges it  [default: the demo's, %(default)s]")
+    parser.add_argument("--line", action="store_true",
+                        help="reef: also measure the line the learner trains, the newest candidate at each snapshot "
+                             "(bench/race_line.py writes each candidate's adapter; shown as the arm `line`)")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -367,8 +392,10 @@ def main() -> None:
                 arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every, args.seed)
             else:
                 arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
-                              args.gate_concurrency_when, args.gate_after)
+                              args.gate_concurrency_when, args.gate_after, args.line)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
+                if "line" in arms[name]:
+                    arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
     base_success = evaluate_arms(arms, model, tokenizer, base, task)
     summary = summarise(arms, base_success)
     print(table(arms, summary))
@@ -381,7 +408,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
     settings = {"task": task.name, "minutes": args.minutes, "snapshot_every_s": args.snapshot_every,
                 "concurrency": args.concurrency, "canary": args.canary, "loss": args.loss, "seed": args.seed,
                 "gate_concurrency": args.gate_concurrency, "gate_concurrency_when": args.gate_concurrency_when,
-                "gate_after_batches": args.gate_after,
+                "gate_after_batches": args.gate_after, "line": args.line,
                 "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,
