@@ -297,9 +297,18 @@ def summarise(arms: dict[str, dict[str, Any]], base: float) -> dict[str, Any]:
             bare, reef = reach["bare"][g], reach["reef"][g]
             ratio[g] = reef / bare if bare and reef is not None else None
     final = {name: arm["snapshots"][-1]["success"] for name, arm in arms.items()}
+    late = {name: late_mean(arm["snapshots"]) for name, arm in arms.items()}
     rollouts = {name: len(arm["steps"]) * BATCH if name == "bare" else arm["reports"] for name, arm in arms.items()}
     return {"base": base, "minutes_to_gain": reach, "ratio_reef_over_bare": ratio, "final": final,
-            "scored_rollouts": rollouts}
+            "late_mean": late, "scored_rollouts": rollouts}
+
+
+def late_mean(points: list[dict[str, Any]]) -> float:
+    """Mean success over the last third of the run (minutes 10-15 of 15): one snapshot of a curve
+    that moves several points minute to minute is a noisy end."""
+    start = points[-1]["second"] * 2 / 3
+    late = [p["success"] for p in points if p["second"] >= start - 1e-9]
+    return sum(late) / len(late)
 
 
 def table(arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> str:
@@ -318,6 +327,7 @@ def table(arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> str:
             parts.append(f"reef/bare {ratio:.2f}")
         lines.append(f"time to +{g} points: " + ", ".join(parts))
     lines.append("final: " + ", ".join(f"{n} {pct(v)}" for n, v in summary["final"].items()))
+    lines.append("mean of the last third: " + ", ".join(f"{n} {pct(v)}" for n, v in summary["late_mean"].items()))
     lines += [f"final by kind, {n}: {kinds_text(arm['snapshots'][-1]['by_kind'])}" for n, arm in arms.items()]
     lines.append("scored rollouts: " + ", ".join(f"{n} {v}" for n, v in summary["scored_rollouts"].items()))
     return "\n".join(lines)
