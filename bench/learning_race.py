@@ -11,13 +11,17 @@ and batch (the demo's: reef.demo.server.LEARNING_RATE, 8), temperature and max t
 task's traffic settings). After both, off the clock, every snapshot (bare: its weights; reef:
 each serving release's adapter, read from its state directory) answers the task's TEST
 questions greedily, through one evaluation function; nothing trains or selects on them. The
-base is snapshot 0 (the base model), measured in the same run.
+base is snapshot 0 (the base model), measured in the same run. With `--line`, Reef's learner
+also writes every candidate it makes (bench/race_line.py, a recipe file) and the newest one at
+each snapshot is measured the same way, as the arm `line`: what the learner trains, beside what
+the gate let serve.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
-        [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--out PATH.json]
+        [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
-reach +10, +20 and +30 points over the base and the ratio reef/bare, and the final values;
+reach +10, +20 and +30 points over the base and the ratio reef/bare, the final values and the
+mean of the last third of the run;
 writes bench/results/learning_race_<task>.json and a PNG of both curves beside it. Tasks:
 `demo` (reef.demo.tasks: one-word answers, base 16.5%) and `sentence` (bench/race_tasks.py: the
 answer first in one fixed sentence, base 3.3%). Not in CI; run it on an otherwise idle machine.

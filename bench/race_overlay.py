@@ -6,7 +6,7 @@
         --out docs/learning_race_sentence_gate_yields.png "starved (sa)=sa.json" "seed 1 (sa2)=sa2.json"
 
 Each run is `label=path` to a JSON file bench/learning_race.py wrote; every arm in it is drawn
-(a bare loop's dashed). A bare loop measured in an earlier run that left no curve can be drawn
+(a bare loop's dashed, the line of a `--line` run dotted). A bare loop measured in an earlier run that left no curve can be drawn
 as two marks instead (`--bare-30`, the minute it reached +30 points, and `--bare-final`, its test
 success at the end), so runs of Reef's arm alone (`--arms reef`) can be compared with it.
 """
@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 GAINS = (10, 20, 30)
+LINE_STYLE = {"bare": "--", "line": ":"}  # the bare loop dashed, the line Reef trains (`--line`) dotted
 
 
 def main() -> None:
@@ -44,7 +45,7 @@ def main() -> None:
             snaps = result["snapshots"]
             name = label if len(record["arms"]) == 1 else f"{label} ({arm})"
             ax.plot([s["second"] / 60 for s in snaps], [100 * s["success"] for s in snaps], marker="o", ms=3,
-                    ls="--" if arm == "bare" else "-", label=name)
+                    ls=LINE_STYLE.get(arm, "-"), label=name)
     for gain in (0, *GAINS):
         ax.axhline(100 * base + gain, color="grey", lw=0.6, ls="-" if gain == 0 else ":")
         ax.annotate(f"+{gain}" if gain else "base", (1.0, 100 * base + gain), xycoords=("axes fraction", "data"),
