@@ -14,10 +14,12 @@ questions greedily, through one evaluation function; nothing trains or selects o
 base is snapshot 0 (the base model), measured in the same run. With `--line`, Reef's learner
 also writes every candidate it makes (bench/race_line.py, a recipe file) and the newest one at
 each snapshot is measured the same way, as the arm `line`: what the learner trains, beside what
-the gate let serve.
+the gate let serve. With `--gate-from-train N`, Reef's gate also takes one in N of the training
+questions, which its traffic then never asks (bench/race_gate_split.py).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
-        [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--out PATH.json]
+        [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--gate-from-train N]
+        [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
 reach +10, +20 and +30 points over the base and the ratio reef/bare, the final values and the
@@ -40,7 +42,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 import bare_loop  # noqa: E402
+from race_gate_split import WiderGate  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
 from reef.demo.server import (CANARY, GATE_AFTER_BATCHES, GATE_CONCURRENCY, GATE_CONCURRENCY_WHEN,  # noqa: E402
                               GATE_MAX_TOKENS, LEARNING_RATE, LOSS, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer,
@@ -78,6 +81,7 @@ class ReefArm:
     gate_concurrency_when: str = GATE_CONCURRENCY_WHEN
     gate_after_batches: int = GATE_AFTER_BATCHES
     line: bool = False  # also measure the newest candidate at each snapshot (bench/race_line.py)
+    gate_from_train: int = 0  # also give the gate one in N training questions (bench/race_gate_split.py)
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,10 @@ def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: 
 
 
 def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: ReefArm) -> dict[str, Any]:
+    if arm.gate_from_train:
+        task = replace(task, module=WiderGate(task.module, arm.gate_from_train))
+        log(f"reef: the gate has {len(task.module.heldout_tasks())} tasks, traffic "
+            f"{len(task.module.train_tasks())} questions")
     heldout = task.module.write_heldout_jsonl(workdir / "heldout.jsonl")
     port = free_port()
     config = workdir / "serve.yaml"
@@ -386,6 +394,10 @@ def main() -> None:
     parser.add_argument("--line", action="store_true",
                         help="reef: also measure the line the learner trains, the newest candidate at each snapshot "
                              "(bench/race_line.py writes each candidate's adapter; shown as the arm `line`)")
+    parser.add_argument("--gate-from-train", type=int, default=0, metavar="N",
+                        help="reef: also give the gate one in N of the training questions (by a hash), which its "
+                             "traffic then never asks; the bare loop still trains on all (bench/race_gate_split.py; "
+                             "0: none)  [default: %(default)s]")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -406,7 +418,7 @@ def main() -> None:
                 arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every, args.seed)
             else:
                 arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
-                              args.gate_concurrency_when, args.gate_after, args.line)
+                              args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
@@ -423,6 +435,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "concurrency": args.concurrency, "canary": args.canary, "loss": args.loss, "seed": args.seed,
                 "gate_concurrency": args.gate_concurrency, "gate_concurrency_when": args.gate_concurrency_when,
                 "gate_after_batches": args.gate_after, "line": args.line,
+                "gate_from_train": args.gate_from_train,
                 "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,

@@ -120,10 +120,14 @@ def feedback(task: dict[str, Any]) -> str:
     return "expected: " + sorted(exact_forms(task))[0].capitalize() + "."
 
 
+def heldout_record(task: dict[str, Any], examples: int = SHOWN_EXAMPLES) -> dict[str, Any]:
+    """A gate task as the gate reads it: the messages plus the scorer's fields."""
+    return {"messages": messages(task, examples), **task}
+
+
 def write_heldout_jsonl(path: Path, examples: int = SHOWN_EXAMPLES) -> Path:
-    """The gate's tasks, one JSON object a line: the messages plus the scorer's fields."""
+    """The gate's tasks, one JSON object a line."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [{"messages": messages(t, examples), **t} for t in heldout_tasks()]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    path.write_text("".join(json.dumps(heldout_record(t, examples)) + "\n" for t in heldout_tasks()))
     return path
