@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from reef.demo import tasks as demo_tasks
-from reef.demo.curve import plot_learning_curve, rolling_success, write_curve
+from reef.demo.curve import plot_learning_curve, rolling_success, success_on_test, write_curve
 from reef.demo.tasks import gate_score, score, success
 from reef.observe.sqlite_store import SQLiteStore
 
@@ -158,6 +158,13 @@ def test_write_curve_writes_json_and_png(tmp_path: Path) -> None:
     assert json.loads(json_path.read_text()) == curve
 
 
+def test_the_final_test_is_drawn_when_it_was_asked_after_the_last_verdict() -> None:
+    curve = _synthetic_curve()
+    assert success_on_test(curve) == [(0.0, 0.125), (6.0, 0.5)]  # a curve without the minute: the traffic's end
+    curve["test"]["final"]["minute"] = 6.8  # the gate judged the traffic's last candidate first
+    assert success_on_test(curve) == [(0.0, 0.125), (6.8, 0.5)]
+
+
 def test_rolling_success_is_a_windowed_rate() -> None:
     traffic = [{"minute": i, "success": i >= 4} for i in range(8)]
     rates = [r for _, r in rolling_success(traffic, window=4)]
@@ -253,6 +260,7 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     assert curve["test"]["start"]["n"] == curve["test"]["final"]["n"] == n_test
     assert result.start_test_success == curve["test"]["start"]["success"] and 0 <= result.start_test_success <= 1
     assert result.final_test_success is not None and result.final_test_release
+    assert curve["test"]["final"]["minute"] >= curve["summary"]["minutes"]
 
 
 @pytest.mark.slow

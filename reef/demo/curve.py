@@ -10,7 +10,8 @@
 - `releases`: `[{release_id, requests, mean_score, success_rate}]`, live traffic per release;
 - `test`: `{start, final}: {release_id, n, success}`, greedy success on the test questions, which
   no request of the traffic asks and the gate never sees: asked of the starting release before
-  the traffic and of the serving one after it;
+  the traffic and of the serving one after it (and after the gate's last verdict on the traffic's
+  candidates; `final.minute` says when);
 - `settings`: what the demo ran with (worked examples, traffic temperature, lr, minutes);
 - `summary`: the demo's result.
 """
@@ -50,7 +51,7 @@ def plot_learning_curve(curve: dict[str, Any], path: Path, window: int = ROLLING
         if heldout:
             xs = [p["minute"] for p in heldout]
             ys = [100 * p["success"] for p in heldout]
-            end = max(float(curve.get("summary", {}).get("minutes") or 0), xs[-1])
+            end = max(_traffic_end(curve), _final_test_minute(curve), xs[-1])
             # A release serves until the next one replaces it: draw the held-out line as steps.
             ax.step(xs + [end], ys + [ys[-1]], where="post", color="tab:blue", linewidth=2,
                     label="held-out success of the serving release (gate, greedy)")
@@ -81,15 +82,30 @@ def plot_learning_curve(curve: dict[str, Any], path: Path, window: int = ROLLING
     return path
 
 
+def success_on_test(curve: dict[str, Any]) -> list[tuple[float, float]]:
+    """(minute, success) of the test questions at the start and at the end, where measured."""
+    test = curve.get("test") or {}
+    return [(minute, test[key]["success"]) for key, minute in (("start", 0.0), ("final", _final_test_minute(curve)))
+            if (test.get(key) or {}).get("success") is not None]
+
+
 def _plot_test(ax: Any, curve: dict[str, Any]) -> None:
     """The test questions' success at the start and at the end, as two diamonds."""
-    test = curve.get("test") or {}
-    end = float(curve.get("summary", {}).get("minutes") or 0)
-    points = [(minute, test[key]["success"]) for key, minute in (("start", 0.0), ("final", end))
-              if (test.get(key) or {}).get("success") is not None]
+    points = success_on_test(curve)
     if points:
         ax.plot([m for m, _ in points], [100 * v for _, v in points], "D", color="tab:purple", markersize=7,
                 label="test success, start and end (greedy; nothing trained or selected on it)")
+
+
+def _traffic_end(curve: dict[str, Any]) -> float:
+    return float(curve.get("summary", {}).get("minutes") or 0)
+
+
+def _final_test_minute(curve: dict[str, Any]) -> float:
+    """When the final test was asked: after the traffic, and after the gate judged what it left
+    (curves written before `final.minute` was kept: the traffic's end)."""
+    final = (curve.get("test") or {}).get("final") or {}
+    return float(final.get("minute") or _traffic_end(curve))
 
 
 def write_curve(curve: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:

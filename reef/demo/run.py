@@ -88,7 +88,7 @@ class DemoStats:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     decisions_route: bool = True
     learning: dict[str, Any] = field(default_factory=dict)
-    test: dict[str, dict[str, Any]] = field(default_factory=dict)  # "start" / "final": {release_id, n, success}
+    test: dict[str, dict[str, Any]] = field(default_factory=dict)  # "start" / "final": {release_id, n, success[, minute]}
 
     def elapsed(self) -> float:
         return (time.monotonic() - self.started) / 60
@@ -271,7 +271,8 @@ async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer
             if not await canary_settled(client):
                 console.print("reef demo: a canary still serves; the test answers may come from two releases")
             console.print("reef demo: asking the final release the test questions")
-            stats.test["final"] = await measure_test(client, stats.examples, concurrency)
+            asked_at = round(stats.elapsed(), 4)  # after the traffic and the canary's last verdict
+            stats.test["final"] = {**await measure_test(client, stats.examples, concurrency), "minute": asked_at}
         finally:
             stop.set()
             for task in [*workers, poller]:
