@@ -211,15 +211,15 @@ def test_the_gate_keeps_at_most_its_concurrency_in_flight(tiny_model_dir: Path, 
 def test_warming_answers_the_serving_releases_tasks_once_ahead_of_a_verdict(tiny_model_dir: Path,
                                                                             tmp_path: Path) -> None:
     """While no candidate is ready the gate answers its tasks for the serving release (bounded as a
-    verdict would be); the verdict that follows asks only the candidate, and its current scores
-    are the warmed ones. Warming again answers nothing."""
+    verdict would be), a chunk a call; the verdict that follows asks only the candidate, and its
+    current scores are the warmed ones. Warming again answers nothing."""
     config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:length_scorer", looks=1,
                         max_tokens=4, concurrency=2)
 
-    async def run() -> tuple[int, int, list[int], list[int], dict[str, Any]]:
+    async def run() -> tuple[list[int], int, list[int], list[int], dict[str, Any]]:
         async with observed_runtime(tiny_model_dir) as (runtime, current, sizes):
             gate = WeightsGate(config, runtime, worker=None)  # type: ignore[arg-type]
-            first = await gate.warm(current)
+            first = [await gate.warm(current, limit=5), await gate.warm(current)]
             warmed = list(sizes)
             again = await gate.warm(current)
             sizes.clear()
@@ -227,7 +227,7 @@ def test_warming_answers_the_serving_releases_tasks_once_ahead_of_a_verdict(tiny
         return first, again, warmed, sizes, verdict.metrics
 
     first, again, warmed, judged, metrics = asyncio.run(run())
-    assert (first, again) == (12, 0)
+    assert (first, again) == ([5, 7], 0)
     assert sum(warmed) == 12 and max(warmed) <= 2  # the bound holds for warming too
     assert sum(judged) == 12 and metrics["n"] == 12  # the candidate's answers only
     assert metrics["ties"] == 12  # the same weights, so the warmed answers are the candidate's too

@@ -52,6 +52,22 @@ class ScriptedGate:
         return Verdict(decision, dict(metrics))
 
 
+class ChunkedWarmGate(ScriptedGate):
+    """Has `chunks` chunks of tasks to answer ahead for the serving release, one a call of warm."""
+
+    def __init__(self, chunks: int, *verdicts: tuple[str, dict[str, Any]]) -> None:
+        super().__init__(*verdicts)
+        self.chunks_left = chunks
+
+    async def warm(self, current: ReleaseRef, starved: bool = False) -> int:
+        self.warmed.append(current.content_id)
+        if not self.chunks_left:
+            return 0
+        await asyncio.sleep(0.05)
+        self.chunks_left -= 1
+        return 8
+
+
 class Rig:
     """A state directory, the training process, and records fed in with on-policy log-probs."""
 
@@ -178,6 +194,24 @@ def test_the_gate_judges_the_newest_candidate_and_logs_the_one_it_replaced(
     run_with_rig(tmp_path, tiny_model_dir, body)
     superseded = [r for r in caplog.records if "superseded" in r.getMessage()]
     assert [r.levelno for r in superseded] == [logging.INFO]  # routine work, not a warning on the operator's terminal
+
+
+def test_a_candidate_made_while_the_gate_answers_ahead_waits_for_one_chunk_not_every_task(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def body(rig: Rig) -> None:
+        gate = ChunkedWarmGate(10_000, ("select", PROMISING))  # over eight minutes of answers ahead
+        learner = rig.learner(gate, gate_after=2)
+        await rig.feed(4)
+        await learner.step()  # one batch past the base: held, so the gate answers its tasks ahead
+        await until(lambda: gate.chunks_left < 10_000 - 5, "the gate answering ahead, chunk after chunk")
+        await rig.feed(4)
+        await learner.step()  # two past: ready
+        await until(lambda: gate.judged, "the verdict", timeout=30)
+        assert gate.chunks_left > 9_000  # judged between two chunks, not after them all
+        gate.chunks_left = 0
+        await until(lambda: learner._gate_idle(), "the gate's turns to end")
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
 
 
 def test_a_line_goes_to_the_gate_once_it_is_enough_batches_past_the_release(

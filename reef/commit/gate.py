@@ -40,6 +40,9 @@ from reef.runtimes.base import Runtime
 
 Scorer = Callable[[dict[str, Any], str], float]
 MIN_HOLDOUT_EACH = 2
+# Tasks the serving release answers ahead per call of `warm`: a candidate made meanwhile waits
+# for at most this many answers (with 174 tasks, warming them all held the first verdict a minute).
+WARM_CHUNK = 8
 FUTILE_P = 0.25  # an early look rejects a candidate whose losses are this significant (the sign test reversed)
 
 
@@ -70,14 +73,16 @@ class WeightsGate:
             return await self._on_tasks(current, candidate_id, candidate_files, bounded)
         return await self._offline(current_files, candidate_files, holdout)
 
-    async def warm(self, current: ReleaseRef, starved: bool = False) -> int:
-        """Answer the tasks the serving release has not answered yet (with the bound a verdict
-        would have): the next verdict then asks only its candidate. For the learner to call while
-        the gate has nothing to judge; the number answered (0: nothing to do, or no tasks)."""
+    async def warm(self, current: ReleaseRef, starved: bool = False, limit: int = WARM_CHUNK) -> int:
+        """Answer up to `limit` of the tasks the serving release has not answered yet (with the
+        bound a verdict would have): the next verdict then asks only its candidate. For the learner
+        to call again and again while the gate has nothing to judge, so that a candidate made
+        meanwhile waits for one chunk, not for every task; the number answered (0: nothing left
+        to answer, or no tasks)."""
         if not self.tasks:
             return 0
         known = self._scores.setdefault(current.content_id, {})
-        todo = [i for i in range(len(self.tasks)) if i not in known]
+        todo = [i for i in range(len(self.tasks)) if i not in known][:limit]
         bounded = self.config.concurrency_when == "always" or starved
         known.update(zip(todo, await self._answer(current.runtime_load_id, todo, bounded)))
         return len(todo)

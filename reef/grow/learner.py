@@ -70,7 +70,7 @@ class Chain(Protocol):  # the parts of commit's ReleaseChain a learner uses
 
 Decide = Callable[[LearnedCandidate], Awaitable[Verdict]]
 HeadFiles = Callable[[], Awaitable[dict[str, bytes]]]
-Warm = Callable[[bool], Awaitable[Any]]  # (whether the learner waits for samples)
+Warm = Callable[[bool], Awaitable[int]]  # (whether the learner waits for samples) -> tasks answered, 0: none left
 
 
 class Learner:
@@ -239,9 +239,8 @@ class Learner:
         """Judge the waiting candidate, then the one waiting after it, while one is ready. While
         none is, the gate answers its tasks for the serving release (the next verdict's other half)."""
         while True:
-            if not self._ready_for_gate():
-                await self._warm()
-                if not self._ready_for_gate():
+            while not self._ready_for_gate():
+                if not await self._warm():  # a chunk at a time; none left to answer: wait for a candidate
                     return
             assert self.waiting is not None
             (candidate, lineage, position), self.waiting, self.unheld = self.waiting, None, None
@@ -258,14 +257,16 @@ class Learner:
                 if self.canary_batch == candidate.batch_id or lineage != self.lineage:
                     await self._stop_canary()  # judged (served now as the head, or rejected), or its line dropped
 
-    async def _warm(self) -> None:
+    async def _warm(self) -> int:
+        """The gate answers some of its tasks for the serving release; how many (0: none left, or failed)."""
         if self.warm is None:
-            return
+            return 0
         try:
-            await self.warm(self.wait.starved())
+            return int(await self.warm(self.wait.starved()) or 0)
         except Exception as exc:  # noqa: BLE001 - the verdict will answer them itself
             log.warning("learner %s: the gate could not answer its tasks ahead: %s: %s", self.scenario,
                         type(exc).__name__, exc)
+            return 0
 
     async def _start_canary(self, candidate: LearnedCandidate) -> None:
         """The newest candidate of the line the gate judges serves the canary (in place of an
