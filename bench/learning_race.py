@@ -15,10 +15,11 @@ base is snapshot 0 (the base model), measured in the same run. With `--line`, Re
 also writes every candidate it makes (bench/race_line.py, a recipe file) and the newest one at
 each snapshot is measured the same way, as the arm `line`: what the learner trains, beside what
 the gate let serve. With `--gate-from-train N`, Reef's gate also takes one in N of the training
-questions, which its traffic then never asks (bench/race_gate_split.py).
+questions, which its traffic then never asks; with `--gate-half` it judges on half its questions
+and nothing asks the other half (bench/race_gate_split.py, bench/gate_curse.py).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
-        [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--gate-from-train N]
+        [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--gate-from-train N | --gate-half]
         [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
@@ -57,7 +58,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 import bare_loop  # noqa: E402
-from race_gate_split import WiderGate  # noqa: E402
+from race_gate_split import HalfGate, WiderGate  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
 from reef.demo.server import (CANARY, GATE_AFTER_BATCHES, GATE_CONCURRENCY, GATE_CONCURRENCY_WHEN,  # noqa: E402
                               GATE_MAX_TOKENS, LEARNING_RATE, LOSS, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer,
@@ -82,6 +83,7 @@ class ReefArm:
     gate_after_batches: int = GATE_AFTER_BATCHES
     line: bool = False  # also measure the newest candidate at each snapshot (bench/race_line.py)
     gate_from_train: int = 0  # also give the gate one in N training questions (bench/race_gate_split.py)
+    gate_half: bool = False  # the gate judges on half its questions (bench/race_gate_split.py)
 
 
 @dataclass(frozen=True)
@@ -127,8 +129,9 @@ def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: 
 
 
 def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: ReefArm) -> dict[str, Any]:
-    if arm.gate_from_train:
-        task = replace(task, module=WiderGate(task.module, arm.gate_from_train))
+    if arm.gate_from_train or arm.gate_half:
+        split = WiderGate(task.module, arm.gate_from_train) if arm.gate_from_train else HalfGate(task.module)
+        task = replace(task, module=split)
         log(f"reef: the gate has {len(task.module.heldout_tasks())} tasks, traffic "
             f"{len(task.module.train_tasks())} questions")
     heldout = task.module.write_heldout_jsonl(workdir / "heldout.jsonl")
@@ -244,13 +247,15 @@ def evaluate(model: Any, tokenizer: Any, weights: dict[str, torch.Tensor], task:
     return evaluate_by_kind(model, tokenizer, weights, task)["all"]
 
 
-def evaluate_by_kind(model: Any, tokenizer: Any, weights: dict[str, torch.Tensor], task: RaceTask) -> dict[str, float]:
-    """`evaluate`'s success, as `all` and per kind of question (the tasks' `category`)."""
+def evaluate_by_kind(model: Any, tokenizer: Any, weights: dict[str, torch.Tensor], task: RaceTask,
+                     questions: list[dict[str, Any]] | None = None) -> dict[str, float]:
+    """`evaluate`'s success, as `all` and per kind of question (the tasks' `category`), on the
+    test questions or on `questions`."""
     from peft import set_peft_model_state_dict
 
     loaded = set_peft_model_state_dict(model, weights)
     assert not loaded.unexpected_keys, f"adapter weights that fit no LoRA module: {loaded.unexpected_keys[:3]}"
-    tests = task.module.test_tasks()
+    tests = task.module.test_tasks() if questions is None else questions
     hits: dict[str, list[bool]] = {}
     for start in range(0, len(tests), EVAL_BATCH):
         chunk = tests[start:start + EVAL_BATCH]
@@ -398,6 +403,9 @@ def main() -> None:
                         help="reef: also give the gate one in N of the training questions (by a hash), which its "
                              "traffic then never asks; the bare loop still trains on all (bench/race_gate_split.py; "
                              "0: none)  [default: %(default)s]")
+    parser.add_argument("--gate-half", action="store_true",
+                        help="reef: the gate judges on half its questions and nothing asks the other half, which "
+                             "bench/gate_curse.py measures after the run")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -406,6 +414,8 @@ def main() -> None:
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     if not names or set(names) - {"bare", "reef"}:
         parser.error("--arms takes bare, reef or both")
+    if args.gate_half and args.gate_from_train:
+        parser.error("--gate-half and --gate-from-train are two different splits: choose one")
     out = args.out or BENCH / "results" / f"learning_race_{task.name}.json"
     tokenizer, model = bare_loop.load_model()
     base = bare_loop.adapter_weights(model)  # a fresh adapter (B = 0): the base model
@@ -418,7 +428,8 @@ def main() -> None:
                 arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every, args.seed)
             else:
                 arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
-                              args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train)
+                              args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
+                              args.gate_half)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
@@ -435,7 +446,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "concurrency": args.concurrency, "canary": args.canary, "loss": args.loss, "seed": args.seed,
                 "gate_concurrency": args.gate_concurrency, "gate_concurrency_when": args.gate_concurrency_when,
                 "gate_after_batches": args.gate_after, "line": args.line,
-                "gate_from_train": args.gate_from_train,
+                "gate_from_train": args.gate_from_train, "gate_half": args.gate_half,
                 "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,

@@ -1,11 +1,18 @@
-"""A race task with more gate tasks: bench/learning_race.py's `--gate-from-train N`.
+"""Race tasks split differently between Reef's traffic and its gate (bench/learning_race.py).
 
-The gate's sign test on the demo's 92 held-out questions cannot see a gain of a few points near
-the ceiling (docs/learning.md, "The line the learner trains, beside the head"). This gives Reef's
-gate also one in N of the training questions (chosen by a hash of the question, the same in every
-run), which Reef's traffic then never asks. The test questions are unchanged, and the bare loop
-still trains on every training question: the split costs Reef training questions, never the
-bare loop.
+`--gate-from-train N` (WiderGate): the gate's sign test on the demo's 92 held-out questions cannot
+see a gain of a few points near the ceiling (docs/learning.md, "The line the learner trains,
+beside the head"), so the gate also takes one in N of the training questions, which Reef's
+traffic then never asks.
+
+`--gate-half` (HalfGate): the gate judges on one half of the held-out questions; the other half
+(`unjudged_tasks`) nothing asks, trains or selects on, so bench/gate_curse.py can measure after
+the run whether the head the gate chose is better on the half that chose it than on the other
+(the winner's curse of one held-out set reused by every verdict).
+
+Questions are chosen by a hash of the question (the same in every run). The test questions are
+unchanged, and the bare loop still trains on every training question: a split costs Reef
+training questions, never the bare loop.
 """
 
 from __future__ import annotations
@@ -16,26 +23,25 @@ from pathlib import Path
 from typing import Any
 
 
-def moved_to_gate(question: str, every: int) -> bool:
-    return every > 0 and int(hashlib.sha256(f"gate:{question}".encode()).hexdigest(), 16) % every == 0
+def _bucket(salt: str, question: str, every: int) -> bool:
+    return every > 0 and int(hashlib.sha256(f"{salt}:{question}".encode()).hexdigest(), 16) % every == 0
 
 
-class WiderGate:
-    """A task module (train_tasks, heldout_tasks, ...) with one in `every` training questions moved
-    to the gate's tasks; everything else is the wrapped module's."""
+class SplitTasks:
+    """A task module (train_tasks, heldout_tasks, ...) whose split subclasses change; everything
+    else is the wrapped module's."""
 
-    def __init__(self, module: Any, every: int) -> None:
-        self.module, self.every = module, every
+    def __init__(self, module: Any) -> None:
+        self.module = module
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.module, name)
 
     def train_tasks(self) -> list[dict[str, Any]]:
-        return [t for t in self.module.train_tasks() if not moved_to_gate(t["question"], self.every)]
+        return self.module.train_tasks()
 
     def heldout_tasks(self) -> list[dict[str, Any]]:
-        moved = [t for t in self.module.train_tasks() if moved_to_gate(t["question"], self.every)]
-        return [*self.module.heldout_tasks(), *moved]
+        return self.module.heldout_tasks()
 
     def write_heldout_jsonl(self, path: Path, examples: int | None = None) -> Path:
         examples = self.module.SHOWN_EXAMPLES if examples is None else examples
@@ -44,3 +50,28 @@ class WiderGate:
         rows = (self.module.heldout_record(t, examples) for t in self.heldout_tasks())
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
         return path
+
+
+class WiderGate(SplitTasks):
+    """One in `every` training questions moved to the gate's tasks."""
+
+    def __init__(self, module: Any, every: int) -> None:
+        super().__init__(module)
+        self.every = every
+
+    def train_tasks(self) -> list[dict[str, Any]]:
+        return [t for t in self.module.train_tasks() if not _bucket("gate", t["question"], self.every)]
+
+    def heldout_tasks(self) -> list[dict[str, Any]]:
+        moved = [t for t in self.module.train_tasks() if _bucket("gate", t["question"], self.every)]
+        return [*self.module.heldout_tasks(), *moved]
+
+
+class HalfGate(SplitTasks):
+    """The gate judges on half the held-out questions; the other half is asked by no one."""
+
+    def heldout_tasks(self) -> list[dict[str, Any]]:
+        return [t for t in self.module.heldout_tasks() if _bucket("half", t["question"], 2)]
+
+    def unjudged_tasks(self) -> list[dict[str, Any]]:
+        return [t for t in self.module.heldout_tasks() if not _bucket("half", t["question"], 2)]
