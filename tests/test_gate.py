@@ -12,13 +12,14 @@ from typing import Any, AsyncIterator
 import pytest
 
 from reef.commit.gate import (WeightsGate, load_scorer, load_tasks, look_parts, paired_verdict, sequential_verdict,
-                              sign_test_p)
+                              sign_test_p, split_halves)
 from reef.config import GateConfig
-from reef.core.chat import ChatRequest, ChatResult, Message
+from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta
 from reef.core.errors import InvalidInput
-from reef.core.types import ReleaseRef
+from reef.core.types import Operation, Release, ReleaseRef, Verdict
 from reef.grow.trainer import Sample, TrainConfig
 from reef.grow.worker import TrainingWorker
+from reef.runtimes.base import Runtime
 from reef.runtimes.embedded import EmbeddedRuntime
 
 
@@ -37,12 +38,12 @@ def test_sign_test_and_paired_verdict() -> None:
 
 
 def test_the_tasks_are_looked_at_in_parts_of_a_mixed_order_drawn_per_candidate() -> None:
-    parts = look_parts(92, 3, "sha256:a")
+    parts = look_parts(range(92), 3, "sha256:a")
     assert [len(p) for p in parts] == [31, 30, 31] and sorted(sum(parts, [])) == list(range(92))
-    assert parts == look_parts(92, 3, "sha256:a") and parts[0] != list(range(31))  # the file's kinds mixed in every part
-    firsts = {tuple(sorted(look_parts(92, 3, f"sha256:{name}")[0])) for name in "abcdefgh"}
+    assert parts == look_parts(range(92), 3, "sha256:a") and parts[0] != list(range(31))  # the file's kinds mixed in every part
+    firsts = {tuple(sorted(look_parts(range(92), 3, f"sha256:{name}")[0])) for name in "abcdefgh"}
     assert len(firsts) == 8  # no subset of tasks is every candidate's first look
-    assert look_parts(2, 5, "x") == [[i] for i in look_parts(2, 1, "x")[0]]  # no more parts than tasks
+    assert look_parts(range(2), 5, "x") == [[i] for i in look_parts(range(2), 1, "x")[0]]  # no more parts than tasks
 
 
 def pairs(wins: int, losses: int, ties: int) -> tuple[list[float], list[float]]:
@@ -156,7 +157,7 @@ def test_each_answer_on_the_tasks_keeps_its_task_index(tiny_model_dir: Path, tmp
 
     first, second = asyncio.run(verdicts())
     for name, metrics in zip("ab", (first, second)):
-        order = sum(look_parts(12, 3, f"sha256:{name}"), [])
+        order = sum(look_parts(range(12), 3, f"sha256:{name}"), [])
         assert [t["index"] for t in metrics["per_task"]] == order[:metrics["n"]]
     current = {t["index"]: t["current"] for t in first["per_task"]}
     assert all(current[t["index"]] == t["current"] for t in second["per_task"] if t["index"] in current)
@@ -231,3 +232,76 @@ def test_warming_answers_the_serving_releases_tasks_once_ahead_of_a_verdict(tiny
     assert sum(warmed) == 12 and max(warmed) <= 2  # the bound holds for warming too
     assert sum(judged) == 12 and metrics["n"] == 12  # the candidate's answers only
     assert metrics["ties"] == 12  # the same weights, so the warmed answers are the candidate's too
+
+
+class Grader(Runtime):
+    """Answers "right" from the load of content "sha256:good", "wrong" from any other load."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, list[int]] = {}  # load id -> the task seeds it answered
+
+    def served_models(self) -> list[str]:
+        return ["grader"]
+
+    async def generate(self, request: ChatRequest, release: ReleaseRef) -> AsyncIterator[Delta]:
+        self.asked.setdefault(release.runtime_load_id or "", []).append(request.seed or 0)
+        yield TextDelta("right" if release.runtime_load_id == "load:sha256:good" else "wrong")
+        yield Finish("stop")
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        return 0
+
+    async def load(self, content_id: str, files: Any) -> str:
+        return f"load:{content_id}"
+
+    async def unload(self, runtime_load_id: str) -> None:
+        return None
+
+
+def right_scorer(task: dict, text: str) -> float:
+    return 1.0 if text == "right" else 0.0
+
+
+def test_split_halves_are_fixed_disjoint_and_cover_every_task() -> None:
+    first, second = split_halves(13)
+    assert sorted(first + second) == list(range(13)) and abs(len(first) - len(second)) <= 1
+    assert (first, second) == split_halves(13) and first != list(range(7))  # fixed, and not the file's first half
+
+
+def test_with_halves_each_head_is_judged_on_the_half_it_was_not_selected_on(tmp_path: Path) -> None:
+    """The base is judged on the first half; a candidate selected there becomes the serving release
+    and its successors are judged (and its answers warmed) on the second half only. A new gate
+    learns from the chain's verdicts which half chose the serving release (a restart)."""
+    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:right_scorer", looks=1,
+                        halves=True)
+    first, second = split_halves(12)
+    base, good = ReleaseRef("r0", "sha256:base", "load:sha256:base"), ReleaseRef("r1", "sha256:good", "load:sha256:good")
+
+    async def run() -> tuple[Grader, dict[str, Any], int, dict[str, Any], WeightsGate]:
+        runtime = Grader()
+        gate = WeightsGate(config, runtime, worker=None)  # type: ignore[arg-type]
+        selected = await gate.judge(base, {}, "sha256:good", {}, [])
+        warmed = await gate.warm(good, limit=100)
+        after = await gate.judge(good, {}, "sha256:next", {}, [])
+        return runtime, selected.metrics, warmed, after.metrics, gate
+
+    runtime, selected, warmed, after, gate = asyncio.run(run())
+    assert selected["half"] == 0 and selected["n"] == len(first) and selected["wins"] == len(first)
+    assert sorted(t["index"] for t in selected["per_task"]) == first
+    assert warmed == len(second) and sorted(runtime.asked["load:sha256:good"][len(first):len(first) + warmed]) == second
+    assert after["half"] == 1 and sorted(t["index"] for t in after["per_task"]) == second
+    assert sorted(runtime.asked["load:sha256:next"]) == second  # the successor never saw the tasks that chose its head
+
+    restarted = WeightsGate(config, Grader(), worker=None)  # type: ignore[arg-type]
+    assert restarted.judged_on(good) == (0, first)  # before it reads the chain: as the base
+    restarted.remember([Release("s", 1, Operation.TRAINING, good, "r0", Verdict("select", selected), False, {}, 0.0)])
+    assert restarted.judged_on(good) == (1, second)
+    assert gate.judged_on(good) == (1, second) and GateConfig().halves is False
+
+
+def test_halves_need_two_tasks(tmp_path: Path) -> None:
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"prompt": "hi"}\n')
+    with pytest.raises(InvalidInput, match="halves needs at least two tasks"):
+        WeightsGate(GateConfig(tasks=str(one), scorer="tests.test_gate:right_scorer", halves=True), Grader(),
+                    worker=None)  # type: ignore[arg-type]

@@ -38,6 +38,9 @@ class Gate:
     def __init__(self) -> None:
         self.judged: list[Any] = []
 
+    def remember(self, releases: Any) -> None:
+        return None
+
     async def judge(self, current: Any, current_files: Any, candidate_id: str, candidate_files: Any,
                     holdout: Any, starved: bool = False) -> Verdict:
         self.judged.append(candidate_id)

@@ -17,7 +17,10 @@ verdict carries its metrics (per-task results included) into the release chain. 
 requests share the serving runtime with live traffic: `concurrency` bounds how many are in flight,
 at every verdict or (`concurrency_when: starved`) only when the learner says it waits for samples.
 The serving release's answers are kept per task (answers are greedy and seeded), and `warm`
-answers the rest of them while the gate waits for a candidate.
+answers the rest of them while the gate waits for a candidate. With `halves`, the tasks are split
+in two fixed halves and a candidate is judged on the half its serving release was not selected
+on (the base: the first half), so no head is measured again on the tasks that picked it; each
+verdict records its `half`, and the publisher hands the chain's verdicts back after a restart.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from reef.core.chat import ChatRequest, ChatResult, Message
 from reef.core.dotted import load_dotted
 from reef.core.errors import InvalidInput
 from reef.core.sign_test import sign_test_p
-from reef.core.types import ReleaseRef, Verdict
+from reef.core.types import Release, ReleaseRef, Verdict
 from reef.core.training import Sample
 from reef.runtimes.base import Runtime
 
@@ -60,6 +63,10 @@ class WeightsGate:
         self.scorer = load_scorer(config.scorer) if config.scorer else None
         if self.tasks and self.scorer is None:
             raise InvalidInput("learner.gate.tasks needs learner.gate.scorer (module:function)")
+        if config.halves and len(self.tasks) < 2:
+            raise InvalidInput("learner.gate.halves needs at least two tasks (learner.gate.tasks)")
+        self.halves = split_halves(len(self.tasks))
+        self._selected_on: dict[str, int] = {}  # content_id -> the half its select verdict asked (halves only)
         self._scores: dict[str, dict[int, float]] = {}  # content_id -> task index -> score (deterministic)
         self._in_flight = asyncio.Semaphore(config.concurrency) if config.concurrency else None
 
@@ -73,6 +80,20 @@ class WeightsGate:
             return await self._on_tasks(current, candidate_id, candidate_files, bounded)
         return await self._offline(current_files, candidate_files, holdout)
 
+    def remember(self, releases: Sequence[Release]) -> None:
+        """Learn from the chain which half selected each release (after a restart, a rollback)."""
+        for release in releases:
+            verdict = release.verdict
+            if verdict is not None and verdict.decision == "select" and isinstance(verdict.metrics.get("half"), int):
+                self._selected_on[release.ref.content_id] = verdict.metrics["half"]
+
+    def judged_on(self, current: ReleaseRef) -> tuple[int | None, list[int]]:
+        """The half (None: no halves) and the task indices a candidate against `current` answers."""
+        if not self.config.halves:
+            return None, list(range(len(self.tasks)))
+        half = 1 - self._selected_on.get(current.content_id, 1)
+        return half, self.halves[half]
+
     async def warm(self, current: ReleaseRef, starved: bool = False, limit: int = WARM_CHUNK) -> int:
         """Answer up to `limit` of the tasks the serving release has not answered yet (with the
         bound a verdict would have): the next verdict then asks only its candidate. For the learner
@@ -82,7 +103,7 @@ class WeightsGate:
         if not self.tasks:
             return 0
         known = self._scores.setdefault(current.content_id, {})
-        todo = [i for i in range(len(self.tasks)) if i not in known][:limit]
+        todo = [i for i in self.judged_on(current)[1] if i not in known][:limit]
         bounded = self.config.concurrency_when == "always" or starved
         known.update(zip(todo, await self._answer(current.runtime_load_id, todo, bounded)))
         return len(todo)
@@ -96,9 +117,10 @@ class WeightsGate:
         after: list[float] = []
         asked: list[int] = []  # task indices, in the order before and after hold them
         mine = self._scores.setdefault(candidate_id, {})  # kept: once published, it is the current release
+        half, tasks = self.judged_on(current)
         load_id = await self.runtime.load(candidate_id, files)
         try:
-            parts = look_parts(len(self.tasks), self.config.looks, candidate_id)
+            parts = look_parts(tasks, self.config.looks, candidate_id)
             for look, part in enumerate(parts, 1):
                 todo = [i for i in part if i not in known]
                 current_answers, candidate_answers = await asyncio.gather(
@@ -111,6 +133,10 @@ class WeightsGate:
                 verdict = sequential_verdict(before, after, self.config, look, len(parts), asked)
                 if verdict is not None:
                     verdict.metrics["in_flight_bound"] = self.config.concurrency if bounded else None
+                    if half is not None:
+                        verdict.metrics["half"] = half
+                        if verdict.decision == "select":
+                            self._selected_on[candidate_id] = half
                     return verdict
         finally:
             await self.runtime.unload(load_id)
@@ -163,14 +189,22 @@ class WeightsGate:
         return _mean(per_sample)
 
 
-def look_parts(n: int, looks: int, seed: str) -> list[list[int]]:
-    """Task indices in an order shuffled by `seed` (the candidate's content id), cut into `looks`
+def split_halves(n: int) -> tuple[list[int], list[int]]:
+    """Task indices 0..n-1 in two fixed halves, each mixing the task file's kinds."""
+    order = list(range(n))
+    random.Random("halves").shuffle(order)
+    return sorted(order[0::2]), sorted(order[1::2])
+
+
+def look_parts(tasks: Sequence[int], looks: int, seed: str) -> list[list[int]]:
+    """Task indices `tasks` in an order shuffled by `seed` (the candidate's content id), cut into `looks`
     parts of (nearly) equal size. Per candidate, not fixed: with one order for all, a release
     selected at the first look is the candidate that did best on exactly those tasks (by luck as
     well as merit), and every successor met them first and was rejected there. The order never
     depends on outcomes, so the sequential sign test keeps its level."""
-    order = list(range(n))
+    order = list(tasks)
     random.Random(seed).shuffle(order)
+    n = len(order)
     looks = max(1, min(looks, n))
     bounds = [round(n * k / looks) for k in range(looks + 1)]
     return [order[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]

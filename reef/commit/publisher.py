@@ -28,6 +28,8 @@ class CandidatePublisher:
         self.chain = chain
         self.gate = gate
         self.serve_release = serve_release
+        if gate is not None:
+            gate.remember(chain.releases())  # which half selected each release, for `gate.halves`
 
     async def head_files(self) -> dict[str, bytes]:
         return await asyncio.to_thread(self.chain.artifacts.files, self.chain.head().release_id)
