@@ -84,6 +84,7 @@ class ReefArm:
     line: bool = False  # also measure the newest candidate at each snapshot (bench/race_line.py)
     gate_from_train: int = 0  # also give the gate one in N training questions (bench/race_gate_split.py)
     gate_half: bool = False  # the gate judges on half its questions (bench/race_gate_split.py)
+    gate_halves: bool = False  # learner.gate.halves: each head's successors judged on the other half
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
                              canary=arm.canary, loss=arm.loss, gate_concurrency=arm.gate_concurrency,
                              gate_concurrency_when=arm.gate_concurrency_when,
                              gate_after_batches=arm.gate_after_batches)
+    settings["learner"]["gate"]["halves"] = arm.gate_halves
     line_dir = workdir / "line"
     if arm.line:
         shutil.rmtree(line_dir, ignore_errors=True)
@@ -406,6 +408,9 @@ def main() -> None:
     parser.add_argument("--gate-half", action="store_true",
                         help="reef: the gate judges on half its questions and nothing asks the other half, which "
                              "bench/gate_curse.py measures after the run")
+    parser.add_argument("--gate-halves", action="store_true",
+                        help="reef: learner.gate.halves, each candidate judged on the half of the gate's questions "
+                             "its serving release was not selected on")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -429,7 +434,7 @@ def main() -> None:
             else:
                 arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
                               args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
-                              args.gate_half)
+                              args.gate_half, args.gate_halves)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
@@ -446,7 +451,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "concurrency": args.concurrency, "canary": args.canary, "loss": args.loss, "seed": args.seed,
                 "gate_concurrency": args.gate_concurrency, "gate_concurrency_when": args.gate_concurrency_when,
                 "gate_after_batches": args.gate_after, "line": args.line,
-                "gate_from_train": args.gate_from_train, "gate_half": args.gate_half,
+                "gate_from_train": args.gate_from_train, "gate_half": args.gate_half, "gate_halves": args.gate_halves,
                 "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,

@@ -13,10 +13,12 @@ import pytest
 
 from reef.commit.gate import (WeightsGate, load_scorer, load_tasks, look_parts, paired_verdict, sequential_verdict,
                               sign_test_p, split_halves)
+from reef.commit.publisher import CandidatePublisher
+from reef.commit.state import ReefState
 from reef.config import GateConfig
 from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta
 from reef.core.errors import InvalidInput
-from reef.core.types import Operation, Release, ReleaseRef, Verdict
+from reef.core.types import ArtifactKind, Candidate, Operation, Release, ReleaseRef, Verdict
 from reef.grow.trainer import Sample, TrainConfig
 from reef.grow.worker import TrainingWorker
 from reef.runtimes.base import Runtime
@@ -305,3 +307,24 @@ def test_halves_need_two_tasks(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="halves needs at least two tasks"):
         WeightsGate(GateConfig(tasks=str(one), scorer="tests.test_gate:right_scorer", halves=True), Grader(),
                     worker=None)  # type: ignore[arg-type]
+
+
+def test_after_a_restart_the_publisher_tells_the_gate_which_half_chose_the_head(tmp_path: Path) -> None:
+    """The chain, on disk, keeps each verdict's half; a new publisher on it hands them to its gate."""
+    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:right_scorer", looks=1,
+                        halves=True)
+    first, second = split_halves(12)
+
+    async def select_one(chain: Any) -> ReleaseRef:
+        gate = WeightsGate(config, Grader(), worker=None)  # type: ignore[arg-type]
+        verdict = await gate.judge(chain.head().ref, {}, "sha256:good", {}, [])
+        candidate = Candidate({"adapter_model.safetensors": b"good"}, ArtifactKind.WEIGHTS)
+        return chain.publish(candidate, chain.head().release_id, verdict=verdict).ref
+
+    with ReefState.open(tmp_path / "state") as state:
+        head = asyncio.run(select_one(state.create("s", "sao")))
+    with ReefState.open(tmp_path / "state") as state:
+        gate = WeightsGate(config, Grader(), worker=None)  # type: ignore[arg-type]
+        assert gate.judged_on(head) == (0, first)
+        CandidatePublisher(state.chain("s"), gate, serve_release=None)  # type: ignore[arg-type]
+        assert gate.judged_on(head) == (1, second)
