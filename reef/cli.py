@@ -160,6 +160,7 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
             index, fd = (int(part) for part in worker_of.split(":"))
             config, sock = worker_config(config, index), worker_socket(fd)
         _check_install(config)  # git, and the extras the settings need, before a minute of model loading
+        _check_gate(config)
         built = build_runtime(config, progress=say)
         app = create_app(config, built)
     except (ReefError, ValueError) as exc:
@@ -194,6 +195,15 @@ def _check_install(config: ServeConfig) -> None:
         require("a postgresql:// store (the PostgreSQL experience store)", "postgres")
     if config.runtime_kind == "embedded":
         require_embedded(config)
+
+
+def _check_gate(config: ServeConfig) -> None:
+    """The weights gate's tasks file and scorer, read before serving: a mistake there would
+    otherwise surface only when a scenario's learner first builds its gate."""
+    from reef.commit.gate import load_gate_tasks
+
+    if config.learner.enabled:
+        load_gate_tasks(config.learner.gate)
 
 
 # -- talking to a running server -------------------------------------------------------------

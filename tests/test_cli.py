@@ -56,3 +56,16 @@ def test_serve_refuses_a_public_address_without_a_token(tmp_path: Path, monkeypa
     monkeypatch.delenv("REEF_TOKEN", raising=False)
     result = CliRunner().invoke(main, ["serve", "--host", "0.0.0.0", "--state-dir", str(tmp_path)])
     assert result.exit_code == 1 and "refusing to listen on 0.0.0.0 without a token" in result.output
+
+
+def test_serve_refuses_a_bad_gate_setting_before_loading_a_model(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"prompt": "Opposite of hot?", "answer": "cold"}) + "\n")
+    config = tmp_path / "reef.yaml"
+    config.write_text(f"learner:\n  gate:\n    tasks: {tasks}\n    scorer: reef.demo.tasks:gate_score\n    halves: true\n")
+    result = CliRunner().invoke(main, ["serve", "-c", str(config), "--state-dir", str(tmp_path / "state")])
+    assert result.exit_code == 1 and "halves needs at least two tasks" in result.output, result.output
+    assert not (tmp_path / "state").exists()  # refused before anything was created
+    config.write_text(f"learner:\n  gate:\n    tasks: {tasks}\n    scorer: reef.demo.tasks:no_such_scorer\n")
+    result = CliRunner().invoke(main, ["serve", "-c", str(config), "--state-dir", str(tmp_path / "state")])
+    assert result.exit_code == 1 and "no_such_scorer" in result.output, result.output

@@ -59,12 +59,7 @@ class WeightsGate:
         self.config = config
         self.runtime = runtime
         self.worker = worker
-        self.tasks = load_tasks(config.tasks) if config.tasks else []
-        self.scorer = load_scorer(config.scorer) if config.scorer else None
-        if self.tasks and self.scorer is None:
-            raise InvalidInput("learner.gate.tasks needs learner.gate.scorer (module:function)")
-        if config.halves and len(self.tasks) < 2:
-            raise InvalidInput("learner.gate.halves needs at least two tasks (learner.gate.tasks)")
+        self.tasks, self.scorer = load_gate_tasks(config)
         self.halves = split_halves(len(self.tasks))
         self._selected_on: dict[str, int] = {}  # content_id -> the half its select verdict asked (halves only)
         self._scores: dict[str, dict[int, float]] = {}  # content_id -> task index -> score (deterministic)
@@ -248,6 +243,18 @@ def paired_verdict(before: list[float], after: list[float], margin: float, confi
                      for i, (b, a) in enumerate(zip(before, after))],
     }
     return Verdict("select" if ok else "reject", metrics)
+
+
+def load_gate_tasks(config: GateConfig) -> tuple[list[dict[str, Any]], Scorer | None]:
+    """The tasks and scorer a gate config names, checked (InvalidInput says what is wrong): for
+    `reef serve` to refuse a bad setting at start, not when a learner first builds its gate."""
+    tasks = load_tasks(config.tasks) if config.tasks else []
+    scorer = load_scorer(config.scorer) if config.scorer else None
+    if tasks and scorer is None:
+        raise InvalidInput("learner.gate.tasks needs learner.gate.scorer (module:function)")
+    if config.halves and len(tasks) < 2:
+        raise InvalidInput(f"learner.gate.halves needs at least two tasks (learner.gate.tasks), {len(tasks)} given")
+    return tasks, scorer
 
 
 def load_tasks(path: Path) -> list[dict[str, Any]]:
