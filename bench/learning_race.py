@@ -85,6 +85,7 @@ class ReefArm:
     gate_from_train: int = 0  # also give the gate one in N training questions (bench/race_gate_split.py)
     gate_half: bool = False  # the gate judges on half its questions (bench/race_gate_split.py)
     gate_halves: bool = False  # learner.gate.halves: each head's successors judged on the other half
+    gate_overtake: int | None = None  # learner.gate.overtake_after: a verdict stops once a line is this far on
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
                              gate_concurrency_when=arm.gate_concurrency_when,
                              gate_after_batches=arm.gate_after_batches)
     settings["learner"]["gate"]["halves"] = arm.gate_halves
+    settings["learner"]["gate"]["overtake_after"] = arm.gate_overtake
     line_dir = workdir / "line"
     if arm.line:
         shutil.rmtree(line_dir, ignore_errors=True)
@@ -411,6 +413,9 @@ def main() -> None:
     parser.add_argument("--gate-halves", action="store_true",
                         help="reef: learner.gate.halves, each candidate judged on the half of the gate's questions "
                              "its serving release was not selected on")
+    parser.add_argument("--gate-overtake", type=int, default=None, metavar="N",
+                        help="reef: learner.gate.overtake_after, a verdict still undecided after a look stops once a "
+                             "candidate N batches further along its line waits  [default: off]")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -434,7 +439,7 @@ def main() -> None:
             else:
                 arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
                               args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
-                              args.gate_half, args.gate_halves)
+                              args.gate_half, args.gate_halves, args.gate_overtake)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
@@ -452,6 +457,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "gate_concurrency": args.gate_concurrency, "gate_concurrency_when": args.gate_concurrency_when,
                 "gate_after_batches": args.gate_after, "line": args.line,
                 "gate_from_train": args.gate_from_train, "gate_half": args.gate_half, "gate_halves": args.gate_halves,
+                "gate_overtake": args.gate_overtake,
                 "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,

@@ -163,6 +163,10 @@ class GateConfig(Strict):
     after_batches: int = Field(1, ge=1, description="A candidate goes to the gate once its line of training has taken "
                                "this many batches past the release it would replace (1: every candidate); until "
                                "then each waits for the next, which takes its place")
+    overtake_after: int | None = Field(None, ge=1, description="A verdict still undecided after a look stops (a reject "
+                                       "marked overtaken) once a candidate this many batches further along the same "
+                                       "line waits, and the gate judges that one (null: every verdict runs to its "
+                                       "decision)")
     holdout_fraction: float = Field(0.2, ge=0, lt=1, description="Offline check: reported records kept out of training")
     offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
 

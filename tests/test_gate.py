@@ -69,6 +69,37 @@ def test_the_sequential_gate_decides_early_only_on_strong_evidence() -> None:
     assert one_look is not None and one_look.decision == "select"  # all of 1 - confidence at the only look
 
 
+def test_an_overtaken_verdict_stops_undecided_but_never_stops_a_decision() -> None:
+    config = GateConfig(confidence=0.8, looks=3)
+    stopped = sequential_verdict(*pairs(4, 0, 26), config, look=1, looks=3, overtaken=True)  # would look further
+    assert stopped is not None and stopped.decision == "reject" and stopped.metrics["overtaken"] is True
+    assert stopped.metrics["p_worse"] == 1.0  # not evidence of being worse: the line is trained on
+    early = sequential_verdict(*pairs(6, 0, 24), config, look=1, looks=3, overtaken=True)
+    assert early is not None and early.decision == "select" and "overtaken" not in early.metrics
+    final = sequential_verdict(*pairs(6, 2, 84), config, look=3, looks=3, overtaken=True)
+    assert final is not None and final.decision == "select" and "overtaken" not in final.metrics
+
+
+def test_a_gate_told_a_newer_candidate_waits_stops_after_the_look_it_is_on(tmp_path: Path) -> None:
+    """`overtake` before or during a verdict: the verdict ends at its first undecided look, a
+    reject marked overtaken; the next candidate's verdict is not affected."""
+    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:right_scorer", looks=3)
+    base = ReleaseRef("r0", "sha256:base", "load:sha256:base")
+
+    async def run() -> tuple[Verdict, Verdict, Grader]:
+        runtime = Grader()
+        gate = WeightsGate(config, runtime, worker=None)  # type: ignore[arg-type]
+        gate.overtake("sha256:tied")
+        overtaken = await gate.judge(base, {}, "sha256:tied", {}, [])
+        full = await gate.judge(base, {}, "sha256:also-tied", {}, [])
+        return overtaken, full, runtime
+
+    overtaken, full, runtime = asyncio.run(run())
+    assert overtaken.decision == "reject" and overtaken.metrics["overtaken"] is True
+    assert overtaken.metrics["look"] == 1 and len(runtime.asked["load:sha256:tied"]) == 4  # one look of three
+    assert full.decision == "reject" and full.metrics["look"] == 3 and "overtaken" not in full.metrics
+
+
 def test_tasks_and_scorer_are_checked_when_loaded(tmp_path: Path) -> None:
     good = tmp_path / "tasks.jsonl"
     good.write_text(json.dumps({"prompt": "hi", "answer": "x"}) + "\n\n" + json.dumps({"messages": [{"role": "user", "content": "yo"}]}) + "\n")

@@ -17,6 +17,7 @@ import pytest
 from reef.commit.gate import sign_test_p
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
+from reef.core.canonical import content_id_of
 from reef.core.types import Operation, Record, RecordStatus, ReleaseRef, Report, TokenSpan, Verdict
 from reef.grow.learner import Learner
 from reef.grow.training_client import TrainingClient
@@ -38,6 +39,10 @@ class ScriptedGate:
         self.hold = asyncio.Event()
         self.hold.set()
         self.warmed: list[str] = []  # the serving release's content id, each time it was asked to warm
+        self.overtaken: list[str] = []  # candidates the learner said a newer one of their line waits behind
+
+    def overtake(self, candidate_id: str) -> None:
+        self.overtaken.append(candidate_id)
 
     def remember(self, releases: Any) -> None:  # the chain's verdicts, for `gate.halves`: nothing to keep here
         return None
@@ -100,7 +105,8 @@ class Rig:
             self.fed += 1
         return ids
 
-    def learner(self, gate: ScriptedGate, canary: Any = None, gate_after: int = 1) -> Learner:
+    def learner(self, gate: ScriptedGate, canary: Any = None, gate_after: int = 1,
+                overtake_after: int | None = None) -> Learner:
         async def serve_release(chain: Any, release: Any) -> None:
             chain.advance(chain.serving().release_id, release.ref)  # no runtime here: nothing to load
 
@@ -108,7 +114,8 @@ class Rig:
         recipe = SAORecipe(SAOConfig(batch_size=4, steps_per_candidate=1, lr=0.01, max_staleness=5))
         return Learner(self.chain, self.state.store, recipe, publisher.decide, publisher.head_files,
                        TrainingClient(self.worker, "s"), poll_interval=0.05, canary=canary,
-                       gate_after=gate_after, warm=publisher.warm)
+                       gate_after=gate_after, warm=publisher.warm,
+                       overtake=publisher.overtake if overtake_after else None, overtake_after=overtake_after or 1)
 
     def closers(self) -> list[tuple[str, str]]:
         """(operation, batch id) of every step that closed a batch, in order."""
@@ -199,6 +206,35 @@ def test_the_gate_judges_the_newest_candidate_and_logs_the_one_it_replaced(
     run_with_rig(tmp_path, tiny_model_dir, body)
     superseded = [r for r in caplog.records if "superseded" in r.getMessage()]
     assert [r.levelno for r in superseded] == [logging.INFO]  # routine work, not a warning on the operator's terminal
+
+
+def test_a_candidate_far_enough_along_the_line_tells_the_gate_to_stop_the_verdict_it_is_on(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """With `gate.overtake_after: 2`, while the gate judges candidate 1, candidate 2 (one batch on)
+    waits; candidate 3 (two on) takes its place and tells the gate about candidate 1, which the gate
+    then rejects undecided; that verdict is no evidence against the line, so candidate 3 goes next."""
+    async def body(rig: Rig) -> None:
+        overtaken = {"wins": 2, "losses": 1, "p_worse": sign_test_p(1, 2), "overtaken": True}
+        gate = ScriptedGate(("reject", overtaken), ("select", PROMISING))
+        learner = rig.learner(gate, overtake_after=2)
+        gate.hold.clear()
+        await rig.feed(4)
+        await learner.step()  # candidate 1, at the gate (held)
+        await until(lambda: learner.at_gate is not None, "candidate 1 at the gate")
+        first = content_id_of(learner.at_gate[0].files)  # type: ignore[index]
+        await rig.feed(4)
+        await learner.step()  # candidate 2: one batch on, waits
+        assert gate.overtaken == []
+        await rig.feed(4)
+        await learner.step()  # candidate 3: two batches on
+        assert gate.overtaken == [first]
+        gate.hold.set()
+        await until(lambda: len(gate.judged) == 2 and learner._gate_idle(), "candidate 3 judged")
+        b1, b2, b3 = (b["batch_id"] for b in rig.batches())
+        assert rig.closers() == [("abandon", b2), ("rejection", b1), ("training", b3)]
+        assert gate.judged[1] == content_id_of(rig.chain.artifacts.files(rig.chain.head().release_id))
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
 
 
 def test_a_candidate_made_while_the_gate_answers_ahead_waits_for_one_chunk_not_every_task(

@@ -21,6 +21,9 @@ answers the rest of them while the gate waits for a candidate. With `halves`, th
 in two fixed halves and a candidate is judged on the half its serving release was not selected
 on (the base: the first half), so no head is measured again on the tasks that picked it; each
 verdict records its `half`, and the publisher hands the chain's verdicts back after a restart.
+`overtake(candidate_id)`: the learner says a candidate far enough along the same line of training
+waits; a verdict still undecided after a look then stops, a reject marked `overtaken` (never
+evidence of being worse), and the gate turns to the newer one.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class WeightsGate:
         self.halves = split_halves(len(self.tasks))
         self._selected_on: dict[str, int] = {}  # content_id -> the half its select verdict asked (halves only)
         self._scores: dict[str, dict[int, float]] = {}  # content_id -> task index -> score (deterministic)
+        self._overtaken: set[str] = set()  # candidates under judgment a newer one of their line waits behind
         self._in_flight = asyncio.Semaphore(config.concurrency) if config.concurrency else None
 
     async def judge(self, current: ReleaseRef, current_files: Mapping[str, bytes], candidate_id: str,
@@ -81,6 +85,11 @@ class WeightsGate:
             verdict = release.verdict
             if verdict is not None and verdict.decision == "select" and isinstance(verdict.metrics.get("half"), int):
                 self._selected_on[release.ref.content_id] = verdict.metrics["half"]
+
+    def overtake(self, candidate_id: str) -> None:
+        """A newer candidate of the same line waits: if `candidate_id` is being judged and its verdict
+        is undecided at the end of a look, stop there (a reject marked `overtaken`)."""
+        self._overtaken.add(candidate_id)
 
     def judged_on(self, current: ReleaseRef) -> tuple[int | None, list[int]]:
         """The half (None: no halves) and the task indices a candidate against `current` answers."""
@@ -125,7 +134,8 @@ class WeightsGate:
                 before += [known[i] for i in part]
                 after += candidate_answers
                 asked += part
-                verdict = sequential_verdict(before, after, self.config, look, len(parts), asked)
+                verdict = sequential_verdict(before, after, self.config, look, len(parts), asked,
+                                             overtaken=candidate_id in self._overtaken)
                 if verdict is not None:
                     verdict.metrics["in_flight_bound"] = self.config.concurrency if bounded else None
                     if half is not None:
@@ -134,6 +144,7 @@ class WeightsGate:
                             self._selected_on[candidate_id] = half
                     return verdict
         finally:
+            self._overtaken.discard(candidate_id)
             await self.runtime.unload(load_id)
         raise AssertionError("the last look always decides")  # pragma: no cover
 
@@ -206,10 +217,11 @@ def look_parts(tasks: Sequence[int], looks: int, seed: str) -> list[list[int]]:
 
 
 def sequential_verdict(before: list[float], after: list[float], config: GateConfig, look: int,
-                       looks: int, tasks: Sequence[int] | None = None) -> Verdict | None:
+                       looks: int, tasks: Sequence[int] | None = None, overtaken: bool = False) -> Verdict | None:
     """The verdict at look `look` of `looks` (None: answer the next part). At the last look the
     full test at the final level; before it, select only at the early level, reject only a
-    candidate already losing (`p_worse` <= FUTILE_P: 2-6 is losing, 5-6 is a tie to look further at)."""
+    candidate already losing (`p_worse` <= FUTILE_P: 2-6 is losing, 5-6 is a tie to look further at),
+    or (`overtaken`: a newer candidate of its line waits) stop undecided, a reject marked `overtaken`."""
     alpha = 1 - config.confidence
     early_alpha = alpha / 4 / (looks - 1) if looks > 1 else 0.0
     final = look >= looks
@@ -220,6 +232,9 @@ def sequential_verdict(before: list[float], after: list[float], config: GateConf
         return verdict
     if verdict.metrics["p_worse"] <= FUTILE_P:
         return verdict
+    if overtaken:
+        verdict.metrics["overtaken"] = True
+        return verdict  # a reject: the sign test did not pass at the early level
     return None
 
 

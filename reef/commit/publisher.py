@@ -49,6 +49,11 @@ class CandidatePublisher:
                                  # the next batch may already be logged with a later cursor: never go back
                                  high_water=max(candidate.high_water, self.chain.high_water()))
 
+    def overtake(self, candidate: LearnedCandidate) -> None:
+        """A newer candidate of its line waits: the gate may stop judging this one undecided."""
+        if self.gate is not None:
+            self.gate.overtake(content_id_of(candidate.files))
+
     async def warm(self, starved: bool = False) -> int:
         """Let the gate answer its tasks for the serving release ahead of the next candidate."""
         return await self.gate.warm(self.chain.serving(), starved) if self.gate is not None else 0

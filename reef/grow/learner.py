@@ -14,7 +14,9 @@ replaces is logged as abandoned, `superseded`: its steps live on in the newer on
 always judges the newest, and hears whether the learner has been waiting for samples (then
 `gate.concurrency_when: starved` leaves the serving runtime to live traffic). With
 `gate.after_batches` above 1, a line goes to the gate only once it is that many candidates past
-the release it would replace; a nearer one waits for the next, the same way. At most three
+the release it would replace; a nearer one waits for the next, the same way. With
+`gate.overtake_after`, a candidate that many batches further along the line than the one being
+judged tells the gate, which stops that verdict at its next undecided look. At most three
 batches are open: at the gate, waiting, in training. A
 candidate trained on from one the gate then found surely worse is abandoned (logged) unjudged,
 and a rollback sends training back to the head. A harness candidate is made from the head and judged against exactly that head, one at a
@@ -70,13 +72,15 @@ class Chain(Protocol):  # the parts of commit's ReleaseChain a learner uses
 
 Decide = Callable[[LearnedCandidate], Awaitable[Verdict]]
 HeadFiles = Callable[[], Awaitable[dict[str, bytes]]]
+Overtake = Callable[[LearnedCandidate], None]  # the gate may stop judging this one undecided
 Warm = Callable[[bool], Awaitable[int]]  # (whether the learner waits for samples) -> tasks answered, 0: none left
 
 
 class Learner:
     def __init__(self, chain: Chain, store: ExperienceStore, recipe: Recipe, decide: Decide, head_files: HeadFiles,
                  trainer: TrainingClient | None = None, poll_interval: float = 0.5,
-                 canary: CanaryServing | None = None, gate_after: int = 1, warm: Warm | None = None) -> None:
+                 canary: CanaryServing | None = None, gate_after: int = 1, warm: Warm | None = None,
+                 overtake: Overtake | None = None, overtake_after: int = 1) -> None:
         self.chain = chain
         self.scenario = chain.scenario
         self.store = store
@@ -87,6 +91,8 @@ class Learner:
         self.poll_interval = poll_interval
         self.gate_after = gate_after  # batches a weights line takes past the serving release before it is judged
         self.warm = warm  # the gate answers its tasks for the serving release while no candidate is ready
+        self.overtake = overtake  # None: a verdict always runs to its decision
+        self.overtake_after = overtake_after  # batches a waiting candidate is past the judged one to overtake it
         self.pipelined = recipe.surface == "weights"
         self.canary = canary if self.pipelined else None
         self.live = LiveScores()  # the canary's live scores and the serving release's
@@ -106,6 +112,7 @@ class Learner:
         self.drop_reason = ""
         self.judging: asyncio.Task[None] | None = None  # the gate's turn, while training goes on
         self.waiting: tuple[LearnedCandidate, int, int] | None = None  # the next for the gate: lineage, position
+        self.at_gate: tuple[LearnedCandidate, int, int] | None = None  # the one being judged: lineage, position
         self.line_made = 0  # batches in the working line, counted from the head it began at
         self.line_published = 0  # the position in that line of the release this learner published last
         self.unheld: str | None = None  # a held candidate's batch, sent to the gate as the traffic lags
@@ -208,6 +215,19 @@ class Learner:
         await self._start_canary(candidate)
         if self._gate_idle():
             await self._start_gate_turns()
+        else:
+            self._overtake_at_gate()
+
+    def _overtake_at_gate(self) -> None:
+        """Tell the gate when the candidate waiting is `overtake_after` batches further along the
+        line than the one it judges: a verdict still undecided after a look then stops, so the
+        gate judges the newer one (on a slow runtime a verdict can outlast many candidates)."""
+        if self.overtake is None or self.at_gate is None or self.waiting is None:
+            return
+        judged, lineage, position = self.at_gate
+        _, waiting_lineage, waiting_position = self.waiting
+        if waiting_lineage == lineage == self.lineage and waiting_position - position >= self.overtake_after:
+            self.overtake(judged)
 
     async def _unhold_when_traffic_lags(self) -> None:
         """A candidate is held back (`gate_after`) only while the next is on its way: once the
@@ -248,12 +268,14 @@ class Learner:
                 await self._abandon(candidate.batch_id,
                                     f"trained on from a candidate that was dropped: {self.drop_reason}")
                 continue
+            self.at_gate = (candidate, lineage, position)
             try:  # whether the learner waits for samples, as it stands when the gate starts judging
                 await self._judge(dataclasses.replace(candidate, starved=self.wait.starved()), position)
             except Exception as exc:  # noqa: BLE001 - its batch is abandoned; the next candidate still goes
                 log.exception("learner %s: evaluation failed", self.scenario)
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
             finally:
+                self.at_gate = None
                 if self.canary_batch == candidate.batch_id or lineage != self.lineage:
                     await self._stop_canary()  # judged (served now as the head, or rejected), or its line dropped
 

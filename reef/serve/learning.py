@@ -133,11 +133,14 @@ class Learning:
             log.error("scenario %s: %s", scenario, self.idle[scenario])
             return
         fraction = self.config.canary.get(scenario)
+        overtake_after = self.config.gate.overtake_after
         canary = ScenarioCanary(self.scenarios, scenario, fraction) if fraction else None
         learner = Learner(chain, self.state.store, recipe, _logged(chain, name, publisher.decide), publisher.head_files,
                           trainer, poll_interval=self.config.poll_interval, canary=canary,
                           gate_after=self.config.gate.after_batches,
-                          warm=publisher.warm if recipe_class.surface == "weights" else None)
+                          warm=publisher.warm if recipe_class.surface == "weights" else None,
+                          overtake=publisher.overtake if recipe_class.surface == "weights" and overtake_after else None,
+                          overtake_after=overtake_after or 1)
         self.learners[scenario] = learner
         self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"learner:{scenario}")
         log.info("learner started", extra={"reef": {"event": "learner_started", "scenario": scenario, "recipe": name,
