@@ -168,6 +168,48 @@ def test_loads_take_turns_so_a_burst_never_starves_another_load(tiny_model_dir: 
     with_runtime(tiny_model_dir, body, max_batch=2)
 
 
+@pytest.mark.parametrize("continuous", [True, False])
+def test_a_request_arriving_mid_batch_joins_it_and_matches_running_alone(tiny_model_dir: Path, continuous: bool) -> None:
+    """Continuous batching: a request joins the running batch between two steps (its KV rows
+    left-padded into the batch's) and the batch's leading columns go when the longest prompt's
+    row leaves; greedy output is what it would be alone. Without it, the request waits."""
+    first = ask(PROMPTS[3], temperature=0, max_tokens=60)  # the longest prompt, leaving first
+    joiners = [ask(PROMPTS[0], temperature=0, max_tokens=100), ask(PROMPTS[1], temperature=0, max_tokens=20)]
+
+    async def body(rt: EmbeddedRuntime) -> None:
+        load = await rt.load("c", {})
+        alone = [(await collect(rt, r, load))[0] for r in [first, *joiners]]
+        assert len(alone[0].token_ids) == 60 and len(alone[1].token_ids) == 100  # no early stop
+        first_token: dict[int, float] = {}
+        ended: dict[int, float] = {}
+
+        async def run(index: int, request: ChatRequest) -> ChatResult:
+            result = ChatResult()
+            async for delta in rt.generate(request, release(load)):
+                first_token.setdefault(index, time.monotonic())
+                result.add(delta)
+                if index == 0 and len(result.token_ids) == 5:
+                    tasks.extend(asyncio.create_task(run(i + 1, r)) for i, r in enumerate(joiners))
+            ended[index] = time.monotonic()
+            return result
+
+        batches_before = rt.batches_run
+        tasks: list[asyncio.Task[ChatResult]] = []
+        results = [await run(0, first)]
+        results += await asyncio.gather(*tasks)
+        for one, together in zip(alone, results):
+            assert together.token_ids == one.token_ids
+            assert together.logprobs == pytest.approx(one.logprobs, abs=1e-4)
+        if continuous:
+            assert max(first_token[1], first_token[2]) < ended[0]  # joined while the first decoded
+            assert ended[2] < ended[0] < ended[1]
+        else:
+            assert min(first_token[1], first_token[2]) > ended[0]  # waited for the batch to end
+        assert rt.batches_run - batches_before == 2  # the first, then the joiners admitted together
+
+    with_runtime(tiny_model_dir, body, continuous=continuous)
+
+
 def test_consumer_leaving_stops_the_work(tiny_model_dir: Path) -> None:
     async def body(rt: EmbeddedRuntime) -> None:
         load = await rt.load("c", {})

@@ -1,9 +1,10 @@
 """The embedded runtime: SmolLM2 (or the tiny test model) on the CPU through transformers + peft.
 
 One worker thread owns the model (torch releases the GIL inside its kernels, so the event loop
-stays responsive). It takes queued requests in batches of one load id (left padding, position
-ids `cumsum(mask) - 1`, a KV cache), samples each row with the request's own temperature, top_p
-and seed, and streams every token back with its id and the log-prob of the distribution it was
+stays responsive). It decodes queued requests in batches of one load id (left padding, position
+ids `cumsum(mask) - 1`, a KV cache); a request joins its load's running batch between two steps
+(continuous batching), and loads with work take turns of a few steps each. It samples each row
+with the request's own temperature, top_p and seed, and streams every token back with its id and the log-prob of the distribution it was
 actually drawn from, so records can be verified and trained on (invariant 2, docs/architecture.md). Adapter
 loads and unloads also run on the worker, between decoding steps, so no lock guards the model
 and a batch in flight never sees an adapter vanish under it.
@@ -66,13 +67,68 @@ class _Job:
             self.cancelled.set()
 
 
+@dataclass(eq=False)
+class _Batch:
+    """One load's rows decoding together: their KV cache, attention mask and next position ids,
+    and the logits each row samples its next token from. Rows of different prompt lengths are
+    left-padded to one width; a row that joins later is padded on the left as well."""
+    load_id: str
+    adapter: str | None  # peft adapter name; None: the base model
+    jobs: list[_Job] = field(default_factory=list)
+    cache: Any = None
+    mask: torch.Tensor | None = None
+    positions: torch.Tensor | None = None  # (rows, 1): where each row's next token goes
+    logits: torch.Tensor | None = None
+    turn_ended: float = 0.0  # time.monotonic() its last turn ended: how long it has waited since
+
+    def merge(self, cache: Any, mask: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor) -> None:
+        """Take in the rows just prefilled into `cache` (the last `len(logits)` of `jobs`)."""
+        if self.cache is None:
+            self.cache, self.mask, self.positions, self.logits = cache, mask, positions, logits
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
+            mine.keys = torch.cat([_pad_left(mine.keys, width, -2), _pad_left(theirs.keys, width, -2)])
+            mine.values = torch.cat([_pad_left(mine.values, width, -2), _pad_left(theirs.values, width, -2)])
+        self.mask = torch.cat([_pad_left(self.mask, width, 1), _pad_left(mask, width, 1)])
+        self.positions = torch.cat([self.positions, positions])
+        self.logits = torch.cat([self.logits, logits])
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only `rows`, and drop the leading columns none of them attends to any more."""
+        if not rows:
+            self.clear()
+            return
+        index = torch.tensor(rows)
+        self.cache.batch_select_indices(index)
+        self.mask, self.positions = self.mask[index], self.positions[index]
+        self.jobs = [self.jobs[i] for i in rows]
+        unused = int((self.mask.sum(0) == 0).int().cumprod(0).sum())
+        if unused:
+            self.mask = self.mask[:, unused:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[..., unused:, :], layer.values[..., unused:, :]
+
+    def clear(self) -> None:
+        self.jobs, self.cache, self.mask, self.positions, self.logits = [], None, None, None, None
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if not missing:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
 class EmbeddedRuntime(Runtime):
     name = "embedded"
     verifies_tokens = True
 
     def __init__(self, model_dir: Path, *, model_name: str = "smollm2-135m-instruct", threads: int | None = None,
                  max_batch: int = 8, default_max_tokens: int = 256, max_context: int = 2048,
-                 min_shared_prefix: int = MIN_SHARED_PREFIX) -> None:
+                 min_shared_prefix: int = MIN_SHARED_PREFIX, continuous: bool = True, turn_steps: int = 16) -> None:
         self.model_dir = Path(model_dir)
         self.model_name = model_name
         self.threads = threads
@@ -80,6 +136,8 @@ class EmbeddedRuntime(Runtime):
         self.default_max_tokens = default_max_tokens
         self.max_context = max_context
         self.min_shared_prefix = min_shared_prefix  # 0: every row prefills its whole prompt
+        self.continuous = continuous  # requests join a running batch of their load between steps
+        self.turn_steps = turn_steps  # decoding steps a load's batch runs while another load waits
         self.model: Any = None
         self.tokenizer: Any = None
         self.batches_run = 0  # counters for tests and /metrics
@@ -93,17 +151,15 @@ class EmbeddedRuntime(Runtime):
         self._loads: dict[str, str | None] = {}  # runtime_load_id -> adapter name (None: base)
         self._cond = threading.Condition()
         self._queue: list[_Job] = []
-        self._last_load_id: str | None = None  # of the batch before, for taking turns
+        self._last_load_id: str | None = None  # of the turn before, for taking turns
+        self._batches: dict[str, _Batch] = {}  # by load id: running, or parked between turns
         self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
         self._paused = 0
         self._closing = False
-        self._running = False
-        self._batch: list[_Job] = []
         self._worker: threading.Thread | None = None
         self._stop_ids: frozenset[int] = frozenset()
         self._adapters: set[str] = set()
         self._active: object = _UNSET
-        self._batch_adapter: str | None = None
         self._doomed: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -132,7 +188,8 @@ class EmbeddedRuntime(Runtime):
             return
         with self._cond:
             self._closing = True
-            for job in self._batch:  # in flight: tell the consumer, and drop the row next step
+            for job in (job for batch in self._batches.values() for job in batch.jobs):
+                # in flight: tell the consumer, and drop the row next step
                 job.send(RuntimeFailure("the embedded runtime closed"))
                 job.cancelled.set()
             self._cond.notify_all()
@@ -165,7 +222,7 @@ class EmbeddedRuntime(Runtime):
         return len(self._queue)
 
     def idle(self) -> bool:
-        return not self._queue and not self._running
+        return not self._queue and not self._batches
 
     def resident(self) -> dict[str, int]:
         """Runtime loads resident now: of the base model, and LoRA adapters (/metrics)."""
@@ -222,8 +279,8 @@ class EmbeddedRuntime(Runtime):
         self._adapters.add(name)
 
     def _drop_adapter(self, name: str) -> None:
-        if name == self._batch_adapter:
-            self._doomed.add(name)  # a batch still decodes with it; drop it when that ends
+        if any(batch.adapter == name for batch in self._batches.values()):
+            self._doomed.add(name)  # a batch still decodes with it; drop it when its turn ends
             return
         self.model.delete_adapter(name)
         self._adapters.discard(name)
@@ -280,21 +337,24 @@ class EmbeddedRuntime(Runtime):
     # -- generation: the worker ----------------------------------------------------------------
 
     def _work(self) -> None:
-        while (batch := self._next_batch()) is not None:
+        while (batch := self._next_turn()) is not None:
             try:
-                self._run_batch(batch)
+                self._run_turn(batch)
             except Exception as exc:  # a broken batch fails its requests, not the worker
-                for job in batch:
+                for job in batch.jobs:
                     job.send(RuntimeFailure(f"the embedded model failed: {exc}"))
+                batch.clear()
             finally:
-                self._running, self._batch = False, []
-                self._batch_adapter = None
-                for name in self._doomed:
+                with self._cond:
+                    batch.turn_ended = time.monotonic()
+                    if not batch.jobs:
+                        self._batches.pop(batch.load_id, None)
+                doomed, self._doomed = self._doomed, set()
+                for name in doomed:
                     with contextlib.suppress(Exception):  # a leaked adapter must not stop serving
-                        self._drop_adapter(name)
-                self._doomed.clear()
+                        self._drop_adapter(name)  # dooms it again while a parked batch still uses it
 
-    def _next_batch(self) -> list[_Job] | None:
+    def _next_turn(self) -> _Batch | None:
         while True:
             self._run_calls()
             with self._cond:
@@ -302,33 +362,56 @@ class EmbeddedRuntime(Runtime):
                     return None
                 if self._calls:
                     continue
-                batch = None if self._paused else self._take_batch()
+                batch = None if self._paused else self._take_turn()
                 if batch:
                     return batch
                 if not self._queue or self._paused:
                     self._cond.wait()
 
-    def _take_batch(self) -> list[_Job] | None:
-        """The oldest request and the next ones of the same load id, up to `max_batch`. Loads
-        take turns: when another load's request waits, the last batch's load goes after it, so
-        a burst for one load (a gate judging a candidate: dozens of requests at once) never
-        stalls live traffic on the serving load for more than one batch."""
+    def _take_turn(self) -> _Batch | None:
+        """The load whose work has waited longest, its batch (new, or parked at the end of its
+        last turn). Loads take turns: when another load has work, the last turn's load goes after
+        it, so a burst for one load (a gate judging a candidate: dozens of requests at once) never
+        stalls live traffic on the serving load for more than one turn."""
         self._queue = [job for job in self._queue if not job.cancelled.is_set()]
-        if not self._queue:
+        since: dict[str, float] = {load_id: b.turn_ended for load_id, b in self._batches.items()}
+        for job in self._queue:
+            since[job.load_id] = min(since.get(job.load_id, job.queued_at), job.queued_at)
+        if not since:
             return None
-        others = (job for job in self._queue if job.load_id != self._last_load_id)
-        load_id = next(others, self._queue[0]).load_id
+        others = {load_id: t for load_id, t in since.items() if load_id != self._last_load_id}
+        load_id = min(others or since, key=lambda k: (others or since)[k])
         self._last_load_id = load_id
-        batch = [job for job in self._queue if job.load_id == load_id][: self.max_batch]
-        self._queue = [job for job in self._queue if job not in batch]
-        if load_id not in self._loads:
-            for job in batch:
-                job.send(RuntimeFailure(f"runtime load {load_id} was unloaded"))
-            return None
-        self._batch_adapter = self._loads[load_id]
-        self._running = True  # under the lock, so `idle()` never sees a gap between queue and batch
-        self._batch = batch
+        batch = self._batches.get(load_id)
+        if batch is None:
+            if load_id not in self._loads:
+                self._fail_queued(load_id, f"runtime load {load_id} was unloaded")
+                return None
+            batch = self._batches[load_id] = _Batch(load_id, self._loads[load_id])
         return batch
+
+    def _fail_queued(self, load_id: str, message: str) -> None:
+        failed = [job for job in self._queue if job.load_id == load_id]
+        self._queue = [job for job in self._queue if job.load_id != load_id]
+        for job in failed:
+            job.send(RuntimeFailure(message))
+
+    def _joiners(self, batch: _Batch) -> list[_Job]:
+        """Queued requests of the batch's load, as many as it has room for (under the lock)."""
+        with self._cond:
+            if batch.load_id not in self._loads:
+                self._fail_queued(batch.load_id, f"runtime load {batch.load_id} was unloaded")
+                return []
+            room = self.max_batch - len(batch.jobs)
+            joining = [job for job in self._queue if job.load_id == batch.load_id and not job.cancelled.is_set()][:room]
+            self._queue = [job for job in self._queue if job not in joining]
+            batch.jobs.extend(joining)  # in the batch from now on: close() reaches them
+            return joining
+
+    def _others_waiting(self, load_id: str) -> bool:
+        with self._cond:
+            return any(job.load_id != load_id for job in self._queue) or any(
+                other != load_id and b.jobs for other, b in self._batches.items())
 
     def _run_calls(self) -> None:
         with self._cond:
@@ -355,33 +438,55 @@ class EmbeddedRuntime(Runtime):
             self.model.set_adapter(adapter)
         self._active = adapter
 
-    def _run_batch(self, jobs: list[_Job]) -> None:
+    def _run_turn(self, batch: _Batch) -> None:
+        """Decode `batch` until its rows end, or for `turn_steps` steps while another load has
+        work. With continuous batching, queued requests of its load join it between steps
+        (prefilled on their own, their KV rows merged in); without, a turn is one batch from
+        start to end, joined by nothing."""
+        steps = 0
+        with torch.inference_mode():
+            while True:
+                self._apply_adapter(batch.adapter)
+                if steps == 0 or self.continuous:
+                    self._admit(batch)
+                if not batch.jobs:
+                    return
+                self._step(batch)
+                steps += 1
+                self._run_calls()
+                if not self.continuous:
+                    continue
+                if (not batch.jobs or steps >= self.turn_steps) and self._others_waiting(batch.load_id):
+                    return
+
+    def _admit(self, batch: _Batch) -> None:
+        joining = self._joiners(batch)
+        if not joining:
+            return
         self.batches_run += 1
-        self.requests_run += len(jobs)
+        self.requests_run += len(joining)
         if self.batch_observer is not None:
             now = time.monotonic()
             with contextlib.suppress(Exception):  # a metrics hook never fails a batch
-                self.batch_observer(len(jobs), [now - job.queued_at for job in jobs])
+                self.batch_observer(len(batch.jobs), [now - job.queued_at for job in joining])
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
-        with torch.inference_mode():
-            self._apply_adapter(self._batch_adapter)
-            logits, mask, positions = self._prefill(jobs, cache)
-            while True:
-                keep = [i for i, job in enumerate(jobs) if self._advance(job, logits[i])]
-                if not keep:
-                    return
-                if len(keep) < len(jobs):  # finished or abandoned rows leave the batch
-                    index = torch.tensor(keep)
-                    cache.batch_select_indices(index)
-                    mask, positions, jobs = mask[index], positions[index], [jobs[i] for i in keep]
-                self._run_calls()
-                self._apply_adapter(self._batch_adapter)
-                mask = torch.cat([mask, mask.new_ones(len(jobs), 1)], dim=1)
-                positions = positions[:, -1:] + 1
-                step = torch.tensor([[job.ids[-1]] for job in jobs])
-                logits = self._forward(step, mask, positions, cache)
+        logits, mask, positions = self._prefill(joining, cache)
+        batch.merge(cache, mask, positions[:, -1:], logits)
+
+    def _step(self, batch: _Batch) -> None:
+        """Sample every row's next token from the batch's logits, drop the rows that ended, and
+        run the rest one step on."""
+        keep = [i for i, job in enumerate(batch.jobs) if self._advance(job, batch.logits[i])]
+        if len(keep) < len(batch.jobs):  # finished or abandoned rows leave the batch
+            batch.keep(keep)
+        if not batch.jobs:
+            return
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.jobs), 1)], dim=1)
+        batch.positions = batch.positions + 1
+        step = torch.tensor([[job.ids[-1]] for job in batch.jobs])
+        batch.logits = self._forward(step, batch.mask, batch.positions, batch.cache)
 
     def _prefill(self, jobs: list[_Job], cache: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the prompts into `cache`; return the next-token logits, the attention mask and the

@@ -35,7 +35,8 @@ def build_runtime(config: ServeConfig, progress: Callable[[str], None] | None = 
     emb = config.embedded
     model_dir: Path = emb.model_dir or ensure_embedded_model(emb.cache_dir or default_cache_dir(), progress)
     return EmbeddedRuntime(model_dir, threads=emb.threads or half_the_cores(config), max_batch=emb.max_batch,
-                           default_max_tokens=emb.default_max_tokens, min_shared_prefix=emb.min_shared_prefix)
+                           default_max_tokens=emb.default_max_tokens, min_shared_prefix=emb.min_shared_prefix,
+                           continuous=emb.continuous_batching, turn_steps=emb.turn_steps)
 
 
 def require_embedded(config: ServeConfig) -> None:
