@@ -468,7 +468,7 @@ class EmbeddedRuntime(Runtime):
         if self.batch_observer is not None:
             now = time.monotonic()
             with contextlib.suppress(Exception):  # a metrics hook never fails a batch
-                self.batch_observer(len(batch.jobs), [now - job.queued_at for job in joining])
+                self.batch_observer(len(joining), [now - job.queued_at for job in joining])
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)

@@ -41,13 +41,13 @@ class Metrics:
         self.reports = Counter("reef_reports", "Reports accepted by scenario", ["scenario"], registry=self.registry)
         self.in_flight = Gauge("reef_requests_in_flight", "Inference requests running now", registry=self.registry)
         self.queue_wait = Histogram("reef_embedded_queue_wait_seconds",
-                                    "Embedded runtime: time a request waited in the queue before its batch started",
+                                    "Embedded runtime: time a request waited in the queue before it started decoding",
                                     registry=self.registry, buckets=QUEUE_BUCKETS)
-        self.batch_size = Histogram("reef_embedded_batch_size", "Embedded runtime: requests decoded together in a batch",
+        self.batch_size = Histogram("reef_embedded_batch_size", "Embedded runtime: requests that started decoding together (one prefill)",
                                     registry=self.registry, buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64))
 
     def observe_batch(self, size: int, waits: Iterable[float]) -> None:
-        """One batch started on the embedded runtime's worker (thread-safe: prometheus_client locks)."""
+        """Requests started decoding together on the embedded runtime's worker (thread-safe: prometheus_client locks)."""
         self.batch_size.observe(size)
         for wait in waits:
             self.queue_wait.observe(wait)
