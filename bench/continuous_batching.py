@@ -11,12 +11,13 @@ base model's answers, through the LoRA path).
 Settings, alternated `--rounds` times: `static` (the baseline: a batch runs from start to end,
 joined by nothing; loads take turns batch by batch) and continuous batching with each
 `--turn-steps` value (requests join their load's batch between steps; loads take turns every
-that many steps while another has work). Measured: the gate's seconds (and each look's), live
+that many steps while another has work), at each `--max-batch`. Measured: the gate's seconds (and each look's), live
 answers a second meanwhile, live answers' latency. Prints the median of the rounds and ratios
 against `static`; checks the gate's greedy answers are the same tokens in every setting. Writes
 bench/results/continuous_batching.json.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/continuous_batching.py [--turn-steps 8,16,32] [--rounds 3]
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/continuous_batching.py [--turn-steps 8,16,32] [--max-batch 8,16]
+        [--rounds 3]
 """
 
 from __future__ import annotations
@@ -105,20 +106,21 @@ async def gate_with_live_traffic(runtime: EmbeddedRuntime, live_load: str, gate_
             "gate_tokens": outputs}
 
 
-async def measure(model_dir: Path, settings: list[tuple[str, bool, int]], rounds: int) -> dict[str, list[dict[str, Any]]]:
+async def measure(model_dir: Path, settings: list[tuple[str, bool, int, int]],
+                  rounds: int) -> dict[str, list[dict[str, Any]]]:
     runtime = EmbeddedRuntime(model_dir, threads=1)
     await runtime.start()
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in settings}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in settings}
     try:
         with tempfile.TemporaryDirectory() as folder:
             files = fresh_adapter(model_dir, Path(folder))
         live_load, gate_load = await runtime.load("serving", files), await runtime.load("candidate", files)
         for r in range(rounds):
-            for name, continuous, steps in settings:
-                runtime.continuous, runtime.turn_steps = continuous, steps
+            for name, continuous, steps, max_batch in settings:
+                runtime.continuous, runtime.turn_steps, runtime.max_batch = continuous, steps, max_batch
                 run = await gate_with_live_traffic(runtime, live_load, gate_load)
                 runs[name].append(run)
-                print(f"round {r + 1} {name:>14}: gate {run['gate_seconds']:6.1f} s, "
+                print(f"round {r + 1} {name:>18}: gate {run['gate_seconds']:6.1f} s, "
                       f"live {run['live_per_second']:.2f}/s", flush=True)
     finally:
         await runtime.close()
@@ -141,21 +143,24 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turn-steps", default="8,16,32", help="continuous settings to measure (comma-separated)")
+    parser.add_argument("--max-batch", default="8", help="embedded.max_batch of the continuous settings "
+                                                          "(comma-separated; static: 8)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     torch.manual_seed(0)
     model_dir = ensure_embedded_model(Path.home() / ".cache" / "reef")
-    settings = [("static", False, 16)] + [(f"continuous/{n}", True, int(n)) for n in args.turn_steps.split(",")]
+    settings = [("static", False, 16, 8)] + [(f"continuous/{n} b{b}", True, int(n), int(b))
+                                             for b in args.max_batch.split(",") for n in args.turn_steps.split(",")]
     runs = asyncio.run(measure(model_dir, settings, args.rounds))
     reference = runs["static"][0]["gate_tokens"]
     same_tokens = {name: all(run["gate_tokens"] == reference for run in rs) for name, rs in runs.items()}
     summary = summarise(runs)
     base = summary["static"]
-    print(f"\n{'setting':>14} {'gate s':>7} {'x':>5} {'looks s':>18} {'live/s':>7} {'x':>5} "
+    print(f"\n{'setting':>18} {'gate s':>7} {'x':>5} {'looks s':>18} {'live/s':>7} {'x':>5} "
           f"{'p50 s':>6} {'p90 s':>6}  gate answers same")
     for name, s in summary.items():
         looks = "/".join(f"{x:.0f}" for x in s["look_seconds"])
-        print(f"{name:>14} {s['gate_seconds']:7.1f} {s['gate_seconds'] / base['gate_seconds']:5.2f} {looks:>18} "
+        print(f"{name:>18} {s['gate_seconds']:7.1f} {s['gate_seconds'] / base['gate_seconds']:5.2f} {looks:>18} "
               f"{s['live_per_second']:7.2f} {s['live_per_second'] / base['live_per_second']:5.2f} "
               f"{s['live_latency_p50']:6.2f} {s['live_latency_p90']:6.2f}  {same_tokens[name]}")
     for rs in runs.values():

@@ -113,6 +113,21 @@ class _Batch:
         self.jobs, self.cache, self.mask, self.positions, self.logits = [], None, None, None, None
 
 
+@dataclass(eq=False)
+class _Prefix:
+    """A prompt start prefilled on its own for one load: its token ids and each layer's (keys,
+    values), batch size one. Keys depend only on the tokens before them (and the load's adapter),
+    so any prompt starting with the same tokens can copy them instead of prefilling them."""
+    ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+    def reusable(self, prompts: list[list[int]], minimum: int) -> int:
+        """How many of its tokens every prompt starts with (each keeps its last token to run)."""
+        length = min(len(self.ids), *(len(prompt) - 1 for prompt in prompts))
+        common = next((i for i in range(length) if any(prompt[i] != self.ids[i] for prompt in prompts)), length)
+        return common if minimum and common >= minimum else 0
+
+
 def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     missing = width - tensor.shape[dim]
     if not missing:
@@ -144,6 +159,7 @@ class EmbeddedRuntime(Runtime):
         self.requests_run = 0
         self.tokens_generated = 0
         self.shared_prefix_tokens = 0  # prompt tokens not prefilled again thanks to a batch's shared prefix
+        self.reused_prefix_tokens = 0  # prompt tokens not prefilled again thanks to a load's last prefix
         # called on the worker thread as each batch starts: (requests, seconds each waited queued)
         self.batch_observer: Callable[[int, list[float]], None] | None = None
         self._incarnation = secrets.token_hex(4)
@@ -153,6 +169,7 @@ class EmbeddedRuntime(Runtime):
         self._queue: list[_Job] = []
         self._last_load_id: str | None = None  # of the turn before, for taking turns
         self._batches: dict[str, _Batch] = {}  # by load id: running, or parked between turns
+        self._prefixes: dict[str, _Prefix] = {}  # by load id: the last prompt start prefilled alone
         self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
         self._paused = 0
         self._closing = False
@@ -252,6 +269,7 @@ class EmbeddedRuntime(Runtime):
 
     async def unload(self, runtime_load_id: str) -> None:
         adapter = self._loads.pop(runtime_load_id, None)
+        self._prefixes.pop(runtime_load_id, None)
         if adapter is not None:
             await self.run_in_worker(partial(self._drop_adapter, adapter))
 
@@ -472,7 +490,7 @@ class EmbeddedRuntime(Runtime):
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
-        logits, mask, positions = self._prefill(joining, cache)
+        logits, mask, positions = self._prefill(joining, cache, batch.load_id)
         batch.merge(cache, mask, positions[:, -1:], logits)
 
     def _step(self, batch: _Batch) -> None:
@@ -488,26 +506,45 @@ class EmbeddedRuntime(Runtime):
         step = torch.tensor([[job.ids[-1]] for job in batch.jobs])
         batch.logits = self._forward(step, batch.mask, batch.positions, batch.cache)
 
-    def _prefill(self, jobs: list[_Job], cache: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(self, jobs: list[_Job], cache: Any, load_id: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the prompts into `cache`; return the next-token logits, the attention mask and the
-        position ids. Prefill is most of a batch's cost, and the prompts of one batch often share
-        a long start (a system prompt, an agent's instructions): that prefix runs once, with batch
-        size one, its KV rows are copied to every row, and only the suffixes (left-padded) run
-        batched after it: mask `[1]*P + [0]*pad + [1]*suffix`, positions going on from P."""
-        shared = shared_prefix_length([job.prompt_ids for job in jobs], self.min_shared_prefix)
-        if shared:
-            prefix = torch.tensor([jobs[0].prompt_ids[:shared]])
+        position ids. Prefill is most of a batch's cost, and prompts often share a long start (a
+        system prompt, an agent's instructions): that prefix runs once, with batch size one, its
+        KV rows are copied to every row, and only the suffixes (left-padded) run batched after it:
+        mask `[1]*P + [0]*pad + [1]*suffix`, positions going on from P. The prefix is the one the
+        jobs share, or, when longer, the one they share with the load's last prompt start
+        prefilled alone (kept, so requests that join a running batch one at a time reuse it)."""
+        prompts = [job.prompt_ids for job in jobs]
+        shared = shared_prefix_length(prompts, self.min_shared_prefix)
+        last = self._prefixes.get(load_id)
+        reused = last.reusable(prompts, self.min_shared_prefix) if last is not None else 0
+        if reused > shared:
+            shared = reused
+            for index, (keys, values) in enumerate(last.layers):
+                cache.update(keys[..., :shared, :], values[..., :shared, :], index)
+            self.reused_prefix_tokens += shared * len(jobs)
+        elif shared:
+            prefix = torch.tensor([prompts[0][:shared]])
             self._forward(prefix, torch.ones_like(prefix), torch.arange(shared)[None], cache)
-            cache.batch_repeat_interleave(len(jobs))
+            self._remember_prefix(load_id, prompts[0][:shared], cache)
             self.shared_prefix_tokens += shared * (len(jobs) - 1)
-        suffixes = [job.prompt_ids[shared:] for job in jobs]
+        if shared:
+            cache.batch_repeat_interleave(len(jobs))
+        suffixes = [prompt[shared:] for prompt in prompts]
         width = max(len(suffix) for suffix in suffixes)
         pad = self.tokenizer.pad_token_id or 0
         ids = torch.tensor([[pad] * (width - len(s)) + s for s in suffixes])
         suffix_mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in suffixes])
         positions = shared + (suffix_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: each row counts on from P
         mask = torch.cat([suffix_mask.new_ones(len(jobs), shared), suffix_mask], dim=1)
-        return self._forward(ids, mask, positions, cache), mask, positions
+        logits = self._forward(ids, mask, positions, cache)
+        if len(jobs) == 1 and self.min_shared_prefix:
+            self._remember_prefix(load_id, prompts[0], cache)  # unpadded: the next joiner may share its start
+        return logits, mask, positions
+
+    def _remember_prefix(self, load_id: str, ids: list[int], cache: Any) -> None:
+        if load_id in self._loads:  # not for a load unloaded meanwhile
+            self._prefixes[load_id] = _Prefix(list(ids), [(layer.keys, layer.values) for layer in cache.layers])
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
