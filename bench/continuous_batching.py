@@ -16,6 +16,10 @@ answers a second meanwhile, live answers' latency. Prints the median of the roun
 against `static`; checks the gate's greedy answers are the same tokens in every setting. Writes
 bench/results/continuous_batching.json.
 
+Then an agent's shape, on one load: 4 long answers decoding (a story each, temperature 1, up to
+LONG_TOKENS tokens) when 4 short questions arrive one every half second: how long a short one
+waits for its first token and for its answer, and how long the longest long answer takes.
+
     HF_HUB_OFFLINE=1 .venv/bin/python bench/continuous_batching.py [--turn-steps 8,16,32] [--max-batch 8,16]
         [--rounds 3]
 """
@@ -42,13 +46,14 @@ import torch  # noqa: E402
 
 import race_tasks  # noqa: E402
 from batch_size import requests  # noqa: E402
-from reef.core.chat import ChatRequest, ChatResult  # noqa: E402
+from reef.core.chat import ChatRequest, ChatResult, Message  # noqa: E402
 from reef.core.types import ReleaseRef  # noqa: E402
 from reef.runtimes.embedded import EmbeddedRuntime  # noqa: E402
 from reef.runtimes.model_files import ensure_embedded_model  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "continuous_batching.json"
 CLIENTS = 8
+LONG_TOKENS = 200
 
 
 def fresh_adapter(model_dir: Path, folder: Path) -> dict[str, bytes]:
@@ -106,6 +111,35 @@ async def gate_with_live_traffic(runtime: EmbeddedRuntime, live_load: str, gate_
             "gate_tokens": outputs}
 
 
+async def short_behind_long(runtime: EmbeddedRuntime, load: str) -> dict[str, Any]:
+    """An agent's shape on one load: 4 long answers (a story, temperature 1, up to LONG_TOKENS
+    tokens) are decoding when 4 short questions (the gate's, greedy) arrive one every 0.5 s: how
+    long each short one waits for its first token and for its answer, and the long ones for theirs."""
+    long = [ChatRequest(model="m", dialect="openai", temperature=1.0, max_tokens=LONG_TOKENS, seed=i,
+                        messages=(Message("user", f"Tell me a long story about the sea, number {i}."),))
+            for i in range(4)]
+    short = requests(race_tasks.heldout_tasks()[:4], 0.0, race_tasks.EVAL_MAX_TOKENS)
+
+    async def timed(request: ChatRequest) -> tuple[float, float, int]:
+        started, first, tokens = time.perf_counter(), None, 0
+        async for delta in runtime.generate(request, ReleaseRef("r", "c", load)):
+            first = first or time.perf_counter()
+            tokens += len(getattr(delta, "token_ids", ()))
+        return first - started, time.perf_counter() - started, tokens
+
+    longs = [asyncio.create_task(timed(r)) for r in long]
+    await asyncio.sleep(1.0)  # the long answers are decoding
+    shorts = []
+    for request in short:
+        shorts.append(asyncio.create_task(timed(request)))
+        await asyncio.sleep(0.5)
+    short_times, long_times = await asyncio.gather(*shorts), await asyncio.gather(*longs)
+    return {"short_first_token_p50": statistics.median(t[0] for t in short_times),
+            "short_first_token_max": max(t[0] for t in short_times),
+            "short_answer_p50": statistics.median(t[1] for t in short_times),
+            "long_answer_max": max(t[1] for t in long_times), "long_tokens": [t[2] for t in long_times]}
+
+
 async def measure(model_dir: Path, settings: list[tuple[str, bool, int, int]],
                   rounds: int) -> dict[str, list[dict[str, Any]]]:
     runtime = EmbeddedRuntime(model_dir, threads=1)
@@ -119,9 +153,11 @@ async def measure(model_dir: Path, settings: list[tuple[str, bool, int, int]],
             for name, continuous, steps, max_batch in settings:
                 runtime.continuous, runtime.turn_steps, runtime.max_batch = continuous, steps, max_batch
                 run = await gate_with_live_traffic(runtime, live_load, gate_load)
+                run["short_behind_long"] = await short_behind_long(runtime, live_load)
                 runs[name].append(run)
                 print(f"round {r + 1} {name:>18}: gate {run['gate_seconds']:6.1f} s, "
-                      f"live {run['live_per_second']:.2f}/s", flush=True)
+                      f"live {run['live_per_second']:.2f}/s; a short answer behind long ones "
+                      f"{run['short_behind_long']['short_answer_p50']:.1f} s", flush=True)
     finally:
         await runtime.close()
     return runs
@@ -135,6 +171,9 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, floa
     for name in runs:
         summary[name] = {key: median(name, key) for key in
                          ("gate_seconds", "live_per_second", "live_latency_p50", "live_latency_p90")}
+        for key in runs[name][0]["short_behind_long"]:
+            if key != "long_tokens":
+                summary[name][key] = statistics.median(run["short_behind_long"][key] for run in runs[name])
         summary[name]["look_seconds"] = [statistics.median(run["look_seconds"][i] for run in runs[name])
                                          for i in range(3)]
     return summary
@@ -163,6 +202,12 @@ def main() -> None:
         print(f"{name:>18} {s['gate_seconds']:7.1f} {s['gate_seconds'] / base['gate_seconds']:5.2f} {looks:>18} "
               f"{s['live_per_second']:7.2f} {s['live_per_second'] / base['live_per_second']:5.2f} "
               f"{s['live_latency_p50']:6.2f} {s['live_latency_p90']:6.2f}  {same_tokens[name]}")
+    print(f"\nA short answer behind 4 long ones ({LONG_TOKENS} tokens), on one load (seconds):\n"
+          f"{'setting':>18} {'first token p50':>16} {'max':>6} {'answer p50':>11} {'x':>5} {'longest long':>13} {'x':>5}")
+    for name, s in summary.items():
+        print(f"{name:>18} {s['short_first_token_p50']:16.2f} {s['short_first_token_max']:6.2f} "
+              f"{s['short_answer_p50']:11.2f} {s['short_answer_p50'] / base['short_answer_p50']:5.2f} "
+              f"{s['long_answer_max']:13.1f} {s['long_answer_max'] / base['long_answer_max']:5.2f}")
     for rs in runs.values():
         for run in rs:
             del run["gate_tokens"]
