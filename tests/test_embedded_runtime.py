@@ -210,6 +210,37 @@ def test_a_request_arriving_mid_batch_joins_it_and_matches_running_alone(tiny_mo
     with_runtime(tiny_model_dir, body, continuous=continuous)
 
 
+def test_a_request_alone_reuses_the_prompt_start_of_the_last_one_and_answers_the_same(tiny_model_dir: Path) -> None:
+    """Requests that join a batch one at a time prefill alone; the keys and values of the start
+    they share with the load's last prompt prefilled alone (a system prompt) are reused, and the
+    answer is what a full prefill gives."""
+    system = Message("system", "You are a careful assistant. Answer with one short sentence, the answer first.")
+    requests = [ChatRequest(model="m", dialect="openai", temperature=0, max_tokens=8,
+                            messages=(system, Message("user", question)))
+                for question in ("What is the capital of Peru?", "Name the opposite of cold.")]
+
+    async def answers(rt: EmbeddedRuntime) -> tuple[list[ChatResult], int]:
+        load = await rt.load("c", {})
+        return [(await collect(rt, r, load))[0] for r in requests], rt.reused_prefix_tokens
+
+    reusing, reused = with_runtime(tiny_model_dir, answers)
+    full, none_reused = with_runtime(tiny_model_dir, answers, min_shared_prefix=0)
+    assert reused >= 16 and none_reused == 0  # the second request reused at least the system prompt
+    for one, other in zip(reusing, full):
+        assert one.token_ids == other.token_ids
+        assert one.logprobs == pytest.approx(other.logprobs, abs=1e-4)
+
+
+def test_the_serve_config_sets_continuous_batching_and_turns(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from reef.config import ServeConfig
+    from reef.runtimes.factory import build_runtime
+
+    runtime = build_runtime(ServeConfig(state_dir=tmp_path, embedded={
+        "model_dir": str(tiny_model_dir), "continuous_batching": False, "turn_steps": 4}))
+    assert isinstance(runtime, EmbeddedRuntime) and (runtime.continuous, runtime.turn_steps) == (False, 4)
+    assert build_runtime(ServeConfig(state_dir=tmp_path, embedded={"model_dir": str(tiny_model_dir)})).continuous
+
+
 def test_consumer_leaving_stops_the_work(tiny_model_dir: Path) -> None:
     async def body(rt: EmbeddedRuntime) -> None:
         load = await rt.load("c", {})
