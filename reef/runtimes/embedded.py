@@ -3,11 +3,13 @@
 One worker thread owns the model (torch releases the GIL inside its kernels, so the event loop
 stays responsive). It decodes queued requests in batches of one load id (left padding, position
 ids `cumsum(mask) - 1`, a KV cache); a request joins its load's running batch between two steps
-(continuous batching), and loads with work take turns of a few steps each. It samples each row
-with the request's own temperature, top_p and seed, and streams every token back with its id and the log-prob of the distribution it was
-actually drawn from, so records can be verified and trained on (invariant 2, docs/architecture.md). Adapter
-loads and unloads also run on the worker, between decoding steps, so no lock guards the model
-and a batch in flight never sees an adapter vanish under it.
+(continuous batching), reusing the keys and values of the prompt start it shares with the load's
+last prompt prefilled alone, and loads with work take turns of a few steps each. It samples each
+row with the request's own temperature, top_p and seed, and streams every token back with its id
+and the log-prob of the distribution it was actually drawn from, so records can be verified and
+trained on (invariant 2, docs/architecture.md). Adapter loads and unloads also run on the worker,
+between decoding steps, so no lock guards the model and a batch in flight never sees an adapter
+vanish under it.
 """
 
 from __future__ import annotations
