@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import math
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -339,6 +340,45 @@ def test_loads_and_unloads_mid_batch_leave_it_undisturbed(tiny_model_dir: Path, 
         assert (await collect(rt, request, loaded[0]))[0].token_ids != base_alone.token_ids
 
     with_runtime(tiny_model_dir, body)
+
+
+@pytest.mark.filterwarnings(LORA_WARNING)
+@pytest.mark.filterwarnings(MANY_ADAPTERS)
+def test_adapter_loads_taking_turns_mid_answer_answer_as_alone(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Continuous batching with two LoRA loads (a canary beside the serving release): turns of
+    two steps switch adapters in the middle of every answer, a request joins its load's parked
+    batch reusing that load's prompt start, and each answer's tokens and logprobs are still
+    what the request gets alone."""
+    files = [lora_files(tiny_model_dir, tmp_path / f"a{seed}", seed) for seed in (6, 7)]
+    first = ask(PROMPTS[3], temperature=0, max_tokens=40)
+    others = [ask(PROMPTS[0], temperature=0, max_tokens=30), ask(PROMPTS[1], temperature=0, max_tokens=20)]
+
+    plan = [(first, 0), (others[0], 1), (others[1], 0)]
+
+    async def alone(rt: EmbeddedRuntime, request: ChatRequest, adapter: int) -> ChatResult:
+        return (await collect(rt, request, await rt.load("lora", files[adapter])))[0]
+
+    # each alone on a runtime of its own: nothing prefilled before it to reuse
+    alone_results = [with_runtime(tiny_model_dir, partial(alone, request=r, adapter=i)) for r, i in plan]
+
+    async def body(rt: EmbeddedRuntime) -> None:
+        loads = [await rt.load("lora-a", files[0]), await rt.load("lora-b", files[1])]
+        await collect(rt, others[0], loads[1])  # b's last prompt start, there to be misused
+        await collect(rt, first, loads[0])
+        reused_before = rt.reused_prefix_tokens
+        tasks: list[asyncio.Task[tuple[ChatResult, list[Delta]]]] = []
+        result = ChatResult()
+        async for delta in rt.generate(first, release(loads[0])):
+            result.add(delta)
+            if len(result.token_ids) == 3:
+                tasks = [asyncio.create_task(collect(rt, request, loads[i])) for request, i in plan[1:]]
+        together = [result] + [r for r, _ in await asyncio.gather(*tasks)]
+        for one, mixed in zip(alone_results, together):
+            assert mixed.token_ids == one.token_ids
+            assert mixed.logprobs == pytest.approx(one.logprobs, abs=1e-4)
+        assert rt.reused_prefix_tokens > reused_before  # the joiner on lora-a started from a's prompt start
+
+    with_runtime(tiny_model_dir, body, continuous=True, turn_steps=2)
 
 
 async def _append(into: list[str], load: Awaitable[str]) -> None:
