@@ -20,8 +20,12 @@ Then an agent's shape, on one load: 4 long answers decoding (a story each, tempe
 LONG_TOKENS tokens) when 4 short questions arrive one every half second: how long a short one
 waits for its first token and for its answer, and how long the longest long answer takes.
 
+Then the race's traffic as Reef serves it while it learns: 8 live clients on the newest candidate
+(a canary), a new candidate loaded every `--churn-every` seconds and each old one unloaded once
+its last request ends, for CHURN_SECONDS: live answers a second and their latency.
+
     HF_HUB_OFFLINE=1 .venv/bin/python bench/continuous_batching.py [--turn-steps 8,16,32] [--max-batch 8,16]
-        [--rounds 3]
+        [--rounds 3] [--churn-every 8]
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from reef.runtimes.model_files import ensure_embedded_model  # noqa: E402
 OUT = ROOT / "bench" / "results" / "continuous_batching.json"
 CLIENTS = 8
 LONG_TOKENS = 200
+CHURN_SECONDS = 40.0
 
 
 def fresh_adapter(model_dir: Path, folder: Path) -> dict[str, bytes]:
@@ -111,6 +116,51 @@ async def gate_with_live_traffic(runtime: EmbeddedRuntime, live_load: str, gate_
             "gate_tokens": outputs}
 
 
+async def live_with_churn(runtime: EmbeddedRuntime, files: dict[str, bytes], seconds: float,
+                          every: float) -> dict[str, Any]:
+    """The race's traffic as Reef serves it while it learns: 8 live clients on the newest
+    candidate (a canary), a new candidate loaded every `every` seconds, each old one unloaded
+    once its last request ends; no gate. Live answers a second and their latency."""
+    live = requests(race_tasks.train_tasks(), 1.0, race_tasks.TRAFFIC_MAX_TOKENS)
+    loads = [await runtime.load("canary-0", files)]
+    in_flight: dict[str, int] = {}
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def retire(load: str) -> None:
+        while in_flight.get(load):
+            await asyncio.sleep(0.05)
+        await runtime.unload(load)
+
+    async def client(k: int) -> None:
+        i = k
+        while time.perf_counter() < deadline:
+            load, started = loads[-1], time.perf_counter()
+            in_flight[load] = in_flight.get(load, 0) + 1
+            try:
+                await answer(runtime, live[i % len(live)], load)
+            finally:
+                in_flight[load] -= 1
+            latencies.append(time.perf_counter() - started)
+            i += CLIENTS
+
+    async def churn() -> None:
+        retiring = []
+        while time.perf_counter() + every < deadline:
+            await asyncio.sleep(every)
+            loads.append(await runtime.load(f"canary-{len(loads)}", files))
+            retiring.append(asyncio.create_task(retire(loads[-2])))
+        await asyncio.gather(*retiring)
+
+    started = time.perf_counter()
+    await asyncio.gather(churn(), *(client(k) for k in range(CLIENTS)))
+    elapsed = time.perf_counter() - started
+    await runtime.unload(loads[-1])
+    return {"churn_live_per_second": len(latencies) / elapsed, "churn_loads": len(loads),
+            "churn_latency_p50": statistics.median(latencies),
+            "churn_latency_p90": statistics.quantiles(latencies, n=10)[-1]}
+
+
 async def short_behind_long(runtime: EmbeddedRuntime, load: str) -> dict[str, Any]:
     """An agent's shape on one load: 4 long answers (a story, temperature 1, up to LONG_TOKENS
     tokens) are decoding when 4 short questions (the gate's, greedy) arrive one every 0.5 s: how
@@ -141,7 +191,7 @@ async def short_behind_long(runtime: EmbeddedRuntime, load: str) -> dict[str, An
 
 
 async def measure(model_dir: Path, settings: list[tuple[str, bool, int, int]],
-                  rounds: int) -> dict[str, list[dict[str, Any]]]:
+                  rounds: int, churn_every: float) -> dict[str, list[dict[str, Any]]]:
     runtime = EmbeddedRuntime(model_dir, threads=1)
     await runtime.start()
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in settings}
@@ -154,10 +204,12 @@ async def measure(model_dir: Path, settings: list[tuple[str, bool, int, int]],
                 runtime.continuous, runtime.turn_steps, runtime.max_batch = continuous, steps, max_batch
                 run = await gate_with_live_traffic(runtime, live_load, gate_load)
                 run["short_behind_long"] = await short_behind_long(runtime, live_load)
+                run.update(await live_with_churn(runtime, files, CHURN_SECONDS, churn_every))
                 runs[name].append(run)
                 print(f"round {r + 1} {name:>18}: gate {run['gate_seconds']:6.1f} s, "
                       f"live {run['live_per_second']:.2f}/s; a short answer behind long ones "
-                      f"{run['short_behind_long']['short_answer_p50']:.1f} s", flush=True)
+                      f"{run['short_behind_long']['short_answer_p50']:.1f} s; "
+                      f"live on a new candidate every {churn_every:g} s {run['churn_live_per_second']:.2f}/s", flush=True)
     finally:
         await runtime.close()
     return runs
@@ -170,7 +222,8 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, floa
     summary = {}
     for name in runs:
         summary[name] = {key: median(name, key) for key in
-                         ("gate_seconds", "live_per_second", "live_latency_p50", "live_latency_p90")}
+                         ("gate_seconds", "live_per_second", "live_latency_p50", "live_latency_p90",
+                          "churn_live_per_second", "churn_latency_p50", "churn_latency_p90")}
         for key in runs[name][0]["short_behind_long"]:
             if key != "long_tokens":
                 summary[name][key] = statistics.median(run["short_behind_long"][key] for run in runs[name])
@@ -185,12 +238,14 @@ def main() -> None:
     parser.add_argument("--max-batch", default="8", help="embedded.max_batch of the continuous settings "
                                                           "(comma-separated; static: 8)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--churn-every", type=float, default=8.0,
+                        help="seconds between candidates in the churn shape (the race: about 8)")
     args = parser.parse_args()
     torch.manual_seed(0)
     model_dir = ensure_embedded_model(Path.home() / ".cache" / "reef")
     settings = [("static", False, 16, 8)] + [(f"continuous/{n} b{b}", True, int(n), int(b))
                                              for b in args.max_batch.split(",") for n in args.turn_steps.split(",")]
-    runs = asyncio.run(measure(model_dir, settings, args.rounds))
+    runs = asyncio.run(measure(model_dir, settings, args.rounds, args.churn_every))
     reference = runs["static"][0]["gate_tokens"]
     same_tokens = {name: all(run["gate_tokens"] == reference for run in rs) for name, rs in runs.items()}
     summary = summarise(runs)
@@ -208,6 +263,12 @@ def main() -> None:
         print(f"{name:>18} {s['short_first_token_p50']:16.2f} {s['short_first_token_max']:6.2f} "
               f"{s['short_answer_p50']:11.2f} {s['short_answer_p50'] / base['short_answer_p50']:5.2f} "
               f"{s['long_answer_max']:13.1f} {s['long_answer_max'] / base['long_answer_max']:5.2f}")
+    print(f"\nLive traffic on a new candidate every {args.churn_every:g} s ({CHURN_SECONDS:g} s, no gate):\n"
+          f"{'setting':>18} {'live/s':>7} {'x':>5} {'p50 s':>6} {'p90 s':>6}")
+    for name, s in summary.items():
+        print(f"{name:>18} {s['churn_live_per_second']:7.2f} "
+              f"{s['churn_live_per_second'] / base['churn_live_per_second']:5.2f} "
+              f"{s['churn_latency_p50']:6.2f} {s['churn_latency_p90']:6.2f}")
     for rs in runs.values():
         for run in rs:
             del run["gate_tokens"]

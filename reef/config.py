@@ -47,8 +47,10 @@ class EmbeddedConfig(Strict):
     threads: int | None = Field(None, ge=1)
     min_shared_prefix: int = Field(16, ge=0, description="Prefill a batch's common prompt prefix once when it "
                                                       "has at least this many tokens; 0: off")
-    continuous_batching: bool = Field(True, description="A request joins its load's running batch between two "
-                                                        "decoding steps instead of waiting for the batch to end")
+    continuous_batching: bool = Field(False, description="A request joins its load's running batch between two "
+                                                         "decoding steps instead of waiting for the batch to end: "
+                                                         "far lower latency behind long answers, fewer answers a "
+                                                         "second while Reef learns (docs/PERFORMANCE.md)")
     turn_steps: int = Field(16, ge=1, description="Decoding steps one load's batch runs before another load "
                                                  "with work (a gate's candidate, the serving release) takes a turn")
 

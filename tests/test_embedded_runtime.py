@@ -237,9 +237,9 @@ def test_the_serve_config_sets_continuous_batching_and_turns(tiny_model_dir: Pat
     from reef.runtimes.factory import build_runtime
 
     runtime = build_runtime(ServeConfig(state_dir=tmp_path, embedded={
-        "model_dir": str(tiny_model_dir), "continuous_batching": False, "turn_steps": 4}))
-    assert isinstance(runtime, EmbeddedRuntime) and (runtime.continuous, runtime.turn_steps) == (False, 4)
-    assert build_runtime(ServeConfig(state_dir=tmp_path, embedded={"model_dir": str(tiny_model_dir)})).continuous
+        "model_dir": str(tiny_model_dir), "continuous_batching": True, "turn_steps": 4}))
+    assert isinstance(runtime, EmbeddedRuntime) and (runtime.continuous, runtime.turn_steps) == (True, 4)
+    assert not build_runtime(ServeConfig(state_dir=tmp_path, embedded={"model_dir": str(tiny_model_dir)})).continuous
 
 
 def test_consumer_leaving_stops_the_work(tiny_model_dir: Path) -> None:

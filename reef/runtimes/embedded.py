@@ -2,9 +2,10 @@
 
 One worker thread owns the model (torch releases the GIL inside its kernels, so the event loop
 stays responsive). It decodes queued requests in batches of one load id (left padding, position
-ids `cumsum(mask) - 1`, a KV cache); a request joins its load's running batch between two steps
-(continuous batching), reusing the keys and values of the prompt start it shares with the load's
-last prompt prefilled alone, and loads with work take turns of a few steps each. It samples each
+ids `cumsum(mask) - 1`, a KV cache), and loads with work take turns, a batch each; with continuous
+batching (off by default: docs/PERFORMANCE.md) a request joins its load's running batch between
+two steps and loads take turns of a few steps. A prompt prefilled alone reuses the keys and values
+of the start it shares with the load's last prompt prefilled alone. It samples each
 row with the request's own temperature, top_p and seed, and streams every token back with its id
 and the log-prob of the distribution it was actually drawn from, so records can be verified and
 trained on (invariant 2, docs/architecture.md). Adapter loads and unloads also run on the worker,
@@ -145,7 +146,7 @@ class EmbeddedRuntime(Runtime):
 
     def __init__(self, model_dir: Path, *, model_name: str = "smollm2-135m-instruct", threads: int | None = None,
                  max_batch: int = 8, default_max_tokens: int = 256, max_context: int = 2048,
-                 min_shared_prefix: int = MIN_SHARED_PREFIX, continuous: bool = True, turn_steps: int = 16) -> None:
+                 min_shared_prefix: int = MIN_SHARED_PREFIX, continuous: bool = False, turn_steps: int = 16) -> None:
         self.model_dir = Path(model_dir)
         self.model_name = model_name
         self.threads = threads
