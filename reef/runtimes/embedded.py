@@ -24,7 +24,6 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterator, Mapping
@@ -37,107 +36,13 @@ from reef.core.prefix import MIN_SHARED_PREFIX, shared_prefix_length
 from reef.core.types import ReleaseRef
 from reef.runtimes.base import Runtime
 from reef.runtimes.chatml import TextStream, prompt_ids, stop_token_ids
+from reef.runtimes.embedded_batch import Batch, Job, Prefix
 from reef.runtimes.sampling import sample
 
 _UNSET = object()  # "adapter state unknown": forces the next batch step to set it again
 # Many resident adapters is the point here, not the mistake peft warns about.
 warnings.filterwarnings("ignore", message="Already found a `peft_config` attribute", category=UserWarning)
 warnings.filterwarnings("ignore", message=r"Adapter \S+ was active which is now deleted", category=UserWarning)
-
-
-# -- one request on the worker -------------------------------------------------------------------
-
-
-@dataclass(eq=False)  # jobs are compared by identity when taken off the queue
-class _Job:
-    prompt_ids: list[int]
-    load_id: str
-    max_tokens: int
-    temperature: float
-    top_p: float
-    generator: torch.Generator
-    text: TextStream
-    emit: Callable[[object], None]
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    queued_at: float = 0.0  # time.monotonic() when it joined the queue (queue wait, /metrics)
-
-    def send(self, item: object) -> None:
-        try:
-            self.emit(item)
-        except RuntimeError:  # the consumer's event loop is gone: nobody will read the rest
-            self.cancelled.set()
-
-
-@dataclass(eq=False)
-class _Batch:
-    """One load's rows decoding together: their KV cache, attention mask and next position ids,
-    and the logits each row samples its next token from. Rows of different prompt lengths are
-    left-padded to one width; a row that joins later is padded on the left as well."""
-    load_id: str
-    adapter: str | None  # peft adapter name; None: the base model
-    jobs: list[_Job] = field(default_factory=list)
-    cache: Any = None
-    mask: torch.Tensor | None = None
-    positions: torch.Tensor | None = None  # (rows, 1): where each row's next token goes
-    logits: torch.Tensor | None = None
-    turn_ended: float = 0.0  # time.monotonic() its last turn ended: how long it has waited since
-
-    def merge(self, cache: Any, mask: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor) -> None:
-        """Take in the rows just prefilled into `cache` (the last `len(logits)` of `jobs`)."""
-        if self.cache is None:
-            self.cache, self.mask, self.positions, self.logits = cache, mask, positions, logits
-            return
-        width = max(self.mask.shape[1], mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
-            mine.keys = torch.cat([_pad_left(mine.keys, width, -2), _pad_left(theirs.keys, width, -2)])
-            mine.values = torch.cat([_pad_left(mine.values, width, -2), _pad_left(theirs.values, width, -2)])
-        self.mask = torch.cat([_pad_left(self.mask, width, 1), _pad_left(mask, width, 1)])
-        self.positions = torch.cat([self.positions, positions])
-        self.logits = torch.cat([self.logits, logits])
-
-    def keep(self, rows: list[int]) -> None:
-        """Keep only `rows`, and drop the leading columns none of them attends to any more."""
-        if not rows:
-            self.clear()
-            return
-        index = torch.tensor(rows)
-        self.cache.batch_select_indices(index)
-        self.mask, self.positions = self.mask[index], self.positions[index]
-        self.jobs = [self.jobs[i] for i in rows]
-        unused = int((self.mask.sum(0) == 0).int().cumprod(0).sum())
-        if unused:
-            self.mask = self.mask[:, unused:]
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[..., unused:, :], layer.values[..., unused:, :]
-
-    def clear(self) -> None:
-        self.jobs, self.cache, self.mask, self.positions, self.logits = [], None, None, None, None
-
-
-@dataclass(eq=False)
-class _Prefix:
-    """A prompt start prefilled on its own for one load: its token ids and each layer's (keys,
-    values), batch size one. Keys depend only on the tokens before them (and the load's adapter),
-    so any prompt starting with the same tokens can copy them instead of prefilling them."""
-    ids: list[int]
-    layers: list[tuple[torch.Tensor, torch.Tensor]]
-
-    def reusable(self, prompts: list[list[int]], minimum: int) -> int:
-        """How many of its tokens every prompt starts with (each keeps its last token to run)."""
-        length = min(len(self.ids), *(len(prompt) - 1 for prompt in prompts))
-        common = next((i for i in range(length) if any(prompt[i] != self.ids[i] for prompt in prompts)), length)
-        return common if minimum and common >= minimum else 0
-
-
-def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    missing = width - tensor.shape[dim]
-    if not missing:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 class EmbeddedRuntime(Runtime):
@@ -169,10 +74,10 @@ class EmbeddedRuntime(Runtime):
         self._counter = itertools.count(1)
         self._loads: dict[str, str | None] = {}  # runtime_load_id -> adapter name (None: base)
         self._cond = threading.Condition()
-        self._queue: list[_Job] = []
+        self._queue: list[Job] = []
         self._last_load_id: str | None = None  # of the turn before, for taking turns
-        self._batches: dict[str, _Batch] = {}  # by load id: running, or parked between turns
-        self._prefixes: dict[str, _Prefix] = {}  # by load id: the last prompt start prefilled alone
+        self._batches: dict[str, Batch] = {}  # by load id: running, or parked between turns
+        self._prefixes: dict[str, Prefix] = {}  # by load id: the last prompt start prefilled alone
         self._calls: list[tuple[Callable[[], Any], Future[Any]]] = []
         self._paused = 0
         self._closing = False
@@ -332,7 +237,7 @@ class EmbeddedRuntime(Runtime):
         finally:
             job.cancelled.set()  # the consumer left (or finished): stop decoding this row
 
-    def _make_job(self, request: ChatRequest, release: ReleaseRef, emit: Callable[[object], None]) -> _Job:
+    def _make_job(self, request: ChatRequest, release: ReleaseRef, emit: Callable[[object], None]) -> Job:
         if self._worker is None:
             raise RuntimeFailure("the embedded runtime is not started")
         load_id = release.runtime_load_id
@@ -346,7 +251,7 @@ class EmbeddedRuntime(Runtime):
         watch_tools = bool(request.tools) and request.tool_choice != "none"
         decode = partial(self.tokenizer.decode, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         seed = request.seed if request.seed is not None else secrets.randbits(63)
-        return _Job(
+        return Job(
             prompt_ids=prompt, load_id=load_id,
             max_tokens=max(1, min(request.max_tokens or self.default_max_tokens, room)),
             temperature=1.0 if request.temperature is None else float(request.temperature),
@@ -375,7 +280,7 @@ class EmbeddedRuntime(Runtime):
                     with contextlib.suppress(Exception):  # a leaked adapter must not stop serving
                         self._drop_adapter(name)  # dooms it again while a parked batch still uses it
 
-    def _next_turn(self) -> _Batch | None:
+    def _next_turn(self) -> Batch | None:
         while True:
             self._run_calls()
             with self._cond:
@@ -389,7 +294,7 @@ class EmbeddedRuntime(Runtime):
                 if not self._queue or self._paused:
                     self._cond.wait()
 
-    def _take_turn(self) -> _Batch | None:
+    def _take_turn(self) -> Batch | None:
         """The load whose work has waited longest, its batch (new, or parked at the end of its
         last turn). Loads take turns: when another load has work, the last turn's load goes after
         it, so a burst for one load (a gate judging a candidate: dozens of requests at once) never
@@ -408,7 +313,7 @@ class EmbeddedRuntime(Runtime):
             if load_id not in self._loads:
                 self._fail_queued(load_id, f"runtime load {load_id} was unloaded")
                 return None
-            batch = self._batches[load_id] = _Batch(load_id, self._loads[load_id])
+            batch = self._batches[load_id] = Batch(load_id, self._loads[load_id])
         return batch
 
     def _fail_queued(self, load_id: str, message: str) -> None:
@@ -417,7 +322,7 @@ class EmbeddedRuntime(Runtime):
         for job in failed:
             job.send(RuntimeFailure(message))
 
-    def _joiners(self, batch: _Batch) -> list[_Job]:
+    def _joiners(self, batch: Batch) -> list[Job]:
         """Queued requests of the batch's load, as many as it has room for (under the lock)."""
         with self._cond:
             if batch.load_id not in self._loads:
@@ -459,7 +364,7 @@ class EmbeddedRuntime(Runtime):
             self.model.set_adapter(adapter)
         self._active = adapter
 
-    def _run_turn(self, batch: _Batch) -> None:
+    def _run_turn(self, batch: Batch) -> None:
         """Decode `batch` until its rows end, or for `turn_steps` steps while another load has
         work. With continuous batching, queued requests of its load join it between steps
         (prefilled on their own, their KV rows merged in); without, a turn is one batch from
@@ -480,7 +385,7 @@ class EmbeddedRuntime(Runtime):
                 if (not batch.jobs or steps >= self.turn_steps) and self._others_waiting(batch.load_id):
                     return
 
-    def _admit(self, batch: _Batch) -> None:
+    def _admit(self, batch: Batch) -> None:
         joining = self._joiners(batch)
         if not joining:
             return
@@ -496,7 +401,7 @@ class EmbeddedRuntime(Runtime):
         logits, mask, positions = self._prefill(joining, cache, batch.load_id)
         batch.merge(cache, mask, positions[:, -1:], logits)
 
-    def _step(self, batch: _Batch) -> None:
+    def _step(self, batch: Batch) -> None:
         """Sample every row's next token from the batch's logits, drop the rows that ended, and
         run the rest one step on."""
         keep = [i for i, job in enumerate(batch.jobs) if self._advance(job, batch.logits[i])]
@@ -509,7 +414,7 @@ class EmbeddedRuntime(Runtime):
         step = torch.tensor([[job.ids[-1]] for job in batch.jobs])
         batch.logits = self._forward(step, batch.mask, batch.positions, batch.cache)
 
-    def _prefill(self, jobs: list[_Job], cache: Any, load_id: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(self, jobs: list[Job], cache: Any, load_id: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the prompts into `cache`; return the next-token logits, the attention mask and the
         position ids. Prefill is most of a batch's cost, and prompts often share a long start (a
         system prompt, an agent's instructions): that prefix runs once, with batch size one, its
@@ -547,14 +452,14 @@ class EmbeddedRuntime(Runtime):
 
     def _remember_prefix(self, load_id: str, ids: list[int], cache: Any) -> None:
         if load_id in self._loads:  # not for a load unloaded meanwhile
-            self._prefixes[load_id] = _Prefix(list(ids), [(layer.keys, layer.values) for layer in cache.layers])
+            self._prefixes[load_id] = Prefix(list(ids), [(layer.keys, layer.values) for layer in cache.layers])
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()
 
-    def _advance(self, job: _Job, logits: torch.Tensor) -> bool:
+    def _advance(self, job: Job, logits: torch.Tensor) -> bool:
         """Sample one token for `job`, stream it, and say whether the row goes on."""
         if job.cancelled.is_set():
             return False
@@ -577,7 +482,7 @@ class EmbeddedRuntime(Runtime):
         self._finish(job, reason)
         return False
 
-    def _finish(self, job: _Job, reason: FinishReason) -> None:
+    def _finish(self, job: Job, reason: FinishReason) -> None:
         text_ids = [t for t in job.ids if t not in self._stop_ids]
         rest, calls = job.text.finish(text_ids)
         if rest:
