@@ -20,7 +20,7 @@ and nothing asks the other half (bench/race_gate_split.py, bench/gate_curse.py).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
         [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--gate-from-train N | --gate-half]
-        [--static-batching] [--turn-steps N]
+        [--batching static|continuous] [--turn-steps N]
         [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
@@ -60,6 +60,7 @@ import yaml  # noqa: E402
 
 import bare_loop  # noqa: E402
 from race_gate_split import HalfGate, WiderGate  # noqa: E402
+from reef.config import EmbeddedConfig  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
 from reef.demo.server import (CANARY, GATE_AFTER_BATCHES, GATE_CONCURRENCY, GATE_CONCURRENCY_WHEN,  # noqa: E402
                               GATE_MAX_TOKENS, LEARNING_RATE, LOSS, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer,
@@ -69,6 +70,7 @@ BATCH = 8  # the demo's learner.sao.batch_size
 GAINS = (10, 20, 30)  # points over the base
 EVAL_BATCH = 16
 LINE_RECIPE = "race_line:LineSAO"  # bench/race_line.py
+REEF_BATCHING = "continuous" if EmbeddedConfig().continuous_batching else "static"
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class ReefArm:
     gate_half: bool = False  # the gate judges on half its questions (bench/race_gate_split.py)
     gate_halves: bool = False  # learner.gate.halves: each head's successors judged on the other half
     gate_overtake: int | None = None  # learner.gate.overtake_after: a verdict stops once a line is this far on
-    static_batching: bool = False  # embedded.continuous_batching off: a batch runs start to end, joined by nothing
+    batching: str | None = None  # embedded.continuous_batching: "static", "continuous"; None: Reef's default
     turn_steps: int | None = None  # embedded.turn_steps; None: Reef's default
 
 
@@ -149,7 +151,8 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
                              gate_after_batches=arm.gate_after_batches)
     settings["learner"]["gate"]["halves"] = arm.gate_halves
     settings["learner"]["gate"]["overtake_after"] = arm.gate_overtake
-    settings["embedded"]["continuous_batching"] = not arm.static_batching
+    if arm.batching is not None:
+        settings["embedded"]["continuous_batching"] = arm.batching == "continuous"
     if arm.turn_steps is not None:
         settings["embedded"]["turn_steps"] = arm.turn_steps
     line_dir = workdir / "line"
@@ -422,8 +425,9 @@ def main() -> None:
     parser.add_argument("--gate-overtake", type=int, default=None, metavar="N",
                         help="reef: learner.gate.overtake_after, a verdict still undecided after a look stops once a "
                              "candidate N batches further along its line waits  [default: off]")
-    parser.add_argument("--static-batching", action="store_true",
-                        help="reef: embedded.continuous_batching off (a batch runs from start to end, joined by nothing)")
+    parser.add_argument("--batching", choices=["static", "continuous"], default=None,
+                        help="reef: embedded.continuous_batching false (static: a batch runs from start to end, joined "
+                             f"by nothing) or true (continuous)  [default: Reef's, {REEF_BATCHING}]")
     parser.add_argument("--turn-steps", type=int, default=None,
                         help="reef: embedded.turn_steps, decoding steps a load's batch runs while another load waits")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
@@ -449,7 +453,7 @@ def main() -> None:
             else:
                 arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
                               args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
-                              args.gate_half, args.gate_halves, args.gate_overtake, args.static_batching,
+                              args.gate_half, args.gate_halves, args.gate_overtake, args.batching,
                               args.turn_steps)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
@@ -468,7 +472,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "gate_concurrency": args.gate_concurrency, "gate_concurrency_when": args.gate_concurrency_when,
                 "gate_after_batches": args.gate_after, "line": args.line,
                 "gate_from_train": args.gate_from_train, "gate_half": args.gate_half, "gate_halves": args.gate_halves,
-                "gate_overtake": args.gate_overtake, "static_batching": args.static_batching,
+                "gate_overtake": args.gate_overtake, "batching": args.batching or REEF_BATCHING,
                 "turn_steps": args.turn_steps,
                 "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
