@@ -8,7 +8,9 @@ it, the line against that head two ways: on the gate's tasks, the mean over the 
 of the candidate's success minus the head's (read from the run's commit log), and on the test,
 the mean over the later snapshots of the line's newest candidate minus the head (from RACE.json).
 A gate that judges a head on the tasks that chose it sees the line lower than the test does (the
-winner's curse); docs/learning.md tabulates these figures. Reads files only: no model, seconds.
+winner's curse); docs/learning.md tabulates these figures. With `--timeline`, each run's verdicts
+first, one line each (minute, decision, wins-losses-ties, success of candidate and head on the
+tasks asked). Reads files only: no model, seconds.
 """
 
 from __future__ import annotations
@@ -39,10 +41,23 @@ def verdicts(state_dir: Path, clock_start: float) -> list[tuple[float, str, dict
     return sorted(found, key=lambda row: row[0])
 
 
+def clock_start(race: dict[str, Any]) -> float:
+    """The wall-clock second Reef's arm started, from its first snapshot."""
+    first = race["arms"]["reef"]["snapshots"][0]
+    return first["wall"] - first["second"]
+
+
+def timeline(workdir: Path, race: dict[str, Any]) -> list[str]:
+    """Every verdict of the run, one line each."""
+    return [f"{minute:5.1f} {decision:7s} {m.get('wins')}-{m.get('losses')}-{m.get('ties')}  "
+            f"candidate {100 * m['candidate_success']:.1f}%  head {100 * m['current_success']:.1f}%  "
+            f"of {m.get('n')} tasks"
+            for minute, decision, m in verdicts(workdir / "state", clock_start(race))]
+
+
 def gap(workdir: Path, race: dict[str, Any]) -> dict[str, Any]:
     head, line = race["arms"]["reef"]["snapshots"], race["arms"]["line"]["snapshots"]
-    clock_start = head[0]["wall"] - head[0]["second"]
-    judged = verdicts(workdir / "state", clock_start)
+    judged = verdicts(workdir / "state", clock_start(race))
     selected = [row for row in judged if row[1] == "select"]
     last = selected[-1][0] if selected else 0.0
     later = [metrics for minute, _, metrics in judged if minute > last]
@@ -67,6 +82,7 @@ def _mean_points(values: list[float]) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", metavar="WORKDIR RACE.json")
+    parser.add_argument("--timeline", action="store_true", help="print each run's verdicts first, one line each")
     args = parser.parse_args()
     if len(args.runs) % 2:
         parser.error("give each run as a pair: WORKDIR RACE.json")
@@ -74,6 +90,8 @@ def main() -> None:
         race = json.loads(Path(race_path).read_text())
         if "line" not in race["arms"]:
             parser.error(f"{race_path} is not a run with --line")
+        if args.timeline:
+            print("\n".join(timeline(Path(workdir), race)))
         result = gap(Path(workdir), race)
         print(json.dumps({"run": race_path, **result}))
 
