@@ -8,7 +8,7 @@ it, the line against that head two ways: on the gate's tasks, the mean over the 
 of the candidate's success minus the head's (read from the run's commit log), and on the test,
 the mean over the later snapshots of the line's newest candidate minus the head (from RACE.json).
 A gate that judges a head on the tasks that chose it sees the line lower than the test does (the
-winner's curse); docs/learning.md tabulates these figures. With `--timeline`, each run's verdicts
+winner's curse); docs/learning_race.md tabulates these figures. With `--timeline`, each run's verdicts
 first, one line each (minute, decision, wins-losses-ties, success of candidate and head on the
 tasks asked). Reads files only: no model, seconds.
 """

@@ -8,7 +8,7 @@ demo task's gate questions (reef.demo.tasks' held-out ones) two ways: greedily, 
 (the gate's measure), and `--samples` answers a task at temperature 1, scored as the share right.
 Each way, task by task, counts where the candidate did better and worse than the head, with the
 one-sided sign test's p (the gate selects at its final look at p <= 0.15 with its defaults).
-docs/learning.md ("The line the learner trains, beside the head") has a run's figures.
+docs/learning_race.md ("The line the learner trains, beside the head") has a run's figures.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def log(message: str) -> None:
 
 def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: float, seed: int = 0) -> dict[str, Any]:
     log(f"bare: training for {seconds / 60:.1f} min (seed {seed})")
-    if seed:  # seed 0 keeps the sampling stream load_model leaves, as the runs in docs/learning.md did
+    if seed:  # seed 0 keeps the sampling stream load_model leaves, as the runs in docs/learning_race.md did
         torch.manual_seed(seed)
     snaps, steps = bare_loop.run(model, tokenizer, task.module, seconds, every, lr=LEARNING_RATE, batch=BATCH,
                                  temperature=TRAFFIC_TEMPERATURE, max_tokens=task.traffic_max_tokens, seed=seed, log=log)

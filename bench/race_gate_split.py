@@ -1,7 +1,7 @@
 """Race tasks split differently between Reef's traffic and its gate (bench/learning_race.py).
 
 `--gate-from-train N` (WiderGate): the gate's sign test on the demo's 92 held-out questions cannot
-see a gain of a few points near the ceiling (docs/learning.md, "The line the learner trains,
+see a gain of a few points near the ceiling (docs/learning_race.md, "The line the learner trains,
 beside the head"), so the gate also takes one in N of the training questions, which Reef's
 traffic then never asks.
 

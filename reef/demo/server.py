@@ -46,20 +46,20 @@ LEARNING_RATE = 2e-4
 STEPS_PER_CANDIDATE = 2
 # The sao loss the demo trains with: cispo keeps the gradient of the tokens its stale samples have
 # already made likelier (ppo's clip drops them); on the demo's one-word answers that took +30
-# points from minute 5 to minutes 3 and 4 in two runs each (bench/learning_race.py; docs/learning.md).
+# points from minute 5 to minutes 3 and 4 in two runs each (bench/learning_race.py; docs/learning_race.md).
 LOSS = "cispo"
 CANARY = 1.0  # the demo opts in: every request goes to the newest candidate under test (bench/learning_race.py)
 # While the learner waits for samples (live traffic is what it lacks), the gate keeps at most 4 of
 # its requests (half a batch) in the serving runtime; otherwise a look's tasks at once. On the
 # race's sentence task that took the end from 75-77% to 81% and 91% (two runs); on the demo task,
 # where the trainer seldom waits, it ended at 89-93% in three, as without it (91-95%)
-# (bench/learning_race.py; docs/learning.md).
+# (bench/learning_race.py; docs/learning_race.md).
 GATE_CONCURRENCY = 4
 GATE_CONCURRENCY_WHEN = "starved"
 # A line of training goes to the gate once it is this many candidates (16 steps) past the release
 # it would replace: the first candidate, 2 steps from the base, lost or tied in 10 of 11 races and
 # held the gate until minute 1-3; waiting for 8 (and answering the base's tasks meanwhile) took the
-# demo's first release to minute 1.2 and +30 points to minute 2 (bench/learning_race.py; docs/learning.md).
+# demo's first release to minute 1.2 and +30 points to minute 2 (bench/learning_race.py; docs/learning_race.md).
 GATE_AFTER_BATCHES = 8
 
 

@@ -10,7 +10,7 @@ make one candidate for the gate. Its later steps train on samples a few steps ol
 weights, and samples come from a candidate or a release behind them, so every token must still
 count: `loss: ppo` (PPO's clipped surrogate) gives no gradient to a token already made likelier
 than its clip allows, and `loss: clipped_is` masks every token past the clip, which
-bench/learning_race.py measured to stall learning (docs/learning.md, which also has the race
+bench/learning_race.py measured to stall learning (docs/learning_race.md, which also has the race
 that made `cispo` the default). A batch is the newest samples: what waited behind them is superseded.
 
 A record is a sample only if it can be trained on honestly: complete, with token ids, log-probs

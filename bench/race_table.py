@@ -1,0 +1,139 @@
+"""Several learning races against the issue's target, one row a run and the reading over all of them.
+
+    .venv/bin/python bench/race_table.py bench/results/learning_race/*.json [--json OUT.json]
+    .venv/bin/python bench/race_table.py dd0=reef_only.json@bare0.json ...
+
+Each argument is a JSON file bench/learning_race.py wrote (`label=` before it names the row;
+the file's stem otherwise). A run of Reef's arm alone (`--arms reef`) is read against the bare
+loop of another run of the same task and seed: `REEF.json@BARE.json`. Per run: the minute each
+arm first stood +30 points over the base on the test, Reef's over the bare loop's, the test
+success of each arm at the end and over minutes 10-15, Reef's scored samples and verdicts, and
+whether the run met the target (Reef's +30 no later than 1.5x the bare loop's minute; Reef's
+end no lower than the bare loop's). Over the runs: how many met each half, and Reef's end minus
+the bare loop's (mean, its standard error, and the sign test over runs either way: one run's
+end moves a few points by chance, 91 test questions). Reads files only: no model, seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from learning_race import late_mean, time_to  # noqa: E402
+from reef.core.sign_test import sign_test_p  # noqa: E402
+
+TIME_RATIO = 1.5  # the target: Reef's +30 no later than this times the bare loop's minute
+GAIN = 30
+
+
+def load(argument: str) -> dict[str, Any]:
+    """One row's arms, from `[label=]RACE.json[@BARE.json]`."""
+    label, _, paths = argument.rpartition("=")
+    reef_path, _, bare_path = paths.partition("@")
+    race = json.loads(Path(reef_path).read_text())
+    arms = dict(race["arms"])
+    if bare_path:
+        bare_race = json.loads(Path(bare_path).read_text())
+        if (bare_race["settings"]["task"], bare_race["settings"]["seed"]) != (race["settings"]["task"],
+                                                                            race["settings"]["seed"]):
+            raise SystemExit(f"{argument}: the bare loop is of another task or seed")
+        arms["bare"] = bare_race["arms"]["bare"]
+    if "bare" not in arms or "reef" not in arms:
+        raise SystemExit(f"{argument}: needs both arms (a run of Reef's arm alone: REEF.json@BARE.json)")
+    return {"label": label or Path(reef_path).stem, "task": race["settings"]["task"],
+            "seed": race["settings"]["seed"], "base": race["summary"]["base"], "arms": arms}
+
+
+def row(run: dict[str, Any]) -> dict[str, Any]:
+    arms, base = run["arms"], run["base"]
+    reach = {name: time_to(arm["snapshots"], base, GAIN) for name, arm in arms.items()}
+    final = {name: arm["snapshots"][-1]["success"] for name, arm in arms.items()}
+    late = {name: late_mean(arm["snapshots"]) for name, arm in arms.items()}
+    bare, reef = reach["bare"], reach["reef"]
+    ratio = reef / bare if bare and reef is not None else None
+    time_met = reef is not None and (bare is None or reef <= TIME_RATIO * bare + 1e-9)
+    reef_arm = arms["reef"]
+    return {"label": run["label"], "task": run["task"], "seed": run["seed"], "reach": reach, "ratio": ratio,
+            "final": final, "late": late, "end_gap": final["reef"] - final["bare"],
+            "time_met": time_met, "end_met": final["reef"] >= final["bare"] - 1e-9,
+            "samples": reef_arm.get("reports"), "published": reef_arm.get("published"),
+            "rejected": reef_arm.get("rejected"), "errors": reef_arm.get("errors")}
+
+
+def reading(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    gaps = [100 * r["end_gap"] for r in rows]
+    above, below = sum(g > 1e-6 for g in gaps), sum(g < -1e-6 for g in gaps)
+    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+    return {"runs": len(rows), "time_met": sum(r["time_met"] for r in rows),
+            "ratio_median": statistics.median(ratios) if ratios else None,
+            "end_met": sum(r["end_met"] for r in rows), "requests_failed": sum(r["errors"] or 0 for r in rows),
+            "end_gap_points": {"mean": statistics.fmean(gaps), "median": statistics.median(gaps),
+                               "standard_error": statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else None,
+                               "above": above, "below": below, "level": len(gaps) - above - below,
+                               "p_reef_lower": sign_test_p(below, above), "p_reef_higher": sign_test_p(above, below)}}
+
+
+def readings(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The reading over every run, and over each task's runs where there are several tasks."""
+    tasks = sorted({r["task"] for r in rows})
+    out = {"all": reading(rows)}
+    if len(tasks) > 1:
+        out.update({task: reading([r for r in rows if r["task"] == task]) for task in tasks})
+    return out
+
+
+def reading_text(name: str, summary: dict[str, Any]) -> list[str]:
+    gap = summary["end_gap_points"]
+    se = "-" if gap["standard_error"] is None else f"{gap['standard_error']:.1f}"
+    ratios = summary["ratio_median"]
+    return [f"{name}: +{GAIN} within {TIME_RATIO}x of the bare loop's minute in {summary['time_met']} of "
+            f"{summary['runs']} (median ratio {'-' if ratios is None else f'{ratios:.2f}x'}); end no lower than the "
+            f"bare loop's in {summary['end_met']} of {summary['runs']}; requests failed: {summary['requests_failed']}",
+            f"  Reef's end minus the bare loop's, points: mean {gap['mean']:+.1f} (standard error {se}), median "
+            f"{gap['median']:+.1f}; above in {gap['above']}, below in {gap['below']}, level in {gap['level']} "
+            f"(sign test over runs: p {gap['p_reef_lower']:.2f} that Reef ends lower, {gap['p_reef_higher']:.2f} higher)"]
+
+
+def text(rows: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> str:
+    pct = lambda v: f"{100 * v:.1f}"  # noqa: E731
+    mins = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    lines = ["| run | task, seed | bare +30 | Reef +30 (x bare) | line +30 | at 15: bare, Reef, line | "
+             "minutes 10-15: bare, Reef | samples | pub/rej | time | end |",
+             "|---|---|---:|---:|---:|---|---|---:|---:|---|---|"]
+    for r in rows:
+        ratio = f" ({r['ratio']:.2f}x)" if r["ratio"] is not None else ""
+        end = "met" if r["end_met"] else f"{100 * r['end_gap']:+.1f}"
+        line_final = pct(r["final"]["line"]) if "line" in r["final"] else "-"
+        lines.append(
+            f"| {r['label']} | {r['task']}, {r['seed']} | {mins(r['reach']['bare'])} | {mins(r['reach']['reef'])}{ratio} | "
+            f"{mins(r['reach'].get('line'))} | {pct(r['final']['bare'])}, {pct(r['final']['reef'])}, {line_final} | "
+            f"{pct(r['late']['bare'])}, {pct(r['late']['reef'])} | {r['samples']} | {r['published']}/{r['rejected']} | "
+            f"{'met' if r['time_met'] else 'missed'} | {end} |")
+    lines.append("")
+    for name, summary in summaries.items():
+        lines += reading_text(name, summary)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="[LABEL=]RACE.json[@BARE.json]")
+    parser.add_argument("--json", type=Path, help="also write the rows and the reading here")
+    args = parser.parse_args()
+    rows = [row(load(argument)) for argument in args.runs]
+    summaries = readings(rows)
+    print(text(rows, summaries))
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "readings": summaries}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
