@@ -1,6 +1,6 @@
 """Several learning races against the issue's target, one row a run and the reading over all of them.
 
-    .venv/bin/python bench/race_table.py bench/results/learning_race/*.json [--json OUT.json]
+    .venv/bin/python bench/race_table.py bench/races/*.json [--json OUT.json]
     .venv/bin/python bench/race_table.py dd0=reef_only.json@bare0.json ...
 
 Each argument is a JSON file bench/learning_race.py wrote (`label=` before it names the row;

@@ -1,0 +1,37 @@
+"""bench/race_table.py on the race records the docs quote (bench/races/): the rows and the reading
+they print are the figures docs/learning.md gives."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RACES = ROOT / "bench" / "races"
+
+
+def table(tmp_path: Path, *runs: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "race_table.py"), *runs, "--json", str(tmp_path / "t.json")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_rows_and_reading_from_the_records(tmp_path: Path) -> None:
+    done = table(tmp_path, str(RACES / "dd3.json"), f"seed4={RACES / 'ds4.json'}", str(RACES / "dd4.json"))
+    assert done.returncode == 0, done.stderr
+    out = json.loads((tmp_path / "t.json").read_text())
+    rows = {r["label"]: r for r in out["rows"]}
+    assert rows["dd3"]["ratio"] == 1.0 and rows["dd3"]["time_met"] and not rows["dd3"]["end_met"]
+    assert round(100 * rows["dd3"]["end_gap"], 1) == -4.4
+    assert rows["seed4"]["task"] == "sentence" and rows["seed4"]["end_met"] and round(rows["seed4"]["ratio"], 2) == 1.4
+    assert rows["dd4"]["ratio"] == 2.0 and not rows["dd4"]["time_met"]
+    reading = out["readings"]
+    assert (reading["all"]["runs"], reading["all"]["time_met"], reading["all"]["end_met"]) == (3, 2, 1)
+    assert (reading["demo"]["end_gap_points"]["below"], reading["sentence"]["end_gap_points"]["above"]) == (2, 1)
+    assert "| dd3 | demo, 3 |" in done.stdout
+
+
+def test_a_bare_loop_of_another_seed_is_refused(tmp_path: Path) -> None:
+    done = table(tmp_path, f"{RACES / 'dd3.json'}@{RACES / 'dd4.json'}")
+    assert done.returncode != 0 and "another task or seed" in done.stderr
