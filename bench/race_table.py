@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from learning_race import late_mean, time_to  # noqa: E402
+from learning_race import summarise  # noqa: E402
 from reef.core.sign_test import sign_test_p  # noqa: E402
 
 TIME_RATIO = 1.5  # the target: Reef's +30 no later than this times the bare loop's minute
@@ -53,16 +53,13 @@ def load(argument: str) -> dict[str, Any]:
 
 
 def row(run: dict[str, Any]) -> dict[str, Any]:
-    arms, base = run["arms"], run["base"]
-    reach = {name: time_to(arm["snapshots"], base, GAIN) for name, arm in arms.items()}
-    final = {name: arm["snapshots"][-1]["success"] for name, arm in arms.items()}
-    late = {name: late_mean(arm["snapshots"]) for name, arm in arms.items()}
-    bare, reef = reach["bare"], reach["reef"]
-    ratio = reef / bare if bare and reef is not None else None
-    time_met = reef is not None and (bare is None or reef <= TIME_RATIO * bare + 1e-9)
-    reef_arm = arms["reef"]
+    summary = summarise(run["arms"], run["base"])  # what bench/learning_race.py prints for one run
+    reach = {name: gains[str(GAIN)] for name, gains in summary["minutes_to_gain"].items()}
+    final, ratio = summary["final"], summary["ratio_reef_over_bare"][str(GAIN)]
+    time_met = reach["reef"] is not None and (reach["bare"] is None or reach["reef"] <= TIME_RATIO * reach["bare"] + 1e-9)
+    reef_arm = run["arms"]["reef"]
     return {"label": run["label"], "task": run["task"], "seed": run["seed"], "reach": reach, "ratio": ratio,
-            "final": final, "late": late, "end_gap": final["reef"] - final["bare"],
+            "final": final, "late": summary["late_mean"], "end_gap": final["reef"] - final["bare"],
             "time_met": time_met, "end_met": final["reef"] >= final["bare"] - 1e-9,
             "samples": reef_arm.get("reports"), "published": reef_arm.get("published"),
             "rejected": reef_arm.get("rejected"), "errors": reef_arm.get("errors")}
