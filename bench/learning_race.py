@@ -91,6 +91,7 @@ class ReefArm:
     gate_overtake: int | None = None  # learner.gate.overtake_after: a verdict stops once a line is this far on
     batching: str | None = None  # embedded.continuous_batching: "static", "continuous"; None: Reef's default
     turn_steps: int | None = None  # embedded.turn_steps; None: Reef's default
+    live_split: float | None = None  # learner.gate.live_split: the line beside the head once the tasks stall
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
                              gate_after_batches=arm.gate_after_batches)
     settings["learner"]["gate"]["halves"] = arm.gate_halves
     settings["learner"]["gate"]["overtake_after"] = arm.gate_overtake
+    settings["learner"]["gate"]["live_split"] = arm.live_split
     if arm.batching is not None:
         settings["embedded"]["continuous_batching"] = arm.batching == "continuous"
     if arm.turn_steps is not None:
@@ -430,6 +432,9 @@ def main() -> None:
                              f"by nothing) or true (continuous)  [default: Reef's, {REEF_BATCHING}]")
     parser.add_argument("--turn-steps", type=int, default=None,
                         help="reef: embedded.turn_steps, decoding steps a load's batch runs while another load waits")
+    parser.add_argument("--live-split", type=float, default=None, metavar="F",
+                        help="reef: learner.gate.live_split, once a verdict runs to its last look undecided the canary "
+                             "serves F of the requests and the line's live scores join later verdicts  [default: off]")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -454,7 +459,7 @@ def main() -> None:
                 arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
                               args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
                               args.gate_half, args.gate_halves, args.gate_overtake, args.batching,
-                              args.turn_steps)
+                              args.turn_steps, args.live_split)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
@@ -473,7 +478,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "gate_after_batches": args.gate_after, "line": args.line,
                 "gate_from_train": args.gate_from_train, "gate_half": args.gate_half, "gate_halves": args.gate_halves,
                 "gate_overtake": args.gate_overtake, "batching": args.batching or REEF_BATCHING,
-                "turn_steps": args.turn_steps,
+                "turn_steps": args.turn_steps, "live_split": args.live_split,
                 "lr": LEARNING_RATE, "batch": BATCH,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,

@@ -18,6 +18,7 @@ from reef.commit.gate import sign_test_p
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
 from reef.core.canonical import content_id_of
+from reef.core.live_evidence import LiveEvidence
 from reef.core.types import Operation, Record, RecordStatus, ReleaseRef, Report, TokenSpan, Verdict
 from reef.grow.learner import Learner
 from reef.grow.training_client import TrainingClient
@@ -36,6 +37,7 @@ class ScriptedGate:
         self.verdicts = list(verdicts)
         self.judged: list[str] = []  # candidate content ids, in the order judged
         self.starved: list[bool] = []  # whether the learner was waiting for samples, for each
+        self.live: list[LiveEvidence | None] = []  # the split's live scores handed over with each
         self.hold = asyncio.Event()
         self.hold.set()
         self.warmed: list[str] = []  # the serving release's content id, each time it was asked to warm
@@ -52,10 +54,11 @@ class ScriptedGate:
         return 0
 
     async def judge(self, current: ReleaseRef, current_files: Any, candidate_id: str, candidate_files: Any,
-                    holdout: Any, starved: bool = False) -> Verdict:
+                    holdout: Any, starved: bool = False, live: LiveEvidence | None = None) -> Verdict:
         await self.hold.wait()
         self.judged.append(candidate_id)
         self.starved.append(starved)
+        self.live.append(live)
         decision, metrics = self.verdicts.pop(0)
         return Verdict(decision, dict(metrics))
 

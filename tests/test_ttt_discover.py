@@ -42,7 +42,7 @@ class Gate:
         return None
 
     async def judge(self, current: Any, current_files: Any, candidate_id: str, candidate_files: Any,
-                    holdout: Any, starved: bool = False) -> Verdict:
+                    holdout: Any, starved: bool = False, live: Any = None) -> Verdict:
         self.judged.append(candidate_id)
         return Verdict("select", {"gate": "test"})
 

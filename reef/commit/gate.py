@@ -23,7 +23,9 @@ on (the base: the first half), so no head is measured again on the tasks that pi
 verdict records its `half`, and the publisher hands the chain's verdicts back after a restart.
 `overtake(candidate_id)`: the learner says a candidate far enough along the same line of training
 waits; a verdict still undecided after a look then stops, a reject marked `overtaken` (never
-evidence of being worse), and the gate turns to the newer one.
+evidence of being worse), and the gate turns to the newer one. `live`: with `live_split`, the
+learner hands over the live scores of the candidate's line and of the serving release, served
+side by side; each look's sign test is then one test of both (`reef.core.live_evidence`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from reef.config import GateConfig
 from reef.core.chat import ChatRequest, ChatResult, Message
 from reef.core.dotted import load_dotted
 from reef.core.errors import InvalidInput
+from reef.core.live_evidence import LiveEvidence, combined_p
 from reef.core.sign_test import sign_test_p
 from reef.core.types import Release, ReleaseRef, Verdict
 from reef.core.training import Sample
@@ -71,12 +74,16 @@ class WeightsGate:
 
     async def judge(self, current: ReleaseRef, current_files: Mapping[str, bytes], candidate_id: str,
                     candidate_files: Mapping[str, bytes], holdout: Sequence[tuple[float, Sample]],
-                    starved: bool = False) -> Verdict:
+                    starved: bool = False, live: LiveEvidence | None = None) -> Verdict:
         """`starved`: the learner waits for samples, so with `concurrency_when: starved` the
-        gate's requests are bounded by `concurrency`, leaving the runtime to live traffic."""
+        gate's requests are bounded by `concurrency`, leaving the runtime to live traffic.
+        `live`: the candidate's line served side by side with `current` (`live_split`): its live
+        scores join the tasks' sign test (only when they are of `current`)."""
         if self.tasks:
             bounded = self.config.concurrency_when == "always" or starved
-            return await self._on_tasks(current, candidate_id, candidate_files, bounded)
+            if live is not None and live.serving_release_id != current.release_id:
+                live = None
+            return await self._on_tasks(current, candidate_id, candidate_files, bounded, live)
         return await self._offline(current_files, candidate_files, holdout)
 
     def remember(self, releases: Sequence[Release]) -> None:
@@ -115,7 +122,7 @@ class WeightsGate:
     # -- evaluation tasks ------------------------------------------------------------------------
 
     async def _on_tasks(self, current: ReleaseRef, candidate_id: str, files: Mapping[str, bytes],
-                        bounded: bool) -> Verdict:
+                        bounded: bool, live: LiveEvidence | None) -> Verdict:
         known = self._scores.setdefault(current.content_id, {})
         before: list[float] = []
         after: list[float] = []
@@ -135,7 +142,7 @@ class WeightsGate:
                 after += candidate_answers
                 asked += part
                 verdict = sequential_verdict(before, after, self.config, look, len(parts), asked,
-                                             overtaken=candidate_id in self._overtaken)
+                                             overtaken=candidate_id in self._overtaken, live=live)
                 if verdict is not None:
                     verdict.metrics["in_flight_bound"] = self.config.concurrency if bounded else None
                     if half is not None:
@@ -217,7 +224,8 @@ def look_parts(tasks: Sequence[int], looks: int, seed: str) -> list[list[int]]:
 
 
 def sequential_verdict(before: list[float], after: list[float], config: GateConfig, look: int,
-                       looks: int, tasks: Sequence[int] | None = None, overtaken: bool = False) -> Verdict | None:
+                       looks: int, tasks: Sequence[int] | None = None, overtaken: bool = False,
+                       live: LiveEvidence | None = None) -> Verdict | None:
     """The verdict at look `look` of `looks` (None: answer the next part). At the last look the
     full test at the final level; before it, select only at the early level, reject only a
     candidate already losing (`p_worse` <= FUTILE_P: 2-6 is losing, 5-6 is a tie to look further at),
@@ -226,7 +234,7 @@ def sequential_verdict(before: list[float], after: list[float], config: GateConf
     early_alpha = alpha / 4 / (looks - 1) if looks > 1 else 0.0
     final = look >= looks
     level = alpha - early_alpha * (looks - 1) if final else early_alpha
-    verdict = paired_verdict(before, after, config.margin, 1 - level, tasks)
+    verdict = paired_verdict(before, after, config.margin, 1 - level, tasks, live)
     verdict.metrics.update(look=look, looks=looks, early=not final)
     if final or verdict.decision == "select":
         return verdict
@@ -239,17 +247,23 @@ def sequential_verdict(before: list[float], after: list[float], config: GateConf
 
 
 def paired_verdict(before: list[float], after: list[float], margin: float, confidence: float,
-                   tasks: Sequence[int] | None = None) -> Verdict:
+                   tasks: Sequence[int] | None = None, live: LiveEvidence | None = None) -> Verdict:
     """Select when the mean gain reaches `margin` and the sign test says wins beat losses.
-    `tasks`: each pair's index in the task file, kept in `per_task` (as `index`)."""
+    `tasks`: each pair's index in the task file, kept in `per_task` (as `index`). `live`: the
+    line's live scores against the serving release's join the sign test (one combined test, see
+    `reef.core.live_evidence`); the tasks must then not lean against the candidate (wins at
+    least its losses), and a line ahead on live scores can carry a tie on them."""
     diffs = [a - b for a, b in zip(after, before)]
     wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
-    p_value = sign_test_p(wins, losses)
+    p_tasks = sign_test_p(wins, losses)
+    p_value = p_tasks if live is None else combined_p(wins, losses, live)
     gain = _mean(diffs)
-    ok = wins > losses and gain >= margin and p_value <= 1 - confidence
+    leaning = wins > losses if live is None else wins >= losses
+    ok = leaning and gain >= margin and p_value <= 1 - confidence
     metrics = {
         "gate": "tasks", "n": len(diffs), "wins": wins, "losses": losses, "ties": len(diffs) - wins - losses,
         "current_score": _mean(before), "candidate_score": _mean(after), "gain": gain, "p_value": p_value,
+        **({"p_tasks": p_tasks, "live": live.to_json()} if live is not None else {}),
         "p_worse": sign_test_p(losses, wins),  # the same test the other way: is the candidate worse?
         "margin": margin, "confidence": confidence,
         "current_success": _mean([float(b >= 1.0) for b in before]),

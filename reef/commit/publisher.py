@@ -42,7 +42,7 @@ class CandidatePublisher:
         content_id = content_id_of(candidate.files)
         head_files = await self.head_files()
         verdict = await self.gate.judge(serving, head_files, content_id, candidate.files, candidate.held_out,
-                                        starved=candidate.starved)
+                                        starved=candidate.starved, live=candidate.live)
         # the head's harness (a seeded one) stays with the new weights
         files = {**candidate.files, **{p: d for p, d in head_files.items() if p.startswith(HARNESS_PREFIX)}}
         return await self.settle(candidate, artifact(candidate, files), verdict, head.release_id,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from reef.core.live_evidence import LiveEvidence
 from reef.core.types import JSON
 
 
@@ -29,3 +30,5 @@ class LearnedCandidate:
     # the learner waits for samples as the gate begins to judge this one: the gate may leave the
     # serving runtime to live traffic while it judges (`gate.concurrency_when: starved`)
     starved: bool = False
+    # the live scores of its line and of the serving release, served side by side (`gate.live_split`)
+    live: LiveEvidence | None = None

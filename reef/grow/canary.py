@@ -12,15 +12,21 @@ once, whatever the gate is still doing. The variance is pooled because scores ar
 scores of a canary as good as the serving release are often all 0 (variance 0), and a test on
 each side's own variance would then withdraw it on the serving side's spread alone. A scenario
 that does not opt in never gets one.
+
+The split (`gate.live_split`): once the gate's tasks leave a candidate undecided, the canaries
+started from then on serve the split's fraction and the serving release the rest, until the head
+moves; the scores of those canaries (the line) and of the serving release over the same time are
+the live evidence the learner hands the gate with each later candidate (at least MIN_SPLIT_SCORES
+of each). When the line is dropped, both start again (the new line is not the old one).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
+from reef.core.live_evidence import LiveEvidence, ScoreSummary, two_sample_z
 from reef.core.types import ReportedRecords
 
 CANARY_PREFIX = "canary-"
@@ -28,6 +34,7 @@ MIN_SCORES = 8  # of each side before live scores may withdraw a canary
 WORSE_Z = 1.645  # one-sided 95%
 SERVING_WINDOW = 64  # the serving release's latest scores, the canary's yardstick (also at fraction 1)
 KEEP_CANARIES = 16  # recent canaries whose scores are kept (one may be published after a newer one started)
+MIN_SPLIT_SCORES = 32  # of each side before the split's live scores join a verdict
 
 
 class CanaryServing(Protocol):  # reef.serve.canary.ScenarioCanary
@@ -48,12 +55,7 @@ def live_worse(canary: Sequence[float], serving: Sequence[float]) -> bool:
     """Whether live scores say the canary is worse than the serving release."""
     if len(canary) < MIN_SCORES or len(serving) < MIN_SCORES:
         return False
-    mc, ms, nc, ns = _mean(canary), _mean(serving), len(canary), len(serving)
-    pooled = ((nc - 1) * _var(canary) + (ns - 1) * _var(serving)) / (nc + ns - 2)
-    se = math.sqrt(pooled * (1 / nc + 1 / ns))
-    if se == 0:
-        return mc < ms
-    return (ms - mc) / se >= WORSE_Z
+    return two_sample_z(ScoreSummary.of(serving), ScoreSummary.of(canary)) >= WORSE_Z
 
 
 @dataclass
@@ -66,6 +68,10 @@ class LiveScores:
     scores: dict[str, list[float]] = field(default_factory=dict)  # canary release id -> its scores (recent ones)
     running: bool = False
     withdrawn: int = 0
+    split: bool = False  # the line and the serving release served side by side (gate.live_split)
+    split_canaries: set[str] = field(default_factory=set)  # canaries started during the split
+    line_split: list[float] = field(default_factory=list)  # their scores
+    serving_split: list[float] = field(default_factory=list)  # the serving release's, over the same time
 
     @property
     def canary(self) -> list[float]:
@@ -74,6 +80,8 @@ class LiveScores:
     def start(self, release_id: str) -> None:
         self.canary_id, self.running = release_id, True
         self.scores[release_id] = []
+        if self.split:
+            self.split_canaries.add(release_id)
         while len(self.scores) > KEEP_CANARIES:
             del self.scores[next(iter(self.scores))]
 
@@ -81,17 +89,39 @@ class LiveScores:
         """A candidate that was a canary is the serving release now: its live scores start the
         yardstick (at fraction 1 nothing else would)."""
         self.serving_id, self.serving = release_id, deque(self.scores.get(canary_id, []), maxlen=SERVING_WINDOW)
+        self.end_split()
 
     def add(self, items: Sequence[ReportedRecords], serving_id: str) -> None:
         if serving_id != self.serving_id:  # a new serving release: its own scores from here on
             self.serving_id, self.serving = serving_id, deque(maxlen=SERVING_WINDOW)
+            self.end_split()
         for item in items:
             for record in item.records:
                 release = record.release.release_id if record.release is not None else None
+                score = item.report.score
                 if release == serving_id:
-                    self.serving.append(item.report.score)
+                    self.serving.append(score)
+                    if self.split:
+                        self.serving_split.append(score)
                 elif release in self.scores:
-                    self.scores[release].append(item.report.score)
+                    self.scores[release].append(score)
+                    if release in self.split_canaries:
+                        self.line_split.append(score)
+
+    def begin_split(self) -> None:
+        """Serve the line and the serving release side by side from the next canary on."""
+        self.end_split()
+        self.split = True
+
+    def end_split(self) -> None:
+        self.split = False
+        self.split_canaries, self.line_split, self.serving_split = set(), [], []
+
+    def evidence(self) -> LiveEvidence | None:
+        """The split's live scores, once there are enough of each side."""
+        if not self.split or min(len(self.line_split), len(self.serving_split)) < MIN_SPLIT_SCORES:
+            return None
+        return LiveEvidence(ScoreSummary.of(self.line_split), ScoreSummary.of(self.serving_split), self.serving_id)
 
     def worse(self) -> bool:
         return self.running and live_worse(self.canary, list(self.serving))
@@ -101,13 +131,9 @@ class LiveScores:
         return {**more, "withdrawn": self.withdrawn, "release_id": self.canary_id, "running": self.running,
                 "scores": len(canary),
                 "mean": _mean(canary) if canary else None, "serving_release_id": self.serving_id,
-                "serving_scores": len(self.serving), "serving_mean": _mean(self.serving) if self.serving else None}
+                "serving_scores": len(self.serving), "serving_mean": _mean(self.serving) if self.serving else None,
+                "split": self.split, "split_scores": [len(self.line_split), len(self.serving_split)]}
 
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
-
-
-def _var(values: Sequence[float]) -> float:
-    m = _mean(values)
-    return sum((v - m) ** 2 for v in values) / max(1, len(values) - 1)

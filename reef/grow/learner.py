@@ -80,7 +80,8 @@ class Learner:
     def __init__(self, chain: Chain, store: ExperienceStore, recipe: Recipe, decide: Decide, head_files: HeadFiles,
                  trainer: TrainingClient | None = None, poll_interval: float = 0.5,
                  canary: CanaryServing | None = None, gate_after: int = 1, warm: Warm | None = None,
-                 overtake: Overtake | None = None, overtake_after: int = 1) -> None:
+                 overtake: Overtake | None = None, overtake_after: int = 1,
+                 live_split: float | None = None) -> None:
         self.chain = chain
         self.scenario = chain.scenario
         self.store = store
@@ -95,6 +96,8 @@ class Learner:
         self.overtake_after = overtake_after  # batches a waiting candidate is past the judged one to overtake it
         self.pipelined = recipe.surface == "weights"
         self.canary = canary if self.pipelined else None
+        self.canary_fraction = canary.fraction if canary is not None else 0.0  # learner.canary's
+        self.live_split = live_split if self.canary is not None else None  # gate.live_split
         self.live = LiveScores()  # the canary's live scores and the serving release's
         self.canary_batch: str | None = None  # the candidate the canary serves
         self.evidence = LineageEvidence()  # the gate's wins and losses since the working line began
@@ -269,8 +272,9 @@ class Learner:
                                     f"trained on from a candidate that was dropped: {self.drop_reason}")
                 continue
             self.at_gate = (candidate, lineage, position)
-            try:  # whether the learner waits for samples, as it stands when the gate starts judging
-                await self._judge(dataclasses.replace(candidate, starved=self.wait.starved()), position)
+            try:  # whether the learner waits for samples, and the split's live scores, as the gate starts
+                await self._judge(dataclasses.replace(candidate, starved=self.wait.starved(),
+                                                      live=self.live.evidence()), position)
             except Exception as exc:  # noqa: BLE001 - its batch is abandoned; the next candidate still goes
                 log.exception("learner %s: evaluation failed", self.scenario)
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -295,6 +299,7 @@ class Learner:
         older one): the next candidate trains on from it, so its samples are nearly on-policy."""
         if self.canary is None:
             return
+        self.canary.fraction = self.live_split if self.live.split and self.live_split else self.canary_fraction
         try:
             release_id = await self.canary.start(candidate.batch_id, candidate.files)
         except Exception as exc:  # noqa: BLE001 - no canary for this one; the gate judges it all the same
@@ -366,6 +371,10 @@ class Learner:
         elif self.evidence.add(verdict).surely_worse():
             self._drop_working(f"its line lost {self.evidence.losses} to {self.evidence.wins} over "
                                f"{self.evidence.verdicts} rejected candidates")
+        elif self.live_split and not self.live.split and verdict.metrics.get("early") is False:
+            self.live.begin_split()  # the tasks alone cannot tell: serve the line beside the head
+            log.info("learner %s: the line and the serving release now share the traffic (%s to the line)",
+                     self.scenario, self.live_split)
         self.working_head = head
 
     async def _judged(self) -> None:
@@ -389,6 +398,8 @@ class Learner:
         self.working, self.lineage, self.drop_reason = None, self.lineage + 1, reason
         self.line_made = self.line_published = 0
         self.evidence = LineageEvidence()
+        if self.live.split:  # the new line's live scores are its own
+            self.live.begin_split()
 
     async def _abandon(self, batch_id: str, reason: str, routine: bool = False) -> None:
         """Close the batch in the log as abandoned. `routine`: superseded by a newer candidate that
