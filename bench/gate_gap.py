@@ -51,8 +51,17 @@ def timeline(workdir: Path, race: dict[str, Any]) -> list[str]:
     """Every verdict of the run, one line each."""
     return [f"{minute:5.1f} {decision:7s} {m.get('wins')}-{m.get('losses')}-{m.get('ties')}  "
             f"candidate {100 * m['candidate_success']:.1f}%  head {100 * m['current_success']:.1f}%  "
-            f"of {m.get('n')} tasks"
+            f"of {m.get('n')} tasks{_live(m)}"
             for minute, decision, m in verdicts(workdir / "state", clock_start(race))]
+
+
+def _live(metrics: dict[str, Any]) -> str:
+    """The live scores a verdict took in (`gate.live_split`), if any."""
+    live = metrics.get("live")
+    if not live:
+        return ""
+    return (f"  live mean score: line {live['line_mean']:.3f} of {live['line_n']}, head {live['serving_mean']:.3f} "
+            f"of {live['serving_n']}, z {live['z']:.2f}; p tasks {metrics['p_tasks']:.3f}, both {metrics['p_value']:.3f}")
 
 
 def gap(workdir: Path, race: dict[str, Any]) -> dict[str, Any]:

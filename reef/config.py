@@ -173,8 +173,9 @@ class GateConfig(Strict):
                                        "marked overtaken) once a candidate this many batches further along the same "
                                        "line waits, and the gate judges that one (null: every verdict runs to its "
                                        "decision)")
-    live_split: float | None = Field(None, gt=0, lt=1, description="For scenarios with a canary: once a candidate's "
-                                     "verdict runs to its last look undecided, the canary serves this fraction of "
+    live_split: float | None = Field(None, gt=0, lt=1, description="For scenarios with a canary: once three "
+                                     "verdicts in a row against one serving release run to their last look undecided, "
+                                     "the canary serves this fraction of "
                                      "requests (in place of learner.canary's) until the head moves, so the line and "
                                      "the serving release are served side by side, and the line's live scores since "
                                      "then join each later verdict's sign test (one combined test at `confidence`; "
@@ -214,12 +215,6 @@ class HarnessGateConfig(Strict):
     judge: ModelEndpointConfig | None = Field(None, description="A model that scores answers when no scorer is set")
     margin: int = Field(1, ge=0, description="Wins minus losses the candidate must reach")
     publish: Literal["auto", "review"] = Field("auto", description="review: a selected candidate waits for promote")
-    live_split: float | None = Field(None, gt=0, lt=1, description="For scenarios with a canary: once a candidate's "
-                                     "verdict runs to its last look undecided, the canary serves this fraction of "
-                                     "requests (in place of learner.canary's) until the head moves, so the line and "
-                                     "the serving release are served side by side, and the line's live scores since "
-                                     "then join each later verdict's sign test (one combined test at `confidence`; "
-                                     "null: off)")
     holdout_fraction: float = Field(0.25, ge=0, lt=1, description="Without tasks: reported records kept as gate tasks")
     max_holdout: int = Field(32, ge=1, description="Without tasks: most recent held-out records used")
     max_tokens: int = Field(128, ge=1)

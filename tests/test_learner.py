@@ -109,7 +109,7 @@ class Rig:
         return ids
 
     def learner(self, gate: ScriptedGate, canary: Any = None, gate_after: int = 1,
-                overtake_after: int | None = None) -> Learner:
+                overtake_after: int | None = None, live_split: float | None = None) -> Learner:
         async def serve_release(chain: Any, release: Any) -> None:
             chain.advance(chain.serving().release_id, release.ref)  # no runtime here: nothing to load
 
@@ -118,7 +118,8 @@ class Rig:
         return Learner(self.chain, self.state.store, recipe, publisher.decide, publisher.head_files,
                        TrainingClient(self.worker, "s"), poll_interval=0.05, canary=canary,
                        gate_after=gate_after, warm=publisher.warm,
-                       overtake=publisher.overtake if overtake_after else None, overtake_after=overtake_after or 1)
+                       overtake=publisher.overtake if overtake_after else None, overtake_after=overtake_after or 1,
+                       live_split=live_split)
 
     def closers(self) -> list[tuple[str, str]]:
         """(operation, batch id) of every step that closed a batch, in order."""

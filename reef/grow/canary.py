@@ -13,7 +13,8 @@ scores of a canary as good as the serving release are often all 0 (variance 0), 
 each side's own variance would then withdraw it on the serving side's spread alone. A scenario
 that does not opt in never gets one.
 
-The split (`gate.live_split`): once the gate's tasks leave a candidate undecided, the canaries
+The split (`gate.live_split`): once the gate's tasks have left STALLED_VERDICTS candidates in a
+row undecided against the same serving release, the canaries
 started from then on serve the split's fraction and the serving release the rest, until the head
 moves; the scores of those canaries (the line) and of the serving release over the same time are
 the live evidence the learner hands the gate with each later candidate (at least MIN_SPLIT_SCORES
@@ -35,6 +36,9 @@ WORSE_Z = 1.645  # one-sided 95%
 SERVING_WINDOW = 64  # the serving release's latest scores, the canary's yardstick (also at fraction 1)
 KEEP_CANARIES = 16  # recent canaries whose scores are kept (one may be published after a newer one started)
 MIN_SPLIT_SCORES = 32  # of each side before the split's live scores join a verdict
+# verdicts in a row that run to their last look undecided against one head before the split
+# begins: it moves training samples to the serving release, so it waits for the tasks to stall
+STALLED_VERDICTS = 3
 
 
 class CanaryServing(Protocol):  # reef.serve.canary.ScenarioCanary

@@ -42,7 +42,7 @@ from reef.core.errors import NotFound, StaleHead
 from reef.core.learned import LearnedCandidate
 from reef.core.training import checkpoint_part
 from reef.core.types import CommitEntry, Operation, Release, ReleaseRef, ReportedRecords, Verdict
-from reef.grow.canary import CanaryServing, LiveScores, canary_release_id
+from reef.grow.canary import STALLED_VERDICTS, CanaryServing, LiveScores, canary_release_id
 from reef.grow.learner_stats import LearnerStats, LineageEvidence, SampleWait, promising
 from reef.grow.loop import keep_stepping
 from reef.grow.recipe import Abandon, Batch, Job, LearnerView, Made, Recipe
@@ -98,6 +98,7 @@ class Learner:
         self.canary = canary if self.pipelined else None
         self.canary_fraction = canary.fraction if canary is not None else 0.0  # learner.canary's
         self.live_split = live_split if self.canary is not None else None  # gate.live_split
+        self.undecided = ("", 0)  # (head, verdicts in a row left undecided against it), for the split
         self.live = LiveScores()  # the canary's live scores and the serving release's
         self.canary_batch: str | None = None  # the candidate the canary serves
         self.evidence = LineageEvidence()  # the gate's wins and losses since the working line began
@@ -371,11 +372,18 @@ class Learner:
         elif self.evidence.add(verdict).surely_worse():
             self._drop_working(f"its line lost {self.evidence.losses} to {self.evidence.wins} over "
                                f"{self.evidence.verdicts} rejected candidates")
-        elif self.live_split and not self.live.split and verdict.metrics.get("early") is False:
+        elif (self.live_split and not self.live.split and verdict.metrics.get("early") is False
+              and self._stalled(head)):
             self.live.begin_split()  # the tasks alone cannot tell: serve the line beside the head
             log.info("learner %s: the line and the serving release now share the traffic (%s to the line)",
                      self.scenario, self.live_split)
         self.working_head = head
+
+    def _stalled(self, head: str) -> bool:
+        """Count one more verdict left undecided against `head`: whether STALLED_VERDICTS in a row are."""
+        count = self.undecided[1] + 1 if self.undecided[0] == head else 1
+        self.undecided = (head, count)
+        return count >= STALLED_VERDICTS
 
     async def _judged(self) -> None:
         """Wait for the candidate at the gate, if any; a failure there is shown, not raised."""
