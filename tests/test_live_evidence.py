@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from statistics import NormalDist
-from typing import Mapping
+from typing import Callable, Mapping
 
 import pytest
 
@@ -18,14 +18,14 @@ from reef.config import GateConfig, ServeConfig
 from reef.core.live_evidence import LiveEvidence, ScoreSummary, combined_p, sign_test_z, two_sample_z
 from reef.core.sign_test import sign_test_p
 from reef.core.types import Record, ReleaseRef, Report, ReportedRecords
-from reef.grow.canary import MIN_SPLIT_SCORES, STALLED_VERDICTS, LiveScores, canary_release_id
+from reef.grow.canary import MIN_SPLIT_SCORES, SPLIT_WINDOW, STALLED_VERDICTS, LiveScores, canary_release_id
 from tests.test_gate import Grader, pairs, twelve_tasks
 from tests.test_learner import PROMISING, Rig, ScriptedGate, run_with_rig, until
 
 
-def reported(scores: list[tuple[str, float]]) -> list[ReportedRecords]:
-    """One reported record a (release id, score), as the learner reads them."""
-    return [ReportedRecords(Report(f"rep{i}", "s", (f"rec{i}",), score, seq=i),
+def reported(scores: list[tuple[str, float]], at: Callable[[int], float] = lambda i: 0.0) -> list[ReportedRecords]:
+    """One reported record a (release id, score), reported at `at(i)`, as the learner reads them."""
+    return [ReportedRecords(Report(f"rep{i}", "s", (f"rec{i}",), score, created_at=at(i), seq=i),
                             (Record(f"rec{i}", "s", ReleaseRef(release, release, "load"), {}),))
             for i, (release, score) in enumerate(scores)]
 
@@ -111,7 +111,22 @@ def test_split_scores_count_only_the_lines_canaries_and_the_serving_release_from
     live.add(reported([("canary-c", 1.0), ("r0", 0.0)]), "r0")
     assert live.evidence() is not None
     live.add([], "r1")  # the head moved: the split is over
-    assert not live.split and live.evidence() is None and live.line_split == []
+    assert not live.split and live.evidence() is None and not live.line_split
+
+
+def test_split_scores_are_kept_bounded_and_compared_over_the_time_both_sides_cover() -> None:
+    live = LiveScores()
+    live.add([], "r0")
+    live.begin_split()
+    live.start("canary-a")
+    # the line served SPLIT_WINDOW scores of 1 at times 0.., the serving release a few at the end
+    live.add(reported([("canary-a", 1.0)] * SPLIT_WINDOW + [("r0", 0.0)] * MIN_SPLIT_SCORES, at=lambda i: float(i)), "r0")
+    live.add(reported([("canary-a", 0.0)] * MIN_SPLIT_SCORES, at=lambda i: float(SPLIT_WINDOW + MIN_SPLIT_SCORES + i)),
+             "r0")
+    assert len(live.line_split) == SPLIT_WINDOW  # bounded: the oldest went
+    found = live.evidence()
+    assert found is not None and found.serving.n == MIN_SPLIT_SCORES
+    assert found.line.n == MIN_SPLIT_SCORES and found.line.mean == 0.0  # only the line's scores from the same time
 
 
 class FractionCanary:

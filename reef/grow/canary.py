@@ -36,6 +36,7 @@ WORSE_Z = 1.645  # one-sided 95%
 SERVING_WINDOW = 64  # the serving release's latest scores, the canary's yardstick (also at fraction 1)
 KEEP_CANARIES = 16  # recent canaries whose scores are kept (one may be published after a newer one started)
 MIN_SPLIT_SCORES = 32  # of each side before the split's live scores join a verdict
+SPLIT_WINDOW = 2048  # the latest scores kept of each side; both are cut to the time both cover
 # verdicts in a row that run to their last look undecided against one head before the split
 # begins: it moves training samples to the serving release, so it waits for the tasks to stall
 STALLED_VERDICTS = 3
@@ -74,8 +75,8 @@ class LiveScores:
     withdrawn: int = 0
     split: bool = False  # the line and the serving release served side by side (gate.live_split)
     split_canaries: set[str] = field(default_factory=set)  # canaries started during the split
-    line_split: list[float] = field(default_factory=list)  # their scores
-    serving_split: list[float] = field(default_factory=list)  # the serving release's, over the same time
+    line_split: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SPLIT_WINDOW))  # (time, score)
+    serving_split: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=SPLIT_WINDOW))
 
     @property
     def canary(self) -> list[float]:
@@ -102,15 +103,15 @@ class LiveScores:
         for item in items:
             for record in item.records:
                 release = record.release.release_id if record.release is not None else None
-                score = item.report.score
+                score, at = item.report.score, item.report.created_at or 0.0
                 if release == serving_id:
                     self.serving.append(score)
                     if self.split:
-                        self.serving_split.append(score)
+                        self.serving_split.append((at, score))
                 elif release in self.scores:
                     self.scores[release].append(score)
                     if release in self.split_canaries:
-                        self.line_split.append(score)
+                        self.line_split.append((at, score))
 
     def begin_split(self) -> None:
         """Serve the line and the serving release side by side from the next canary on."""
@@ -119,13 +120,20 @@ class LiveScores:
 
     def end_split(self) -> None:
         self.split = False
-        self.split_canaries, self.line_split, self.serving_split = set(), [], []
+        self.split_canaries = set()
+        self.line_split, self.serving_split = deque(maxlen=SPLIT_WINDOW), deque(maxlen=SPLIT_WINDOW)
 
     def evidence(self) -> LiveEvidence | None:
-        """The split's live scores, once there are enough of each side."""
-        if not self.split or min(len(self.line_split), len(self.serving_split)) < MIN_SPLIT_SCORES:
+        """The split's live scores over the time both sides' kept scores cover, once there are
+        enough of each side."""
+        if not self.split or not self.line_split or not self.serving_split:
             return None
-        return LiveEvidence(ScoreSummary.of(self.line_split), ScoreSummary.of(self.serving_split), self.serving_id)
+        since = max(self.line_split[0][0], self.serving_split[0][0])
+        line = [score for at, score in self.line_split if at >= since]
+        serving = [score for at, score in self.serving_split if at >= since]
+        if min(len(line), len(serving)) < MIN_SPLIT_SCORES:
+            return None
+        return LiveEvidence(ScoreSummary.of(line), ScoreSummary.of(serving), self.serving_id)
 
     def worse(self) -> bool:
         return self.running and live_worse(self.canary, list(self.serving))
