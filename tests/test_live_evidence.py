@@ -119,14 +119,14 @@ def test_split_scores_are_kept_bounded_and_compared_over_the_time_both_sides_cov
     live.add([], "r0")
     live.begin_split()
     live.start("canary-a")
-    # the line served SPLIT_WINDOW scores of 1 at times 0.., the serving release a few at the end
-    live.add(reported([("canary-a", 1.0)] * SPLIT_WINDOW + [("r0", 0.0)] * MIN_SPLIT_SCORES, at=lambda i: float(i)), "r0")
-    live.add(reported([("canary-a", 0.0)] * MIN_SPLIT_SCORES, at=lambda i: float(SPLIT_WINDOW + MIN_SPLIT_SCORES + i)),
-             "r0")
-    assert len(live.line_split) == SPLIT_WINDOW  # bounded: the oldest went
+    live.add(reported([("canary-a", 1.0)] * MIN_SPLIT_SCORES, at=float), "r0")  # the line early on, at 0..31
+    # then the serving release more than its window holds, at 100..: its oldest 10 go
+    live.add(reported([("r0", 0.0)] * (SPLIT_WINDOW + 10), at=lambda i: 100.0 + i), "r0")
+    live.add(reported([("canary-a", 0.0)] * MIN_SPLIT_SCORES, at=lambda i: 5000.0 + i), "r0")
+    assert len(live.serving_split) == SPLIT_WINDOW  # bounded
     found = live.evidence()
-    assert found is not None and found.serving.n == MIN_SPLIT_SCORES
-    assert found.line.n == MIN_SPLIT_SCORES and found.line.mean == 0.0  # only the line's scores from the same time
+    assert found is not None and found.serving.n == SPLIT_WINDOW
+    assert found.line.n == MIN_SPLIT_SCORES and found.line.mean == 0.0  # not the line's scores from before 110
 
 
 class FractionCanary:

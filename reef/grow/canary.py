@@ -126,9 +126,11 @@ class LiveScores:
     def evidence(self) -> LiveEvidence | None:
         """The split's live scores over the time both sides' kept scores cover, once there are
         enough of each side."""
-        if not self.split or not self.line_split or not self.serving_split:
+        if not self.split:
             return None
-        since = max(self.line_split[0][0], self.serving_split[0][0])
+        # a side that dropped nothing covers the split from its start; one that did, from its oldest kept
+        since = max([side[0][0] for side in (self.line_split, self.serving_split) if len(side) == side.maxlen],
+                    default=0.0)
         line = [score for at, score in self.line_split if at >= since]
         serving = [score for at, score in self.serving_split if at >= since]
         if min(len(line), len(serving)) < MIN_SPLIT_SCORES:
