@@ -63,8 +63,8 @@ from race_gate_split import HalfGate, WiderGate  # noqa: E402
 from reef.config import EmbeddedConfig  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
 from reef.demo.server import (CANARY, GATE_AFTER_BATCHES, GATE_CONCURRENCY, GATE_CONCURRENCY_WHEN,  # noqa: E402
-                              GATE_MAX_TOKENS, LEARNING_RATE, LOSS, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer,
-                              demo_settings, free_port)
+                              GATE_MAX_TOKENS, LEARNING_RATE, LIVE_SPLIT, LOSS, TRAFFIC_MAX_TOKENS,
+                              TRAFFIC_TEMPERATURE, DemoServer, demo_settings, free_port)
 
 BATCH = 8  # the demo's learner.sao.batch_size
 GAINS = (10, 20, 30)  # points over the base
@@ -91,7 +91,7 @@ class ReefArm:
     gate_overtake: int | None = None  # learner.gate.overtake_after: a verdict stops once a line is this far on
     batching: str | None = None  # embedded.continuous_batching: "static", "continuous"; None: Reef's default
     turn_steps: int | None = None  # embedded.turn_steps; None: Reef's default
-    live_split: float | None = None  # learner.gate.live_split: the line beside the head once the tasks stall
+    live_split: float | None = LIVE_SPLIT  # learner.gate.live_split: the line beside the head once the tasks stall
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
                              gate_after_batches=arm.gate_after_batches)
     settings["learner"]["gate"]["halves"] = arm.gate_halves
     settings["learner"]["gate"]["overtake_after"] = arm.gate_overtake
-    settings["learner"]["gate"]["live_split"] = arm.live_split
+    settings["learner"]["gate"]["live_split"] = arm.live_split or None
     if arm.batching is not None:
         settings["embedded"]["continuous_batching"] = arm.batching == "continuous"
     if arm.turn_steps is not None:
@@ -432,9 +432,10 @@ def main() -> None:
                              f"by nothing) or true (continuous)  [default: Reef's, {REEF_BATCHING}]")
     parser.add_argument("--turn-steps", type=int, default=None,
                         help="reef: embedded.turn_steps, decoding steps a load's batch runs while another load waits")
-    parser.add_argument("--live-split", type=float, default=None, metavar="F",
-                        help="reef: learner.gate.live_split, once a verdict runs to its last look undecided the canary "
-                             "serves F of the requests and the line's live scores join later verdicts  [default: off]")
+    parser.add_argument("--live-split", type=float, default=LIVE_SPLIT, metavar="F",
+                        help="reef: learner.gate.live_split, once three verdicts in a row run to their last look "
+                             "undecided the canary serves F of the requests and the line's live scores join later "
+                             f"verdicts (0: off)  [default: the demo's, {LIVE_SPLIT}]")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")

@@ -244,6 +244,7 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     config = yaml.safe_load((tmp_path / "work" / "serve.yaml").read_text())
     assert config["learner"]["sao"]["lr"] == 1e-4 and config["learner"]["canary"] == {"demo": 1.0}
     assert config["learner"]["sao"]["loss"] == "cispo"  # the demo's loss (the race's measure; sao's default too since 2026-12-02)
+    assert config["learner"]["gate"]["live_split"] == 0.5  # with its canary, live scores as evidence (the race's measure)
     with SQLiteStore(tmp_path / "work" / "state" / "experience.db") as store:
         reported = [r for batch in store.reported_since("demo") for r in batch.records]
     assert reported and {r.request["temperature"] for r in reported} == {0.5}
@@ -325,3 +326,4 @@ def test_the_vllm_demo_serves_with_vllm_and_trains_the_same_model_folder(tmp_pat
     assert config.learner.enabled and config.vllm.dtype == "auto"  # fp32 while learning
     gate = config.learner.gate  # the gate leaves the runtime to the traffic while the learner waits for samples
     assert (gate.concurrency, gate.concurrency_when) == (4, "starved")
+    assert demo_settings(tmp_path, heldout, 8765, None, canary=None)["learner"]["gate"].get("live_split") is None  # needs a canary

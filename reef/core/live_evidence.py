@@ -7,7 +7,9 @@ on the pooled variance (scores are skewed: a few scores of a good canary are oft
 test on each side's own variance would then decide on the other side's spread alone). The gate
 combines that z with its sign test's (normal approximation with continuity correction) by
 Stouffer's sum, equal weights: one test at one level, so adding live evidence adds no chance of
-selecting a candidate that is no better.
+selecting a candidate when neither it (its tasks) nor its line (the live scores) is better. The
+live scores are of the line's recent canaries, not of the candidate alone; a candidate that broke
+what its line had shows it on its own tasks, which must not lean against it.
 """
 
 from __future__ import annotations
