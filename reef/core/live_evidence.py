@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 Z_CAP = 8.0  # beyond any level a gate asks; keeps verdict metrics finite (JSON)
 
+
 @dataclass(frozen=True)
 class ScoreSummary:
     n: int

@@ -19,7 +19,11 @@ the release it would replace; a nearer one waits for the next, the same way. Wit
 judged tells the gate, which stops that verdict at its next undecided look. At most three
 batches are open: at the gate, waiting, in training. A
 candidate trained on from one the gate then found surely worse is abandoned (logged) unjudged,
-and a rollback sends training back to the head. A harness candidate is made from the head and judged against exactly that head, one at a
+and a rollback sends training back to the head. With `gate.live_split` and a canary, once
+STALLED_VERDICTS verdicts in a row against one head run to their last look undecided, the canary
+serves the split's fraction until the head moves, and each later candidate goes to the gate with
+the split's live scores (`reef.grow.canary.LiveScores.evidence`); the split is in memory only, and
+starts again after a restart. A harness candidate is made from the head and judged against exactly that head, one at a
 time. With traces on (`reef.observe.spans`), making a candidate is a span `reef.learn` (the
 training client's `reef.train.*` step spans are its children) and judging it one `reef.gate`,
 both with `reef.scenario`, `reef.batch_id` and `reef.recipe`; the gate's carries the decision
