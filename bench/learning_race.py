@@ -60,6 +60,7 @@ import yaml  # noqa: E402
 
 import bare_loop  # noqa: E402
 from race_gate_split import HalfGate, WiderGate  # noqa: E402
+from race_sabotage import FlippedScores  # noqa: E402
 from reef.config import EmbeddedConfig  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
 from reef.demo.server import (CANARY, GATE_AFTER_BATCHES, GATE_CONCURRENCY, GATE_CONCURRENCY_WHEN,  # noqa: E402
@@ -92,6 +93,7 @@ class ReefArm:
     batching: str | None = None  # embedded.continuous_batching: "static", "continuous"; None: Reef's default
     turn_steps: int | None = None  # embedded.turn_steps; None: Reef's default
     live_split: float | None = LIVE_SPLIT  # learner.gate.live_split: the line beside the head once the tasks stall
+    flip_scores: bool = False  # the clients report 1 - score (bench/race_sabotage.py); the gate's scorer stays real
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,9 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
         log(f"reef: the gate has {len(task.module.heldout_tasks())} tasks, traffic "
             f"{len(task.module.train_tasks())} questions")
     heldout = task.module.write_heldout_jsonl(workdir / "heldout.jsonl")
+    if arm.flip_scores:
+        task = replace(task, module=FlippedScores(task.module))
+        log("reef: the clients report every score flipped (1 - score); the gate's scorer is the real one")
     port = free_port()
     config = workdir / "serve.yaml"
     settings = demo_settings(workdir, heldout, port, None, LEARNING_RATE, scorer=task.scorer,
@@ -436,6 +441,9 @@ def main() -> None:
                         help="reef: learner.gate.live_split, once three verdicts in a row run to their last look "
                              "undecided the canary serves F of the requests and the line's live scores join later "
                              f"verdicts (0: off)  [default: the demo's, {LIVE_SPLIT}]")
+    parser.add_argument("--flip-scores", action="store_true",
+                        help="sabotage: Reef's clients report 1 - score (bench/race_sabotage.py); its head must stay "
+                             "at the base")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
@@ -460,7 +468,7 @@ def main() -> None:
                 arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
                               args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
                               args.gate_half, args.gate_halves, args.gate_overtake, args.batching,
-                              args.turn_steps, args.live_split)
+                              args.turn_steps, args.live_split, args.flip_scores)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}

@@ -178,8 +178,8 @@ class GateConfig(Strict):
                                      "the canary serves this fraction of "
                                      "requests (in place of learner.canary's) until the head moves, so the line and "
                                      "the serving release are served side by side, and the line's live scores since "
-                                     "then join each later verdict's sign test (one combined test at `confidence`; "
-                                     "null: off)")
+                                     "then join each later verdict's sign test (one combined test at `confidence`, "
+                                     "the tasks bringing at least half the evidence; null: off)")
     holdout_fraction: float = Field(0.2, ge=0, lt=1, description="Offline check: reported records kept out of training")
     offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
 

@@ -15,7 +15,8 @@ import pytest
 
 from reef.commit.gate import WeightsGate, paired_verdict, sequential_verdict
 from reef.config import GateConfig, ServeConfig
-from reef.core.live_evidence import LiveEvidence, ScoreSummary, combined_p, sign_test_z, two_sample_z
+from reef.core.live_evidence import (LiveEvidence, ScoreSummary, combined_p, sign_test_z, tasks_share_p,
+                                     two_sample_z)
 from reef.core.sign_test import sign_test_p
 from reef.core.types import Record, ReleaseRef, Report, ReportedRecords
 from reef.grow.canary import MIN_SPLIT_SCORES, SPLIT_WINDOW, STALLED_VERDICTS, LiveScores, canary_release_id
@@ -50,7 +51,7 @@ def test_the_tests_behind_live_evidence() -> None:
     assert combined_p(4, 1, evidence([1.0, 0.0] * 50, [1.0, 0.0] * 50)) > sign_test_p(4, 1)  # a tie live dilutes
 
 
-def test_live_evidence_joins_the_verdict_but_never_carries_tasks_that_lean_against() -> None:
+def test_live_evidence_joins_the_verdict_but_the_tasks_bring_half_of_it() -> None:
     config = GateConfig(confidence=0.8, looks=3)  # the last look selects at p <= 0.15
     ahead = evidence([1.0] * 90 + [0.0] * 10, [1.0] * 80 + [0.0] * 20)
     alone = sequential_verdict(*pairs(4, 1, 87), config, look=3, looks=3)
@@ -58,30 +59,43 @@ def test_live_evidence_joins_the_verdict_but_never_carries_tasks_that_lean_again
     both = sequential_verdict(*pairs(4, 1, 87), config, look=3, looks=3, live=ahead)
     assert both is not None and both.decision == "select"
     assert both.metrics["p_tasks"] == pytest.approx(sign_test_p(4, 1)) and both.metrics["live"]["z"] == ahead.z()
-    assert paired_verdict(*pairs(2, 2, 88), 0.0, 0.85, live=evidence([1.0] * 95 + [0.0] * 5, [1.0] * 80 + [0.0] * 20)
-                          ).decision == "select"  # a tie on the tasks, the line well ahead live
-    leaning = paired_verdict(*pairs(2, 3, 87), 0.0, 0.85, live=evidence([1.0] * 99 + [0.0], [0.0] * 50 + [1.0] * 50))
-    assert leaning.decision == "reject"  # however far ahead live, the tasks lean against it
+    lying = evidence([1.0] * 100, [0.0] * 100)  # a client that scores the line 1 and the serving release 0
+    assert lying.z() == 8.0
+    for wins, losses in [(0, 0), (1, 0), (2, 2), (4, 3), (2, 3)]:  # level with the head on the tasks, or behind
+        assert paired_verdict(*pairs(wins, losses, 80), 0.0, 0.85, live=lying).decision == "reject", (wins, losses)
+    for wins, losses in [(2, 0), (3, 1), (5, 3)]:  # leaning towards it: p 0.25-0.36 alone, under sqrt(0.15)
+        assert sign_test_p(wins, losses) <= tasks_share_p(0.15) < 0.5
+        assert paired_verdict(*pairs(wins, losses, 80), 0.0, 0.85, live=ahead).decision == "select", (wins, losses)
     behind = evidence([1.0] * 75 + [0.0] * 25, [1.0] * 90 + [0.0] * 10)
     assert sequential_verdict(*pairs(6, 2, 84), config, look=3, looks=3).decision == "select"  # type: ignore[union-attr]
     assert sequential_verdict(*pairs(6, 2, 84), config, look=3, looks=3, live=behind).decision == "reject"  # type: ignore[union-attr]
     assert sequential_verdict(*pairs(5, 5, 20), config, look=1, looks=3, live=ahead) is None  # early: look further
 
 
+def two_tasks_scorer(task: dict, text: str) -> float:
+    """Only tasks 0 and 1 can be answered right: a candidate answering "right" wins 2-0, 10 ties."""
+    return float(text == "right" and task["prompt"] in ("Tell me about 0.", "Tell me about 1."))
+
+
 def test_the_gate_takes_live_evidence_only_of_the_release_it_judges_against(tmp_path: Path) -> None:
-    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:right_scorer", looks=1)
+    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_live_evidence:two_tasks_scorer",
+                        looks=1)  # selects at p <= 0.2; the tasks alone: 2-0 is p 0.25
     base = ReleaseRef("r0", "sha256:base", "load:sha256:base")
     ahead = evidence([1.0] * 60 + [0.0] * 4, [1.0] * 40 + [0.0] * 24)
 
-    async def run(live: LiveEvidence) -> dict:
+    async def run(live: LiveEvidence | None, candidate: str = "sha256:good") -> dict:
         gate = WeightsGate(config, Grader(), worker=None)  # type: ignore[arg-type]
-        verdict = await gate.judge(base, {}, "sha256:same", {}, [], live=live)  # answers as the base: 12 ties
+        verdict = await gate.judge(base, {}, candidate, {}, [], live=live)
         return {"decision": verdict.decision, **verdict.metrics}
 
+    assert asyncio.run(run(None))["decision"] == "reject"  # 2-0 alone is not enough
     judged = asyncio.run(run(ahead))
-    assert judged["decision"] == "select" and judged["ties"] == 12 and judged["live"]["serving_n"] == 64
+    assert judged["decision"] == "select" and (judged["wins"], judged["ties"]) == (2, 10)
+    assert judged["live"]["serving_n"] == 64
     stale = asyncio.run(run(evidence(ahead_line := [1.0] * 60 + [0.0] * 4, [0.0] * 64, serving_id="r-before")))
     assert ahead_line and stale["decision"] == "reject" and "live" not in stale  # scores of another head: unused
+    level = asyncio.run(run(evidence([1.0] * 64, [0.0] * 64), candidate="sha256:same"))  # answers as the base
+    assert level["decision"] == "reject" and level["ties"] == 12 and level["live"]["z"] == 8.0  # never a tie
 
 
 def test_live_split_is_a_fraction_strictly_between_0_and_1() -> None:

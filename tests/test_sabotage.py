@@ -5,6 +5,9 @@ held-out ones greedily) served by `reef serve` with the demo's gate (held-out qu
 strict verifier), and a learner sabotaged two ways at once: a learning rate 100x the demo's, and
 a client that reports every score flipped (a right answer 0, a wrong one 1). Every candidate it
 makes is judged and rejected; the chain holds the base release only, and serving never moved.
+The same with the demo's canary and `gate.live_split`: the canary serves the sabotaged candidates
+to live traffic, whose flipped scores favour them (so it is never withdrawn), and the gate still
+rejects them on its tasks (live scores never carry a candidate its tasks do not favour).
 """
 
 from __future__ import annotations
@@ -34,7 +37,14 @@ def model_dir() -> Path:
     return ensure_embedded_model()
 
 
-def test_flipped_rewards_at_100x_the_learning_rate_are_never_published(model_dir: Path, tmp_path: Path) -> None:
+# the demo's canary and live split: every request served by the newest candidate, whose live
+# scores (flipped, so they favour it) join the gate's test once its tasks stall
+WITH_CANARY = {"canary": {"demo": 1.0}, "live_split": 0.5}
+
+
+@pytest.mark.parametrize("extra", [{}, WITH_CANARY], ids=["gate", "canary_and_live_split"])
+def test_flipped_rewards_at_100x_the_learning_rate_are_never_published(model_dir: Path, tmp_path: Path,
+                                                                      extra: dict) -> None:
     gate_tasks = tmp_path / "gate.jsonl"
     gate_tasks.write_text("".join(f"{line}\n" for line in
                                   demo_tasks.write_heldout_jsonl(tmp_path / "all.jsonl").read_text().splitlines()[:24]))
@@ -42,7 +52,9 @@ def test_flipped_rewards_at_100x_the_learning_rate_are_never_published(model_dir
                 "learner": {"poll_interval": 0.2,
                             "sao": {"batch_size": 8, "steps_per_candidate": 1, "lr": 100 * LEARNING_RATE},
                             "gate": {"tasks": str(gate_tasks), "scorer": "reef.demo.tasks:gate_score",
-                                     "max_tokens": 8, "temperature": 0}}}
+                                     "max_tokens": 8, "temperature": 0,
+                                     **({"live_split": extra["live_split"]} if extra else {})},
+                            **({"canary": extra["canary"]} if extra else {})}}
     with ReefServer(tmp_path, settings, startup_timeout=300) as reef, ReefClient(reef.url, timeout=120) as client:
         deadline = time.monotonic() + 600
         with ThreadPoolExecutor(4) as pool:

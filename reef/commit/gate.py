@@ -41,7 +41,7 @@ from reef.config import GateConfig
 from reef.core.chat import ChatRequest, ChatResult, Message
 from reef.core.dotted import load_dotted
 from reef.core.errors import InvalidInput
-from reef.core.live_evidence import LiveEvidence, combined_p
+from reef.core.live_evidence import LiveEvidence, combined_p, tasks_share_p
 from reef.core.sign_test import sign_test_p
 from reef.core.types import Release, ReleaseRef, Verdict
 from reef.core.training import Sample
@@ -251,14 +251,14 @@ def paired_verdict(before: list[float], after: list[float], margin: float, confi
     """Select when the mean gain reaches `margin` and the sign test says wins beat losses.
     `tasks`: each pair's index in the task file, kept in `per_task` (as `index`). `live`: the
     line's live scores against the serving release's join the sign test (one combined test, see
-    `reef.core.live_evidence`); the tasks must then not lean against the candidate (wins at
-    least its losses), and a line ahead on live scores can carry a tie on them."""
+    `reef.core.live_evidence`); the tasks must then bring at least half the evidence themselves
+    (`tasks_share_p`): live scores are the client's, and can never carry a tie on the tasks."""
     diffs = [a - b for a, b in zip(after, before)]
     wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
     p_tasks = sign_test_p(wins, losses)
     p_value = p_tasks if live is None else combined_p(wins, losses, live)
     gain = _mean(diffs)
-    leaning = wins > losses if live is None else wins >= losses
+    leaning = wins > losses if live is None else p_tasks <= tasks_share_p(1 - confidence)
     ok = leaning and gain >= margin and p_value <= 1 - confidence
     metrics = {
         "gate": "tasks", "n": len(diffs), "wins": wins, "losses": losses, "ties": len(diffs) - wins - losses,

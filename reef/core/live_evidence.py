@@ -9,7 +9,11 @@ combines that z with its sign test's (normal approximation with continuity corre
 Stouffer's sum, equal weights: one test at one level, so adding live evidence adds no chance of
 selecting a candidate when neither it (its tasks) nor its line (the live scores) is better. The
 live scores are of the line's recent canaries, not of the candidate alone; a candidate that broke
-what its line had shows it on its own tasks, which must not lean against it.
+what its line had shows it on its own tasks. And live scores are the client's: a client whose
+scores are wrong (flipped by a bug, or lying for the canary) can make their z as large as it
+likes, so the tasks must bring at least half the evidence themselves (`tasks_share_p`: their own
+p at most the square root of the level, half of its log); live scores bring the rest, and can
+never carry a candidate its tasks show level with the serving release or behind it.
 """
 
 from __future__ import annotations
@@ -75,3 +79,9 @@ def combined_p(wins: int, losses: int, live: LiveEvidence) -> float:
     """One-sided p of the tasks' sign test and the live scores together (Stouffer, equal weights)."""
     z = (sign_test_z(wins, losses) + live.z()) / math.sqrt(2)
     return 1 - NormalDist().cdf(z)
+
+
+def tasks_share_p(level: float) -> float:
+    """The largest p the tasks' own sign test may have for live scores to join it: the square root
+    of the level (at 0.2, 0.45: a 2-0 or a 3-1 can be carried, a 1-0 or a 4-3 cannot)."""
+    return math.sqrt(level)
