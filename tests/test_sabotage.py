@@ -7,7 +7,9 @@ a client that reports every score flipped (a right answer 0, a wrong one 1). Eve
 makes is judged and rejected; the chain holds the base release only, and serving never moved.
 The same with the demo's canary and `gate.live_split`: the canary serves the sabotaged candidates
 to live traffic, whose flipped scores favour them (so it is never withdrawn), and the gate still
-rejects them on its tasks (live scores never carry a candidate its tasks do not favour).
+rejects them on its tasks. (A sabotaged line is worse on its tasks at once, so its verdicts are
+not undecided and the split seldom begins here; the combined test with a client's live scores
+far in the candidate's favour is tests/test_live_evidence.py's.)
 """
 
 from __future__ import annotations
