@@ -370,6 +370,11 @@ def table(arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plot_subject(arms: dict[str, dict[str, Any]]) -> str:
+    """What the picture shows: the race only where the bare loop ran beside Reef."""
+    return "Reef vs a bare loop" if "bare" in arms and "reef" in arms else "Reef's arm alone" if "reef" in arms else "the bare loop alone"
+
+
 def plot(arms: dict[str, dict[str, Any]], base: float, task: RaceTask, path: Path) -> None:
     import matplotlib
 
@@ -385,7 +390,7 @@ def plot(arms: dict[str, dict[str, Any]], base: float, task: RaceTask, path: Pat
         ax.annotate(f"+{g}" if g else "base", (1.0, 100 * base + g), xycoords=("axes fraction", "data"),
                     xytext=(3, -3), textcoords="offset points", fontsize=8, color="grey")
     ax.set(xlabel="minutes of wall clock", ylabel="test success, greedy (%)", ylim=(0, 100),
-           title=f"task {task.name}: Reef vs a bare loop, {len(task.module.test_tasks())} test questions")
+           title=f"task {task.name}: {plot_subject(arms)}, {len(task.module.test_tasks())} test questions")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -11,7 +11,8 @@ success of each arm at the end and over minutes 10-15, Reef's scored samples and
 whether the run met the target (Reef's +30 no later than 1.5x the bare loop's minute; Reef's
 end no lower than the bare loop's). Over the runs: how many met each half, and Reef's end minus
 the bare loop's (mean, its standard error, and the sign test over runs either way: one run's
-end moves a few points by chance, 91 test questions). Reads files only: no model, seconds.
+end moves a few points by chance, 91 test questions), and the same target read between bare loops
+of different seeds, its noise floor. Reads files only: no model, seconds.
 """
 
 from __future__ import annotations
@@ -65,6 +66,23 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
             "rejected": reef_arm.get("rejected"), "errors": reef_arm.get("errors")}
 
 
+def spread(values: list[float]) -> dict[str, Any]:
+    return {"runs": len(values), "mean": statistics.fmean(values) if values else None,
+            "stdev": statistics.stdev(values) if len(values) > 1 else None}
+
+
+def bare_against_bare(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The noise floor of the end target: the bare loop of one seed against that of another (the same task,
+    the same test questions). A second loop no better than the first still ends no lower only in some pairs."""
+    ends: dict[str, dict[int, float]] = {}
+    for r in rows:
+        ends.setdefault(r["task"], {})[r["seed"]] = 100 * r["final"]["bare"]
+    pairs = [(a, b) for by_seed in ends.values() for i, a in by_seed.items() for j, b in by_seed.items() if i != j]
+    bare_ends = [end for by_seed in ends.values() for end in by_seed.values()]
+    return {"ordered_pairs": len(pairs), "no_lower": sum(a >= b - 1e-6 for a, b in pairs), "bare_end": spread(bare_ends),
+            "reef_end": spread([100 * r["final"]["reef"] for r in rows])}
+
+
 def reading(rows: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [100 * r["end_gap"] for r in rows]
     above, below = sum(g > 1e-6 for g in gaps), sum(g < -1e-6 for g in gaps)
@@ -75,7 +93,8 @@ def reading(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "end_gap_points": {"mean": statistics.fmean(gaps), "median": statistics.median(gaps),
                                "standard_error": statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else None,
                                "above": above, "below": below, "level": len(gaps) - above - below,
-                               "p_reef_lower": sign_test_p(below, above), "p_reef_higher": sign_test_p(above, below)}}
+                               "p_reef_lower": sign_test_p(below, above), "p_reef_higher": sign_test_p(above, below)},
+            "bare_against_bare": bare_against_bare(rows)}
 
 
 def readings(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -96,7 +115,19 @@ def reading_text(name: str, summary: dict[str, Any]) -> list[str]:
             f"bare loop's in {summary['end_met']} of {summary['runs']}; requests failed: {summary['requests_failed']}",
             f"  Reef's end minus the bare loop's, points: mean {gap['mean']:+.1f} (standard error {se}), median "
             f"{gap['median']:+.1f}; above in {gap['above']}, below in {gap['below']}, level in {gap['level']} "
-            f"(sign test over runs: p {gap['p_reef_lower']:.2f} that Reef ends lower, {gap['p_reef_higher']:.2f} higher)"]
+            f"(sign test over runs: p {gap['p_reef_lower']:.2f} that Reef ends lower, {gap['p_reef_higher']:.2f} higher)",
+            *noise_floor_text(summary["bare_against_bare"])]
+
+
+def noise_floor_text(floor: dict[str, Any]) -> list[str]:
+    if not floor["ordered_pairs"]:
+        return []
+    bare, reef = floor["bare_end"], floor["reef_end"]
+    number = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    return [f"  The bare loop against itself (another seed, the same test questions): no lower in {floor['no_lower']} "
+            f"of {floor['ordered_pairs']} ordered pairs. Ends at 15, points: bare mean {number(bare['mean'])} "
+            f"(stdev {number(bare['stdev'])}, {bare['runs']} seeds), Reef mean {number(reef['mean'])} "
+            f"(stdev {number(reef['stdev'])}, {reef['runs']} runs)"]
 
 
 def text(rows: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> str:

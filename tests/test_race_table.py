@@ -35,3 +35,16 @@ def test_rows_and_reading_from_the_records(tmp_path: Path) -> None:
 def test_a_bare_loop_of_another_seed_is_refused(tmp_path: Path) -> None:
     done = table(tmp_path, f"{RACES / 'dd3.json'}@{RACES / 'dd4.json'}")
     assert done.returncode != 0 and "another task or seed" in done.stderr
+
+
+def test_the_bare_loop_against_itself_is_the_noise_floor(tmp_path: Path) -> None:
+    done = table(tmp_path, str(RACES / "dd3.json"), str(RACES / "dd4.json"), f"{RACES / 'ld4.json'}@{RACES / 'dd4.json'}",
+                 str(RACES / "ds4.json"))
+    assert done.returncode == 0, done.stderr
+    readings = json.loads((tmp_path / "t.json").read_text())["readings"]
+    floor = readings["demo"]["bare_against_bare"]
+    assert (floor["ordered_pairs"], floor["no_lower"]) == (2, 1)  # seeds 3 and 4, seed 4's bare loop counted once
+    assert (floor["bare_end"]["runs"], floor["reef_end"]["runs"]) == (2, 3)
+    assert round(floor["bare_end"]["mean"], 2) == round((93.4066 + 87.9121) / 2, 2)
+    assert readings["all"]["bare_against_bare"]["ordered_pairs"] == 2  # never a demo seed against a sentence seed
+    assert "no lower in 1 of 2 ordered pairs" in done.stdout
