@@ -372,7 +372,9 @@ def table(arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> str:
 
 def plot_subject(arms: dict[str, dict[str, Any]]) -> str:
     """What the picture shows: the race only where the bare loop ran beside Reef."""
-    return "Reef vs a bare loop" if "bare" in arms and "reef" in arms else "Reef's arm alone" if "reef" in arms else "the bare loop alone"
+    if "bare" in arms and "reef" in arms:
+        return "Reef vs a bare loop"
+    return "Reef's arm alone" if "reef" in arms else "the bare loop alone"
 
 
 def plot(arms: dict[str, dict[str, Any]], base: float, task: RaceTask, path: Path) -> None:
