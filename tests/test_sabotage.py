@@ -102,7 +102,7 @@ def test_live_scores_that_lie_never_carry_a_line_whose_tasks_tie(model_dir: Path
                 list(pool.map(lambda task: _ask_and_report_lying(reef, client, task), demo_tasks.train_tasks()[:8]))
                 verdict = _verdict_with_live_scores(client)
         metrics = verdict["metrics"]
-        live, last_look_level = metrics["live"], (1 - metrics["confidence"]) * 3 / 4  # the demo's three looks
+        live, last_look_level = metrics["live"], (1 - metrics["confidence"]) * 3 / 4  # reef.commit.gate: a quarter goes to the early looks
         assert (live["line_mean"], live["serving_mean"], live["z"]) == (1.0, 0.0, 8.0), live
         assert (metrics["wins"], metrics["losses"], metrics["p_tasks"]) == (0, 0, 1.0), metrics
         assert metrics["p_value"] <= last_look_level  # the live scores alone would have carried it
@@ -115,20 +115,22 @@ def _verdict_with_live_scores(client: ReefClient) -> dict | None:
     return next((d["verdict"] for d in decisions if d["verdict"] and "live" in d["verdict"]["metrics"]), None)
 
 
-def _ask_and_report_lying(reef: ReefServer, client: ReefClient, task: dict) -> None:
+def _ask(reef: ReefServer, task: dict) -> httpx.Response:
     body = {"model": "m", "messages": demo_tasks.messages(task), "temperature": 1.0, "max_tokens": 16}
     response = httpx.post(f"{reef.base_url}/chat/completions", json=body, timeout=120,
                           headers={"x-reef-scenario": "demo"})
     response.raise_for_status()
+    return response
+
+
+def _ask_and_report_lying(reef: ReefServer, client: ReefClient, task: dict) -> None:
+    response = _ask(reef, task)
     served_by_the_line = response.headers["x-reef-release-id"].startswith(CANARY_PREFIX)
     client.report(response.headers["x-reef-agent-record-id"], score=1.0 if served_by_the_line else 0.0)
 
 
 def _ask_and_report_flipped(reef: ReefServer, client: ReefClient, task: dict) -> None:
-    body = {"model": "m", "messages": demo_tasks.messages(task), "temperature": 1.0, "max_tokens": 16}
-    response = httpx.post(f"{reef.base_url}/chat/completions", json=body, timeout=120,
-                          headers={"x-reef-scenario": "demo"})
-    response.raise_for_status()
+    response = _ask(reef, task)
     choice = response.json()["choices"][0]
     score = demo_tasks.score(task, choice["message"]["content"] or "", choice["finish_reason"])
     client.report(response.headers["x-reef-agent-record-id"], score=1.0 - score)  # the sabotage
