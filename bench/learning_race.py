@@ -377,6 +377,9 @@ def plot_subject(arms: dict[str, dict[str, Any]]) -> str:
     return "Reef's arm alone" if "reef" in arms else "the bare loop alone"
 
 
+ARM_COLOURS = {"bare": "C0", "reef": "C1", "line": "C2"}  # an arm keeps its colour when another did not run
+
+
 def plot(arms: dict[str, dict[str, Any]], base: float, task: RaceTask, path: Path) -> None:
     import matplotlib
 
@@ -386,7 +389,8 @@ def plot(arms: dict[str, dict[str, Any]], base: float, task: RaceTask, path: Pat
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, arm in arms.items():
         minutes = [s["second"] / 60 for s in arm["snapshots"]]
-        ax.plot(minutes, [100 * s["success"] for s in arm["snapshots"]], marker="o", label=name)
+        ax.plot(minutes, [100 * s["success"] for s in arm["snapshots"]], marker="o", label=name,
+                color=ARM_COLOURS.get(name))
     for g in (0, *GAINS):
         ax.axhline(100 * base + g, color="grey", lw=0.6, ls="-" if g == 0 else ":")
         ax.annotate(f"+{g}" if g else "base", (1.0, 100 * base + g), xycoords=("axes fraction", "data"),
