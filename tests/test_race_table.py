@@ -48,3 +48,16 @@ def test_the_bare_loop_against_itself_is_the_noise_floor(tmp_path: Path) -> None
     assert round(floor["bare_end"]["mean"], 2) == round((93.4066 + 87.9121) / 2, 2)
     assert readings["all"]["bare_against_bare"]["ordered_pairs"] == 2  # never a demo seed against a sentence seed
     assert "no lower in 1 of 2 ordered pairs" in done.stdout
+
+
+def test_runs_of_one_seed_count_once_in_the_reading_by_seed(tmp_path: Path) -> None:
+    done = table(tmp_path, str(RACES / "ds3.json"), f"{RACES / 'ls3.json'}@{RACES / 'ds3.json'}", str(RACES / "ds4.json"))
+    assert done.returncode == 0, done.stderr
+    rows = {r["label"]: r for r in json.loads((tmp_path / "t.json").read_text())["rows"]}
+    seeds = json.loads((tmp_path / "t.json").read_text())["readings"]["all"]["by_seed"]
+    seed3 = 100 * (rows["ds3"]["end_gap"] + rows["ls3"]["end_gap"]) / 2
+    seed4 = 100 * rows["ds4"]["end_gap"]
+    assert seeds["seeds"] == 2 and abs(seeds["mean"] - (seed3 + seed4) / 2) < 1e-9
+    assert abs(seeds["standard_error"] - abs(seed3 - seed4) / 2) < 1e-9  # two values: stdev |a - b| / sqrt 2, over sqrt 2
+    assert abs(seeds["lower_95"] - (seeds["mean"] - 1.645 * seeds["standard_error"])) < 1e-9
+    assert "Each seed once (its Reef runs averaged)" in done.stdout
