@@ -8,12 +8,12 @@ the file's stem otherwise). A run of Reef's arm alone (`--arms reef`) is read ag
 loop of another run of the same task and seed: `REEF.json@BARE.json`. Per run: the minute each
 arm first stood +30 points over the base on the test, Reef's over the bare loop's, the test
 success of each arm at the end and over minutes 10-15, Reef's scored samples and verdicts, and
-whether the run met the target (Reef's +30 no later than 1.5x the bare loop's minute; Reef's
-end no lower than the bare loop's). Over the runs: how many met each half, and Reef's end minus
-the bare loop's (mean, its standard error, and the sign test over runs either way: one run's
-end moves a few points by chance, 91 test questions), the same with each seed counted once and the
-most it allows Reef to end below, and the same target read between bare loops of different seeds,
-its noise floor. Reads files only: no model, seconds.
+whether the run met the target (Reef's +30 no later than 1.5x the bare loop's minute, "neither"
+where neither arm reached it; Reef's end no lower than the bare loop's). Over the runs: how many
+met each half, and Reef's end minus the bare loop's (mean, its standard error, and the sign test
+over runs either way: one run's end moves a few points by chance, 91 test questions), the same
+with each seed counted once and the most it allows Reef to end below, and the same target read
+between bare loops of different seeds, its noise floor. Reads files only: no model, seconds.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from reef.core.sign_test import sign_test_p  # noqa: E402
 
 TIME_RATIO = 1.5  # the target: Reef's +30 no later than this times the bare loop's minute
 GAIN = 30
+TIME_WORDS = {True: "met", False: "missed", None: "neither"}
 NORMAL_95 = 1.645  # one-sided 95% point of the normal distribution
 
 
@@ -59,7 +60,9 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
     summary = summarise(run["arms"], run["base"])  # what bench/learning_race.py prints for one run
     reach = {name: gains[str(GAIN)] for name, gains in summary["minutes_to_gain"].items()}
     final, ratio = summary["final"], summary["ratio_reef_over_bare"][str(GAIN)]
-    time_met = reach["reef"] is not None and (reach["bare"] is None or reach["reef"] <= TIME_RATIO * reach["bare"] + 1e-9)
+    time_met = (None if reach["reef"] is None and reach["bare"] is None  # neither reached it: nothing to compare
+                else reach["reef"] is not None and (reach["bare"] is None
+                                                    or reach["reef"] <= TIME_RATIO * reach["bare"] + 1e-9))
     reef_arm = run["arms"]["reef"]
     return {"label": run["label"], "task": run["task"], "seed": run["seed"], "reach": reach, "ratio": ratio,
             "final": final, "late": summary["late_mean"], "end_gap": final["reef"] - final["bare"],
@@ -104,7 +107,8 @@ def reading(rows: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [100 * r["end_gap"] for r in rows]
     above, below = sum(g > 1e-6 for g in gaps), sum(g < -1e-6 for g in gaps)
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
-    return {"runs": len(rows), "time_met": sum(r["time_met"] for r in rows),
+    return {"runs": len(rows), "time_met": sum(r["time_met"] is True for r in rows),
+            "time_unreached": sum(r["time_met"] is None for r in rows),
             "ratio_median": statistics.median(ratios) if ratios else None,
             "end_met": sum(r["end_met"] for r in rows), "requests_failed": sum(r["errors"] or 0 for r in rows),
             "end_gap_points": {"mean": statistics.fmean(gaps), "median": statistics.median(gaps),
@@ -127,8 +131,10 @@ def reading_text(name: str, summary: dict[str, Any]) -> list[str]:
     gap = summary["end_gap_points"]
     se = "-" if gap["standard_error"] is None else f"{gap['standard_error']:.1f}"
     ratios = summary["ratio_median"]
+    unreached = summary["time_unreached"]
     return [f"{name}: +{GAIN} within {TIME_RATIO}x of the bare loop's minute in {summary['time_met']} of "
-            f"{summary['runs']} (median ratio {'-' if ratios is None else f'{ratios:.2f}x'}); end no lower than the "
+            f"{summary['runs'] - unreached} (median ratio {'-' if ratios is None else f'{ratios:.2f}x'})"
+            f"{f', neither arm reached it in {unreached} more' if unreached else ''}; end no lower than the "
             f"bare loop's in {summary['end_met']} of {summary['runs']}; requests failed: {summary['requests_failed']}",
             f"  Reef's end minus the bare loop's, points: mean {gap['mean']:+.1f} (standard error {se}), median "
             f"{gap['median']:+.1f}; above in {gap['above']}, below in {gap['below']}, level in {gap['level']} "
@@ -169,7 +175,7 @@ def text(rows: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> st
             f"| {r['label']} | {r['task']}, {r['seed']} | {mins(r['reach']['bare'])} | {mins(r['reach']['reef'])}{ratio} | "
             f"{mins(r['reach'].get('line'))} | {pct(r['final']['bare'])}, {pct(r['final']['reef'])}, {line_final} | "
             f"{pct(r['late']['bare'])}, {pct(r['late']['reef'])} | {r['samples']} | {r['published']}/{r['rejected']} | "
-            f"{'met' if r['time_met'] else 'missed'} | {end} |")
+            f"{TIME_WORDS[r['time_met']]} | {end} |")
     lines.append("")
     for name, summary in summaries.items():
         lines += reading_text(name, summary)

@@ -61,3 +61,15 @@ def test_runs_of_one_seed_count_once_in_the_reading_by_seed(tmp_path: Path) -> N
     assert abs(seeds["standard_error"] - abs(seed3 - seed4) / 2) < 1e-9  # two values: stdev |a - b| / sqrt 2, over sqrt 2
     assert abs(seeds["lower_95"] - (seeds["mean"] - 1.645 * seeds["standard_error"])) < 1e-9
     assert "Each seed once (its Reef runs averaged)" in done.stdout
+
+
+def test_a_run_where_neither_arm_reached_the_gain_is_not_counted_for_the_time(tmp_path: Path) -> None:
+    done = table(tmp_path, str(RACES / "hs6.json"), str(RACES / "ds4.json"))
+    assert done.returncode == 0, done.stderr
+    out = json.loads((tmp_path / "t.json").read_text())
+    rows = {r["label"]: r for r in out["rows"]}
+    assert rows["hs6"]["reach"] == {"bare": None, "reef": None, "line": None} and rows["hs6"]["time_met"] is None
+    assert rows["hs6"]["end_met"]  # the gate kept the base while both loops fell to 0%
+    reading = out["readings"]["all"]
+    assert (reading["time_met"], reading["time_unreached"]) == (1, 1)
+    assert "| neither | met |" in done.stdout and "in 1 of 1 (median ratio 1.40x), neither arm reached it in 1 more" in done.stdout
