@@ -175,6 +175,7 @@ class GateConfig(Strict):
                                        "decision)")
     live_split: float | None = Field(None, gt=0, lt=1, description="For scenarios with a canary: once three "
                                      "verdicts in a row against one serving release run to their last look undecided, "
+                                     "their candidates not behind on the tasks, "
                                      "the canary serves this fraction of "
                                      "requests (in place of learner.canary's) until the head moves, so the line and "
                                      "the serving release are served side by side, and the line's live scores since "

@@ -1,6 +1,6 @@
 """Live scores as evidence (`gate.live_split`): the tests themselves, the gate's combined verdict,
 and the learner's split: begun when verdicts run to their last look undecided STALLED_VERDICTS
-times in a row against one head, the canary then
+times in a row against one head, their candidates not behind on the tasks, the canary then
 serving the split's fraction, the line's and the serving release's scores over the same time
 handed to the gate with the next candidate, and the split ended when the head moves."""
 
@@ -158,7 +158,8 @@ class FractionCanary:
         return None
 
 
-UNDECIDED = {**PROMISING, "early": False}  # ran to its last look, not worse, not better
+UNDECIDED = {"wins": 4, "losses": 3, "p_worse": sign_test_p(3, 4), "early": False}  # ran to its last look, ahead, not enough
+BEHIND = {**PROMISING, "early": False}  # ran to its last look behind on the tasks, not surely worse
 
 
 def test_an_undecided_last_look_splits_the_traffic_and_the_lines_live_scores_reach_the_next_verdict(
@@ -211,5 +212,22 @@ def test_without_live_split_an_undecided_verdict_changes_nothing(tiny_model_dir:
             await learner.step()
             await until(lambda: learner._gate_idle() and learner.waiting is None, "the verdict")
         assert not learner.live.split and {f for _, f in canary.started} == {1.0} and set(gate.live) == {None}
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+def test_verdicts_behind_on_the_tasks_never_start_the_split(tiny_model_dir: Path, tmp_path: Path) -> None:
+    async def body(rig: Rig) -> None:
+        tie = {"wins": 2, "losses": 2, "p_worse": sign_test_p(2, 2), "early": False}
+        canary = FractionCanary(1.0)
+        gate = ScriptedGate(*[("reject", BEHIND)] * (STALLED_VERDICTS + 1), *[("reject", tie)] * STALLED_VERDICTS)
+        learner = rig.learner(gate, canary, live_split=0.25)
+        for judged in range(1, 2 * STALLED_VERDICTS + 2):
+            await rig.feed(4)
+            await learner.step()
+            await until(lambda: len(gate.judged) == judged and learner._gate_idle(), f"candidate {judged} judged")
+            # a line behind is not served to more of the traffic; ties count, as at a ceiling
+            assert learner.live.split is (judged == 2 * STALLED_VERDICTS + 1)
+        assert learner.working is not None  # each was trained on from: behind, but not surely worse
 
     run_with_rig(tmp_path, tiny_model_dir, body)

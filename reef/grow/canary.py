@@ -14,7 +14,7 @@ each side's own variance would then withdraw it on the serving side's spread alo
 that does not opt in never gets one.
 
 The split (`gate.live_split`): once the gate's tasks have left STALLED_VERDICTS candidates in a
-row undecided against the same serving release, the canaries
+row undecided against the same serving release, none of them behind on the tasks, the canaries
 started from then on serve the split's fraction and the serving release the rest, until the head
 moves; the scores of those canaries (the line) and of the serving release over the same time are
 the live evidence the learner hands the gate with each later candidate (at least MIN_SPLIT_SCORES
@@ -37,7 +37,8 @@ SERVING_WINDOW = 64  # the serving release's latest scores, the canary's yardsti
 KEEP_CANARIES = 16  # recent canaries whose scores are kept (one may be published after a newer one started)
 MIN_SPLIT_SCORES = 32  # of each side before the split's live scores join a verdict
 SPLIT_WINDOW = 2048  # the latest scores kept of each side; both are cut to the time both cover
-# verdicts in a row that run to their last look undecided against one head before the split
+# verdicts in a row that run to their last look undecided against one head, their candidates not
+# behind on the tasks, before the split
 # begins: it moves training samples to the serving release, so it waits for the tasks to stall
 STALLED_VERDICTS = 3
 

@@ -20,7 +20,8 @@ judged tells the gate, which stops that verdict at its next undecided look. At m
 batches are open: at the gate, waiting, in training. A
 candidate trained on from one the gate then found surely worse is abandoned (logged) unjudged,
 and a rollback sends training back to the head. With `gate.live_split` and a canary, once
-STALLED_VERDICTS verdicts in a row against one head run to their last look undecided, the canary
+STALLED_VERDICTS verdicts in a row against one head run to their last look undecided with the
+candidate not behind on the tasks (a tie or more wins than losses), the canary
 serves the split's fraction until the head moves, and each later candidate goes to the gate with
 the split's live scores (`reef.grow.canary.LiveScores.evidence`); the split is in memory only, and
 starts again after a restart. A harness candidate is made from the head and judged against exactly that head, one at a
@@ -47,7 +48,7 @@ from reef.core.learned import LearnedCandidate
 from reef.core.training import checkpoint_part
 from reef.core.types import CommitEntry, Operation, Release, ReleaseRef, ReportedRecords, Verdict
 from reef.grow.canary import STALLED_VERDICTS, CanaryServing, LiveScores, canary_release_id
-from reef.grow.learner_stats import LearnerStats, LineageEvidence, SampleWait, promising
+from reef.grow.learner_stats import LearnerStats, LineageEvidence, SampleWait, behind_on_tasks, promising
 from reef.grow.loop import keep_stepping
 from reef.grow.recipe import Abandon, Batch, Job, LearnerView, Made, Recipe
 from reef.grow.training_client import TrainingClient
@@ -377,14 +378,15 @@ class Learner:
             self._drop_working(f"its line lost {self.evidence.losses} to {self.evidence.wins} over "
                                f"{self.evidence.verdicts} rejected candidates")
         elif (self.live_split and not self.live.split and verdict.metrics.get("early") is False
-              and self._stalled(head)):
+              and not behind_on_tasks(verdict) and self._stalled(head)):
             self.live.begin_split()  # the tasks alone cannot tell: serve the line beside the head
             log.info("learner %s: the line and the serving release now share the traffic (%s to the line)",
                      self.scenario, self.live_split)
         self.working_head = head
 
     def _stalled(self, head: str) -> bool:
-        """Count one more verdict left undecided against `head`: whether STALLED_VERDICTS in a row are."""
+        """Count one more verdict left undecided against `head`, its candidate not behind on the
+        tasks: whether STALLED_VERDICTS are (verdicts of other kinds in between are not counted)."""
         count = self.undecided[1] + 1 if self.undecided[0] == head else 1
         self.undecided = (head, count)
         return count >= STALLED_VERDICTS

@@ -49,6 +49,13 @@ def promising(verdict: Verdict) -> bool:
     return int(verdict.metrics.get("wins", 0)) > int(verdict.metrics.get("losses", 0))
 
 
+def behind_on_tasks(verdict: Verdict) -> bool:
+    """Whether the candidate lost more of the gate's tasks than it won. Live scores never carry
+    such a candidate (its tasks' own p is above any look's limit), so its undecided verdict does
+    not start the split, which would serve that line to the split's share of the traffic."""
+    return int(verdict.metrics.get("losses", 0)) > int(verdict.metrics.get("wins", 0))
+
+
 @dataclass
 class LineageEvidence:
     """The gate's wins and losses over the rejected candidates of one line of training, each
