@@ -38,8 +38,8 @@ KEEP_CANARIES = 16  # recent canaries whose scores are kept (one may be publishe
 MIN_SPLIT_SCORES = 32  # of each side before the split's live scores join a verdict
 SPLIT_WINDOW = 2048  # the latest scores kept of each side; both are cut to the time both cover
 # verdicts in a row that run to their last look undecided against one head, their candidates not
-# behind on the tasks, before the split
-# begins: it moves training samples to the serving release, so it waits for the tasks to stall
+# behind on the tasks, before the split begins: it moves training samples to the serving release,
+# so it waits for the tasks to stall
 STALLED_VERDICTS = 3
 
 
