@@ -60,15 +60,19 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
     summary = summarise(run["arms"], run["base"])  # what bench/learning_race.py prints for one run
     reach = {name: gains[str(GAIN)] for name, gains in summary["minutes_to_gain"].items()}
     final, ratio = summary["final"], summary["ratio_reef_over_bare"][str(GAIN)]
-    time_met = (None if reach["reef"] is None and reach["bare"] is None  # neither reached it: nothing to compare
-                else reach["reef"] is not None and (reach["bare"] is None
-                                                    or reach["reef"] <= TIME_RATIO * reach["bare"] + 1e-9))
     reef_arm = run["arms"]["reef"]
     return {"label": run["label"], "task": run["task"], "seed": run["seed"], "reach": reach, "ratio": ratio,
             "final": final, "late": summary["late_mean"], "end_gap": final["reef"] - final["bare"],
-            "time_met": time_met, "end_met": final["reef"] >= final["bare"] - 1e-9,
+            "time_met": time_met(reach), "end_met": final["reef"] >= final["bare"] - 1e-9,
             "samples": reef_arm.get("reports"), "published": reef_arm.get("published"),
             "rejected": reef_arm.get("rejected"), "errors": reef_arm.get("errors")}
+
+
+def time_met(reach: dict[str, float | None]) -> bool | None:
+    """Reef's +30 no later than TIME_RATIO times the bare loop's minute; None where neither reached it."""
+    if reach["reef"] is None:
+        return None if reach["bare"] is None else False
+    return reach["bare"] is None or reach["reef"] <= TIME_RATIO * reach["bare"] + 1e-9
 
 
 def spread(values: list[float]) -> dict[str, Any]:
