@@ -59,7 +59,7 @@ def test_runs_of_one_seed_count_once_in_the_reading_by_seed(tmp_path: Path) -> N
     seed4 = 100 * rows["ds4"]["end_gap"]
     assert seeds["seeds"] == 2 and abs(seeds["mean"] - (seed3 + seed4) / 2) < 1e-9
     assert abs(seeds["standard_error"] - abs(seed3 - seed4) / 2) < 1e-9  # two values: stdev |a - b| / sqrt 2, over sqrt 2
-    assert abs(seeds["lower_95"] - (seeds["mean"] - 1.645 * seeds["standard_error"])) < 1e-9
+    assert abs(seeds["lower_95"] - (seeds["mean"] - 6.3138 * seeds["standard_error"])) < 1e-3  # t, 1 degree of freedom
     assert "Each seed once (its Reef runs averaged)" in done.stdout
 
 
@@ -73,3 +73,12 @@ def test_a_run_where_neither_arm_reached_the_gain_is_not_counted_for_the_time(tm
     reading = out["readings"]["all"]
     assert (reading["time_met"], reading["time_unreached"]) == (1, 1)
     assert "| neither | met |" in done.stdout and "in 1 of 1 (median ratio 1.40x), neither arm reached it in 1 more" in done.stdout
+
+
+def test_the_t_quantile_matches_the_printed_tables() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from race_table import t_quantile
+
+    for df, printed in ((2, 2.920), (6, 1.943), (10, 1.812), (30, 1.697)):
+        assert abs(t_quantile(0.95, df) - printed) < 1e-3
+    assert abs(t_quantile(0.975, 4) - 2.776) < 1e-3
