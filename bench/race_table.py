@@ -12,8 +12,9 @@ whether the run met the target (Reef's +30 no later than 1.5x the bare loop's mi
 where neither arm reached it; Reef's end no lower than the bare loop's). Over the runs: how many
 met each half, and Reef's end minus the bare loop's (mean, its standard error, and the sign test
 over runs either way: one run's end moves a few points by chance, 91 test questions), the same
-with each seed counted once and the most it allows Reef to end below (Student's t), and the same target read
-between bare loops of different seeds, its noise floor. Reads files only: no model, seconds.
+with each seed counted once and the most it allows Reef to end below (Student's t), the kinds of
+question each arm learned (a kind flips whole), and the same target read between bare loops of
+different seeds, its noise floor. Reads files only: no model, seconds.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from reef.core.sign_test import sign_test_p  # noqa: E402
 TIME_RATIO = 1.5  # the target: Reef's +30 no later than this times the bare loop's minute
 GAIN = 30
 TIME_WORDS = {True: "met", False: "missed", None: "neither"}
+HELD = 0.5  # a kind of question an arm answers this share of at minute 15 or more is one it learned
 ONE_SIDED = 0.95
 
 
@@ -85,6 +87,7 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
     return {"label": run["label"], "task": run["task"], "seed": run["seed"], "reach": reach, "ratio": ratio,
             "final": final, "late": summary["late_mean"], "end_gap": final["reef"] - final["bare"],
             "time_met": time_met(reach), "end_met": final["reef"] >= final["bare"] - 1e-9,
+            "kinds_held": kinds_held(run["arms"]),
             "samples": reef_arm.get("reports"), "published": reef_arm.get("published"),
             "rejected": reef_arm.get("rejected"), "errors": reef_arm.get("errors")}
 
@@ -94,6 +97,30 @@ def time_met(reach: dict[str, float | None]) -> bool | None:
     if reach["reef"] is None:
         return None if reach["bare"] is None else False
     return reach["bare"] is None or reach["reef"] <= TIME_RATIO * reach["bare"] + 1e-9
+
+
+def kinds_held(arms: dict[str, Any]) -> dict[str, list[str]] | None:
+    """The kinds of question each arm answers HELD or more of at the end (None: a record without kinds)."""
+    ends = {name: arm["snapshots"][-1].get("by_kind") for name, arm in arms.items()}
+    if any(by_kind is None for by_kind in ends.values()):
+        return None
+    return {name: sorted(kind for kind, v in by_kind.items() if kind != "all" and v >= HELD)
+            for name, by_kind in ends.items()}
+
+
+def kinds_reading(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Each kind of each run counted once: held at the end by both arms, by one, or by neither. A
+    kind flips whole (learned or not), so the end's spread is mostly which kinds a loop happened to
+    learn; the sign test over the kinds only one arm held says whether Reef learns fewer."""
+    rows = [r for r in rows if r["kinds_held"] is not None]
+    if not rows:
+        return None
+    kinds = [set(r["kinds_held"]["bare"]) | set(r["kinds_held"]["reef"]) for r in rows]
+    bare_only = sum(len(set(r["kinds_held"]["bare"]) - set(r["kinds_held"]["reef"])) for r in rows)
+    reef_only = sum(len(set(r["kinds_held"]["reef"]) - set(r["kinds_held"]["bare"])) for r in rows)
+    return {"runs": len(rows), "bare": sum(len(r["kinds_held"]["bare"]) for r in rows),
+            "reef": sum(len(r["kinds_held"]["reef"]) for r in rows), "either": sum(map(len, kinds)),
+            "bare_only": bare_only, "reef_only": reef_only, "p_reef_fewer": sign_test_p(bare_only, reef_only)}
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -140,7 +167,7 @@ def reading(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                "standard_error": statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else None,
                                "above": above, "below": below, "level": len(gaps) - above - below,
                                "p_reef_lower": sign_test_p(below, above), "p_reef_higher": sign_test_p(above, below)},
-            "by_seed": by_seed(rows), "bare_against_bare": bare_against_bare(rows)}
+            "by_seed": by_seed(rows), "kinds": kinds_reading(rows), "bare_against_bare": bare_against_bare(rows)}
 
 
 def readings(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -164,7 +191,8 @@ def reading_text(name: str, summary: dict[str, Any]) -> list[str]:
             f"  Reef's end minus the bare loop's, points: mean {gap['mean']:+.1f} (standard error {se}), median "
             f"{gap['median']:+.1f}; above in {gap['above']}, below in {gap['below']}, level in {gap['level']} "
             f"(sign test over runs: p {gap['p_reef_lower']:.2f} that Reef ends lower, {gap['p_reef_higher']:.2f} higher)",
-            *by_seed_text(summary["by_seed"]), *noise_floor_text(summary["bare_against_bare"])]
+            *by_seed_text(summary["by_seed"]), *kinds_text(summary["kinds"]),
+            *noise_floor_text(summary["bare_against_bare"])]
 
 
 def by_seed_text(seeds: dict[str, Any]) -> list[str]:
@@ -173,6 +201,14 @@ def by_seed_text(seeds: dict[str, Any]) -> list[str]:
     return [f"  Each seed once (its Reef runs averaged): mean {seeds['mean']:+.1f} (standard error "
             f"{seeds['standard_error']:.1f}, {seeds['seeds']} seeds); Reef ends no more than "
             f"{max(0.0, -seeds['lower_95']):.1f} points below the bare loop at 95% (one-sided, Student's t)"]
+
+
+def kinds_text(kinds: dict[str, Any] | None) -> list[str]:
+    if kinds is None:
+        return []
+    return [f"  Kinds of question held at 15 ({100 * HELD:.0f}% or more), over {kinds['runs']} runs: bare "
+            f"{kinds['bare']}, Reef {kinds['reef']}; the bare loop alone held {kinds['bare_only']}, Reef alone "
+            f"{kinds['reef_only']} (sign test: p {kinds['p_reef_fewer']:.2f} that Reef holds fewer)"]
 
 
 def noise_floor_text(floor: dict[str, Any]) -> list[str]:

@@ -82,3 +82,15 @@ def test_the_t_quantile_matches_the_printed_tables() -> None:
     for df, printed in ((2, 2.920), (6, 1.943), (10, 1.812), (30, 1.697)):
         assert abs(t_quantile(0.95, df) - printed) < 1e-3
     assert abs(t_quantile(0.975, 4) - 2.776) < 1e-3
+
+
+def test_the_kinds_each_arm_held_at_the_end(tmp_path: Path) -> None:
+    done = table(tmp_path, str(RACES / "ds2.json"), str(RACES / "hs8.json"))
+    assert done.returncode == 0, done.stderr
+    out = json.loads((tmp_path / "t.json").read_text())
+    rows = {r["label"]: r for r in out["rows"]}
+    assert rows["ds2"]["kinds_held"]["bare"] == ["language"]  # the bare loop of seed 2 lost the others by 15
+    assert rows["hs8"]["kinds_held"]["reef"] == ["capital", "opposite", "plural"]  # never the languages
+    kinds = out["readings"]["all"]["kinds"]
+    assert (kinds["bare"], kinds["reef"], kinds["bare_only"], kinds["reef_only"]) == (5, 7, 1, 3)
+    assert "Kinds of question held at 15 (50% or more), over 2 runs: bare 5, Reef 7" in done.stdout
