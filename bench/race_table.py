@@ -111,7 +111,9 @@ def kinds_held(arms: dict[str, Any]) -> dict[str, list[str]] | None:
 def kinds_reading(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Each kind of each run counted once: held at the end by both arms, by one, or by neither. A
     kind flips whole (learned or not), so the end's spread is mostly which kinds a loop happened to
-    learn; the sign test over the kinds only one arm held says whether Reef learns fewer."""
+    learn; the sign test over the kinds only one arm held says whether Reef learns fewer. Over runs,
+    not seeds: a bare loop that several Reef runs are read against counts once for each (a kind is
+    held or not, so runs of one seed cannot be averaged the way `by_seed` averages the end)."""
     rows = [r for r in rows if r["kinds_held"] is not None]
     if not rows:
         return None
