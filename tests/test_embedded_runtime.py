@@ -287,6 +287,17 @@ def test_lora_loads_change_output_and_leave_the_base_alone(tiny_model_dir: Path,
 
 
 @pytest.mark.filterwarnings(LORA_WARNING)
+def test_the_test_adapters_depend_on_their_seed_alone(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import torch
+
+    torch.manual_seed(1)
+    first = lora_files(tiny_model_dir, tmp_path / "first", 5)
+    torch.manual_seed(2)  # another global state, as another order of tests leaves it
+    assert lora_files(tiny_model_dir, tmp_path / "again", 5) == first
+    assert lora_files(tiny_model_dir, tmp_path / "other", 6) != first
+
+
+@pytest.mark.filterwarnings(LORA_WARNING)
 def test_unloaded_or_unknown_loads_refuse_generation(tiny_model_dir: Path, tmp_path: Path) -> None:
     files = lora_files(tiny_model_dir, tmp_path / "a", 3)
 
