@@ -20,7 +20,7 @@ and nothing asks the other half (bench/race_gate_split.py, bench/gate_curse.py).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
         [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--gate-from-train N | --gate-half]
-        [--batching static|continuous] [--turn-steps N]
+        [--batching static|continuous] [--turn-steps N] [--serve-threads N] [--train-threads N]
         [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
@@ -64,8 +64,8 @@ from race_sabotage import FlippedScores  # noqa: E402
 from reef.config import EmbeddedConfig  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
 from reef.demo.server import (CANARY, GATE_AFTER_BATCHES, GATE_CONCURRENCY, GATE_CONCURRENCY_WHEN,  # noqa: E402
-                              GATE_MAX_TOKENS, LEARNING_RATE, LIVE_SPLIT, LOSS, TRAFFIC_MAX_TOKENS,
-                              TRAFFIC_TEMPERATURE, DemoServer, demo_settings, free_port)
+                              GATE_MAX_TOKENS, LEARNING_RATE, LIVE_SPLIT, LOSS, STEPS_PER_CANDIDATE,
+                              TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer, demo_settings, free_port)
 
 BATCH = 8  # the demo's learner.sao.batch_size
 GAINS = (10, 20, 30)  # points over the base
@@ -94,6 +94,8 @@ class ReefArm:
     turn_steps: int | None = None  # embedded.turn_steps; None: Reef's default
     live_split: float | None = LIVE_SPLIT  # learner.gate.live_split: the line beside the head once the tasks stall
     flip_scores: bool = False  # the clients report 1 - score (bench/race_sabotage.py); the gate's scorer stays real
+    serve_threads: int | None = None  # embedded.threads; None: Reef's default, half the cores
+    train_threads: int | None = None  # learner.train_threads; None: Reef's default, the other half
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,10 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
         settings["embedded"]["continuous_batching"] = arm.batching == "continuous"
     if arm.turn_steps is not None:
         settings["embedded"]["turn_steps"] = arm.turn_steps
+    if arm.serve_threads is not None:
+        settings["embedded"]["threads"] = arm.serve_threads
+    if arm.train_threads is not None:
+        settings["learner"]["train_threads"] = arm.train_threads
     line_dir = workdir / "line"
     if arm.line:
         shutil.rmtree(line_dir, ignore_errors=True)
@@ -448,6 +454,12 @@ def main() -> None:
                              f"by nothing) or true (continuous)  [default: Reef's, {REEF_BATCHING}]")
     parser.add_argument("--turn-steps", type=int, default=None,
                         help="reef: embedded.turn_steps, decoding steps a load's batch runs while another load waits")
+    parser.add_argument("--serve-threads", type=int, default=None, metavar="N",
+                        help="reef: embedded.threads, torch threads of the serving runtime (traffic and the gate)  "
+                             "[default: Reef's, half the cores]")
+    parser.add_argument("--train-threads", type=int, default=None, metavar="N",
+                        help="reef: learner.train_threads, torch threads of the training process  "
+                             "[default: Reef's, the other half of the cores]")
     parser.add_argument("--live-split", type=float, default=LIVE_SPLIT, metavar="F",
                         help="reef: learner.gate.live_split, once three verdicts in a row run to their last look "
                              "undecided the canary serves F of the requests and the line's live scores join later "
@@ -479,7 +491,8 @@ def main() -> None:
                 arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
                               args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
                               args.gate_half, args.gate_halves, args.gate_overtake, args.batching,
-                              args.turn_steps, args.live_split, args.flip_scores)
+                              args.turn_steps, args.live_split, args.flip_scores, args.serve_threads,
+                              args.train_threads)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
@@ -499,7 +512,8 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "gate_from_train": args.gate_from_train, "gate_half": args.gate_half, "gate_halves": args.gate_halves,
                 "gate_overtake": args.gate_overtake, "batching": args.batching or REEF_BATCHING,
                 "turn_steps": args.turn_steps, "live_split": args.live_split,
-                "lr": LEARNING_RATE, "batch": BATCH,
+                "serve_threads": args.serve_threads, "train_threads": args.train_threads,
+                "lr": LEARNING_RATE, "batch": BATCH, "steps_per_candidate": STEPS_PER_CANDIDATE,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,
                 "lora": {"r": bare_loop.LORA.r, "alpha": bare_loop.LORA.alpha,

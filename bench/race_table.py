@@ -13,8 +13,10 @@ where neither arm reached it; Reef's end no lower than the bare loop's). Over th
 met each half, and Reef's end minus the bare loop's (mean, its standard error, and the sign test
 over runs either way: one run's end moves a few points by chance, 91 test questions), the same
 with each seed counted once and the most it allows Reef to end below (Student's t), the kinds of
-question each arm learned (a kind flips whole), and the same target read between bare loops of
-different seeds, its noise floor. Reads files only: no model, seconds.
+question each arm learned (a kind flips whole), the same target read between bare loops of
+different seeds (its noise floor), and, for runs with the line (`--line`), the line against the
+bare loop per optimiser step: how much of Reef's end is its steps a minute and how much what a
+step buys. Reads files only: no model, seconds.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ GAIN = 30
 TIME_WORDS = {True: "met", False: "missed", None: "neither"}
 HELD = 0.5  # a kind of question an arm answers this share of at minute 15 or more is one it learned
 ONE_SIDED = 0.95
+STEPS_PER_CANDIDATE = 2  # the demo's learner.sao.steps_per_candidate since 2026-12-01 (records before it lack the field)
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -76,7 +79,8 @@ def load(argument: str) -> dict[str, Any]:
     if "bare" not in arms or "reef" not in arms:
         raise SystemExit(f"{argument}: needs both arms (a run of Reef's arm alone: REEF.json@BARE.json)")
     return {"label": label or Path(reef_path).stem, "task": race["settings"]["task"],
-            "seed": race["settings"]["seed"], "base": race["summary"]["base"], "arms": arms}
+            "seed": race["settings"]["seed"], "base": race["summary"]["base"], "arms": arms,
+            "steps_per_candidate": race["settings"].get("steps_per_candidate", STEPS_PER_CANDIDATE)}
 
 
 def row(run: dict[str, Any]) -> dict[str, Any]:
@@ -87,7 +91,7 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
     return {"label": run["label"], "task": run["task"], "seed": run["seed"], "reach": reach, "ratio": ratio,
             "final": final, "late": summary["late_mean"], "end_gap": final["reef"] - final["bare"],
             "time_met": time_met(reach), "end_met": final["reef"] >= final["bare"] - 1e-9,
-            "kinds_held": kinds_held(run["arms"]),
+            "kinds_held": kinds_held(run["arms"]), "per_step": per_step(run),
             "samples": reef_arm.get("reports"), "published": reef_arm.get("published"),
             "rejected": reef_arm.get("rejected"), "errors": reef_arm.get("errors")}
 
@@ -97,6 +101,40 @@ def time_met(reach: dict[str, float | None]) -> bool | None:
     if reach["reef"] is None:
         return None if reach["bare"] is None else False
     return reach["bare"] is None or reach["reef"] <= TIME_RATIO * reach["bare"] + 1e-9
+
+
+def per_step(run: dict[str, Any]) -> dict[str, Any] | None:
+    """The line and the bare loop at the same optimiser step: the most steps both took by the end,
+    each arm's test success at its last snapshot at or before that step, and each arm's steps a
+    minute (None: no line, or a record without the bare loop's steps)."""
+    bare, line = run["arms"]["bare"], run["arms"].get("line")
+    if line is None or "steps" not in bare or any("candidates" not in s for s in line["snapshots"]):
+        return None
+    bare_seconds = [step["second"] for step in bare["steps"]]
+    bare_curve = [(sum(t <= snap["second"] for t in bare_seconds), snap["success"]) for snap in bare["snapshots"]]
+    line_curve = [(run["steps_per_candidate"] * snap["candidates"], snap["success"]) for snap in line["snapshots"]]
+    steps = min(bare_curve[-1][0], line_curve[-1][0])
+    at = lambda curve: [success for taken, success in curve if taken <= steps][-1]  # noqa: E731
+    minutes = bare["snapshots"][-1]["second"] / 60
+    return {"steps": steps, "bare": at(bare_curve), "line": at(line_curve),
+            "bare_steps_per_minute": bare_curve[-1][0] / minutes, "line_steps_per_minute": line_curve[-1][0] / minutes}
+
+
+def per_step_reading(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Over the runs with a line, the line's test success minus the bare loop's at the same step
+    (`per_step`): a line that learns as much a step as the bare loop is level here, and ahead at
+    the end by its extra steps a minute."""
+    steps = [r["per_step"] for r in rows if r["per_step"] is not None]
+    if not steps:
+        return None
+    gaps = [100 * (s["line"] - s["bare"]) for s in steps]
+    above, below = sum(g > 1e-6 for g in gaps), sum(g < -1e-6 for g in gaps)
+    return {"runs": len(steps), "mean": statistics.fmean(gaps), "median": statistics.median(gaps),
+            "standard_error": statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else None,
+            "above": above, "below": below, "p_line_lower": sign_test_p(below, above),
+            "steps_median": statistics.median(s["steps"] for s in steps),
+            "bare_steps_per_minute": statistics.fmean(s["bare_steps_per_minute"] for s in steps),
+            "line_steps_per_minute": statistics.fmean(s["line_steps_per_minute"] for s in steps)}
 
 
 def kinds_held(arms: dict[str, Any]) -> dict[str, list[str]] | None:
@@ -169,7 +207,8 @@ def reading(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                "standard_error": statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else None,
                                "above": above, "below": below, "level": len(gaps) - above - below,
                                "p_reef_lower": sign_test_p(below, above), "p_reef_higher": sign_test_p(above, below)},
-            "by_seed": by_seed(rows), "kinds": kinds_reading(rows), "bare_against_bare": bare_against_bare(rows)}
+            "by_seed": by_seed(rows), "kinds": kinds_reading(rows), "bare_against_bare": bare_against_bare(rows),
+            "per_step": per_step_reading(rows)}
 
 
 def readings(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -194,7 +233,7 @@ def reading_text(name: str, summary: dict[str, Any]) -> list[str]:
             f"{gap['median']:+.1f}; above in {gap['above']}, below in {gap['below']}, level in {gap['level']} "
             f"(sign test over runs: p {gap['p_reef_lower']:.2f} that Reef ends lower, {gap['p_reef_higher']:.2f} higher)",
             *by_seed_text(summary["by_seed"]), *kinds_text(summary["kinds"]),
-            *noise_floor_text(summary["bare_against_bare"])]
+            *noise_floor_text(summary["bare_against_bare"]), *per_step_text(summary["per_step"])]
 
 
 def by_seed_text(seeds: dict[str, Any]) -> list[str]:
@@ -222,6 +261,17 @@ def noise_floor_text(floor: dict[str, Any]) -> list[str]:
             f"of {floor['ordered_pairs']} ordered pairs. Ends at 15, points: bare mean {number(bare['mean'])} "
             f"(stdev {number(bare['stdev'])}, {bare['runs']} seeds), Reef mean {number(reef['mean'])} "
             f"(stdev {number(reef['stdev'])}, {reef['runs']} runs)"]
+
+
+def per_step_text(steps: dict[str, Any] | None) -> list[str]:
+    if steps is None:
+        return []
+    se = "-" if steps["standard_error"] is None else f"{steps['standard_error']:.1f}"
+    return [f"  Per optimiser step, over {steps['runs']} runs with the line: steps a minute bare "
+            f"{steps['bare_steps_per_minute']:.1f}, line {steps['line_steps_per_minute']:.1f}; at the steps both took "
+            f"(median {steps['steps_median']:.0f}) the line minus the bare loop, points: mean {steps['mean']:+.1f} "
+            f"(standard error {se}), median {steps['median']:+.1f}; ahead in {steps['above']}, behind in "
+            f"{steps['below']} (sign test: p {steps['p_line_lower']:.2f} that the line learns less a step)"]
 
 
 def text(rows: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> str:

@@ -94,3 +94,17 @@ def test_the_kinds_each_arm_held_at_the_end(tmp_path: Path) -> None:
     kinds = out["readings"]["all"]["kinds"]
     assert (kinds["bare"], kinds["reef"], kinds["bare_only"], kinds["reef_only"]) == (5, 7, 1, 3)
     assert "Kinds of question held at 15 (50% or more), over 2 runs: bare 5, Reef 7" in done.stdout
+
+
+def test_the_line_against_the_bare_loop_per_optimiser_step(tmp_path: Path) -> None:
+    done = table(tmp_path, str(RACES / "hs12.json"), str(RACES / "hs11.json"))
+    assert done.returncode == 0, done.stderr
+    out = json.loads((tmp_path / "t.json").read_text())
+    hs12 = {r["label"]: r for r in out["rows"]}["hs12"]["per_step"]
+    # the bare loop took 184 steps by minute 15 (94.5% then); the line's candidates, 2 steps each,
+    # were 89 at minute 12 (178 steps, 74.7%) and 97 at minute 13 (194 steps, past 184)
+    assert hs12["steps"] == 184 and round(100 * hs12["bare"], 1) == 94.5 and round(100 * hs12["line"], 1) == 74.7
+    assert round(hs12["bare_steps_per_minute"], 2) == round(184 / 15, 2)
+    steps = out["readings"]["all"]["per_step"]
+    assert steps["runs"] == 2 and (steps["above"], steps["below"]) == (1, 1)  # hs11's bare loop never learned the form
+    assert "Per optimiser step, over 2 runs with the line" in done.stdout
