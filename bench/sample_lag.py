@@ -1,0 +1,97 @@
+"""How old were the samples a race's learner trained on? After a race run with `--line` and
+`--workdir`:
+
+    .venv/bin/python bench/sample_lag.py WORKDIR [WORKDIR ...] [--every 2]
+
+For each batch the learner logged, in the order it logged them, every record it trains on is
+named by what served it: a canary (`canary-<batch id>`, a candidate of the line) or a release.
+Batches are counted in log order, across a dropped line's restart (rare: a line dropped by the
+gate). A batch is the line's n-th candidate and trains on from the (n-1)-th; a record served by the
+canary of the (n-k)-th candidate is "k candidates back" (k = 2: the weights one candidate, the
+demo's two optimiser steps, before the ones it trains on from, so its two steps take samples two
+and three steps old). Prints, for each stretch of `--every` minutes of the run, the share of the
+trained records at each lag, those served by a release (the head: off the line altogether, as
+with `gate.live_split`), and by a canary of a batch not in the log (gone). No model, seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from reef.commit.commit_log import JsonlCommitLog  # noqa: E402
+from reef.core.types import Operation  # noqa: E402
+from reef.grow.canary import CANARY_PREFIX  # noqa: E402
+from reef.observe.sqlite_store import SQLiteStore  # noqa: E402
+
+MOST_LAG = 3  # lags above this are counted together
+
+
+def batches(state_dir: Path) -> list[tuple[float, str, list[str]]]:
+    """(recorded at, batch id, record ids) of every batch the learner logged, in log order."""
+    found = []
+    for path in sorted((state_dir / "commits").glob("*.jsonl")):
+        log = JsonlCommitLog(path)
+        try:
+            found += [(entry.recorded_at, entry.batch["batch_id"], list(entry.batch["record_ids"]))
+                      for entry in log.entries() if entry.operation == Operation.BATCH and entry.batch]
+        finally:
+            log.close()
+    return found
+
+
+def source(release_id: str | None, position: int, positions: dict[str, int]) -> str:
+    """What served a record, as seen from the batch at `position`."""
+    if release_id is None or not release_id.startswith(CANARY_PREFIX):
+        return "release"
+    served_by = positions.get(release_id[len(CANARY_PREFIX):])
+    if served_by is None:
+        return "gone"
+    lag = position - served_by
+    return f"{lag}" if lag <= MOST_LAG else f"{MOST_LAG + 1}+"
+
+
+def lags(workdir: Path, every_minutes: float) -> dict[int, Counter[str]]:
+    """{stretch of the run: Counter(source)} over every record a batch trained on."""
+    logged = batches(workdir / "state")
+    positions = {batch_id: n for n, (_, batch_id, _) in enumerate(logged)}
+    store = SQLiteStore(workdir / "state" / "experience.db")
+    out: dict[int, Counter[str]] = {}
+    try:
+        start = logged[0][0] if logged else 0.0
+        for at, batch_id, record_ids in logged:
+            stretch = out.setdefault(int((at - start) / 60 / every_minutes), Counter())
+            for record_id in record_ids:
+                release = store.get_record(record_id).release
+                stretch[source(release.release_id if release else None, positions[batch_id], positions)] += 1
+    finally:
+        store.close()
+    return out
+
+
+def text(workdir: Path, by_stretch: dict[int, Counter[str]], every_minutes: float) -> list[str]:
+    order = [f"{k}" for k in range(MOST_LAG + 1)] + [f"{MOST_LAG + 1}+", "gone", "release"]
+    lines = [f"{workdir}: candidates back, share of the records trained on"]
+    for stretch, counts in sorted(by_stretch.items()):
+        total = sum(counts.values())
+        shares = "  ".join(f"{name}: {100 * counts[name] / total:3.0f}%" for name in order if counts[name])
+        lines.append(f"  minutes {stretch * every_minutes:4.1f}-{(stretch + 1) * every_minutes:4.1f} "
+                     f"({total} records)  {shares}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("workdirs", nargs="+", type=Path)
+    parser.add_argument("--every", type=float, default=2.0, help="minutes a line of the table covers")
+    args = parser.parse_args()
+    for workdir in args.workdirs:
+        print("\n".join(text(workdir, lags(workdir, args.every), args.every)))
+
+
+if __name__ == "__main__":
+    main()
