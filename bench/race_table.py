@@ -14,7 +14,8 @@ met each half, and Reef's end minus the bare loop's (mean, its standard error, a
 over runs either way: one run's end moves a few points by chance, 91 test questions), the same
 with each seed counted once and the most it allows Reef to end below (Student's t), the kinds of
 question each arm learned (a kind flips whole), the same target read between bare loops of
-different seeds (its noise floor), and, for runs with the line (`--line`), the line against the
+different seeds (its noise floor), each arm's ends ranked (the two spreads compared without
+pairing seeds, which share little), and, for runs with the line (`--line`), the line against the
 bare loop per optimiser step: how much of Reef's end is its steps a minute and how much what a
 step buys. Reads files only: no model, seconds.
 """
@@ -195,6 +196,26 @@ def by_seed(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "lower_95": None if se is None else mean - t_quantile(ONE_SIDED, len(gaps) - 1) * se}
 
 
+def ends_by_rank(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Each arm's ends at 15, each seed once (its Reef runs averaged), best first, and Reef's minus the bare
+    loop's rank by rank, over the better and the worse half of the seeds. Seeds pair the two arms only
+    loosely (neither shares the other's samples), so a difference picked by one arm's own end (the seeds
+    where the bare loop learned) is mostly that arm's luck; ranks compare the two spreads without picking."""
+    seeds: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for r in rows:
+        ends = seeds.setdefault((r["task"], r["seed"]), {"bare": [], "reef": []})
+        ends["bare"] = [100 * r["final"]["bare"]]  # runs of one seed share its bare loop
+        ends["reef"].append(100 * r["final"]["reef"])
+    if len(seeds) < 2:
+        return None
+    bare = sorted((e["bare"][0] for e in seeds.values()), reverse=True)
+    reef = sorted((statistics.fmean(e["reef"]) for e in seeds.values()), reverse=True)
+    half = len(bare) // 2
+    gap = lambda part: statistics.fmean(r - b for r, b in zip(reef[part], bare[part]))  # noqa: E731
+    return {"seeds": len(bare), "bare": bare, "reef": reef,
+            "better_half": gap(slice(0, half)), "worse_half": gap(slice(len(bare) - half, None))}
+
+
 def reading(rows: list[dict[str, Any]]) -> dict[str, Any]:
     gaps = [100 * r["end_gap"] for r in rows]
     above, below = sum(g > 1e-6 for g in gaps), sum(g < -1e-6 for g in gaps)
@@ -208,7 +229,7 @@ def reading(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                "above": above, "below": below, "level": len(gaps) - above - below,
                                "p_reef_lower": sign_test_p(below, above), "p_reef_higher": sign_test_p(above, below)},
             "by_seed": by_seed(rows), "kinds": kinds_reading(rows), "bare_against_bare": bare_against_bare(rows),
-            "per_step": per_step_reading(rows)}
+            "per_step": per_step_reading(rows), "by_rank": ends_by_rank(rows)}
 
 
 def readings(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -233,7 +254,8 @@ def reading_text(name: str, summary: dict[str, Any]) -> list[str]:
             f"{gap['median']:+.1f}; above in {gap['above']}, below in {gap['below']}, level in {gap['level']} "
             f"(sign test over runs: p {gap['p_reef_lower']:.2f} that Reef ends lower, {gap['p_reef_higher']:.2f} higher)",
             *by_seed_text(summary["by_seed"]), *kinds_text(summary["kinds"]),
-            *noise_floor_text(summary["bare_against_bare"]), *per_step_text(summary["per_step"])]
+            *noise_floor_text(summary["bare_against_bare"]), *by_rank_text(summary["by_rank"]),
+            *per_step_text(summary["per_step"])]
 
 
 def by_seed_text(seeds: dict[str, Any]) -> list[str]:
@@ -261,6 +283,15 @@ def noise_floor_text(floor: dict[str, Any]) -> list[str]:
             f"of {floor['ordered_pairs']} ordered pairs. Ends at 15, points: bare mean {number(bare['mean'])} "
             f"(stdev {number(bare['stdev'])}, {bare['runs']} seeds), Reef mean {number(reef['mean'])} "
             f"(stdev {number(reef['stdev'])}, {reef['runs']} runs)"]
+
+
+def by_rank_text(ranks: dict[str, Any] | None) -> list[str]:
+    if ranks is None:
+        return []
+    ends = lambda values: " ".join(f"{v:.1f}" for v in values)  # noqa: E731
+    return [f"  Ends at 15 ranked, each seed once, best first: bare {ends(ranks['bare'])}; Reef {ends(ranks['reef'])}. "
+            f"Reef minus bare rank by rank: the better {len(ranks['bare']) // 2} seeds {ranks['better_half']:+.1f}, "
+            f"the worse {len(ranks['bare']) // 2} {ranks['worse_half']:+.1f} points"]
 
 
 def per_step_text(steps: dict[str, Any] | None) -> list[str]:

@@ -108,3 +108,19 @@ def test_the_line_against_the_bare_loop_per_optimiser_step(tmp_path: Path) -> No
     steps = out["readings"]["all"]["per_step"]
     assert steps["runs"] == 2 and (steps["above"], steps["below"]) == (1, 1)  # hs11's bare loop never learned the form
     assert "Per optimiser step, over 2 runs with the line" in done.stdout
+
+
+def test_the_ends_ranked_compare_the_arms_without_pairing_seeds(tmp_path: Path) -> None:
+    done = table(tmp_path, str(RACES / "ds3.json"), f"{RACES / 'ls3.json'}@{RACES / 'ds3.json'}", str(RACES / "ds4.json"),
+                 str(RACES / "hs5.json"))
+    assert done.returncode == 0, done.stderr
+    out = json.loads((tmp_path / "t.json").read_text())
+    final = {r["label"]: {arm: 100 * v for arm, v in r["final"].items()} for r in out["rows"]}
+    ranks = out["readings"]["all"]["by_rank"]
+    seed3_reef = (final["ds3"]["reef"] + final["ls3"]["reef"]) / 2  # seed 3's two Reef runs, once
+    assert ranks["bare"] == sorted([final["ds3"]["bare"], final["ds4"]["bare"], final["hs5"]["bare"]], reverse=True)
+    assert ranks["reef"] == sorted([seed3_reef, final["ds4"]["reef"], final["hs5"]["reef"]], reverse=True)
+    # the best bare loop (seed 5) is read against the best Reef run (seed 4), not against its own seed's
+    assert abs(ranks["better_half"] - (final["ds4"]["reef"] - final["hs5"]["bare"])) < 1e-9
+    assert abs(ranks["worse_half"] - (final["hs5"]["reef"] - final["ds4"]["bare"])) < 1e-9
+    assert "the better 1 seeds" in done.stdout
