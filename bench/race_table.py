@@ -197,23 +197,25 @@ def by_seed(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ends_by_rank(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Each arm's ends at 15, each seed once (its Reef runs averaged), best first, and Reef's minus the bare
-    loop's rank by rank, over the better and the worse half of the seeds. Seeds pair the two arms only
-    loosely (neither shares the other's samples), so a difference picked by one arm's own end (the seeds
-    where the bare loop learned) is mostly that arm's luck; ranks compare the two spreads without picking."""
+    """Each arm's ends at 15, each seed once (its Reef runs averaged), best first, and Reef's (and its
+    line's, where every run has one) minus the bare loop's rank by rank, over the better and the worse
+    half of the seeds. Seeds pair the arms only loosely (neither shares the other's samples), so a
+    difference picked by one arm's own end (the seeds where the bare loop learned) is partly that
+    arm's luck; ranks compare the spreads without picking."""
+    arms = ["bare", "reef"] + (["line"] if all("line" in r["final"] for r in rows) else [])
     seeds: dict[tuple[str, int], dict[str, list[float]]] = {}
     for r in rows:
-        ends = seeds.setdefault((r["task"], r["seed"]), {"bare": [], "reef": []})
-        ends["bare"] = [100 * r["final"]["bare"]]  # runs of one seed share its bare loop
-        ends["reef"].append(100 * r["final"]["reef"])
+        ends = seeds.setdefault((r["task"], r["seed"]), {arm: [] for arm in arms})
+        for arm in arms:
+            ends[arm] = [100 * r["final"][arm]] if arm == "bare" else ends[arm] + [100 * r["final"][arm]]
     if len(seeds) < 2:
         return None
-    bare = sorted((e["bare"][0] for e in seeds.values()), reverse=True)
-    reef = sorted((statistics.fmean(e["reef"]) for e in seeds.values()), reverse=True)
-    half = len(bare) // 2
-    gap = lambda part: statistics.fmean(r - b for r, b in zip(reef[part], bare[part]))  # noqa: E731
-    return {"seeds": len(bare), "bare": bare, "reef": reef,
-            "better_half": gap(slice(0, half)), "worse_half": gap(slice(len(bare) - half, None))}
+    ranked = {arm: sorted((statistics.fmean(e[arm]) for e in seeds.values()), reverse=True) for arm in arms}
+    half = len(seeds) // 2
+    gap = lambda arm, part: statistics.fmean(a - b for a, b in zip(ranked[arm][part], ranked["bare"][part]))  # noqa: E731
+    return {"seeds": len(seeds), "half": half, "ends": ranked,
+            "minus_bare": {arm: {"better_half": gap(arm, slice(0, half)), "worse_half": gap(arm, slice(len(seeds) - half, None))}
+                           for arm in arms[1:]}}
 
 
 def reading(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -288,10 +290,10 @@ def noise_floor_text(floor: dict[str, Any]) -> list[str]:
 def by_rank_text(ranks: dict[str, Any] | None) -> list[str]:
     if ranks is None:
         return []
-    ends = lambda values: " ".join(f"{v:.1f}" for v in values)  # noqa: E731
-    return [f"  Ends at 15 ranked, each seed once, best first: bare {ends(ranks['bare'])}; Reef {ends(ranks['reef'])}. "
-            f"Reef minus bare rank by rank: the better {len(ranks['bare']) // 2} seeds {ranks['better_half']:+.1f}, "
-            f"the worse {len(ranks['bare']) // 2} {ranks['worse_half']:+.1f} points"]
+    ends = "; ".join(f"{arm} " + " ".join(f"{v:.1f}" for v in values) for arm, values in ranks["ends"].items())
+    gaps = "; ".join(f"{arm} {g['better_half']:+.1f} over the better {ranks['half']} seeds, {g['worse_half']:+.1f} over "
+                     f"the worse {ranks['half']}" for arm, g in ranks["minus_bare"].items())
+    return [f"  Ends at 15 ranked, each seed once, best first: {ends}.", f"  Minus the bare loop rank by rank, points: {gaps}"]
 
 
 def per_step_text(steps: dict[str, Any] | None) -> list[str]:

@@ -118,9 +118,12 @@ def test_the_ends_ranked_compare_the_arms_without_pairing_seeds(tmp_path: Path) 
     final = {r["label"]: {arm: 100 * v for arm, v in r["final"].items()} for r in out["rows"]}
     ranks = out["readings"]["all"]["by_rank"]
     seed3_reef = (final["ds3"]["reef"] + final["ls3"]["reef"]) / 2  # seed 3's two Reef runs, once
-    assert ranks["bare"] == sorted([final["ds3"]["bare"], final["ds4"]["bare"], final["hs5"]["bare"]], reverse=True)
-    assert ranks["reef"] == sorted([seed3_reef, final["ds4"]["reef"], final["hs5"]["reef"]], reverse=True)
+    assert ranks["ends"]["bare"] == sorted([final["ds3"]["bare"], final["ds4"]["bare"], final["hs5"]["bare"]], reverse=True)
+    assert ranks["ends"]["reef"] == sorted([seed3_reef, final["ds4"]["reef"], final["hs5"]["reef"]], reverse=True)
     # the best bare loop (seed 5) is read against the best Reef run (seed 4), not against its own seed's
-    assert abs(ranks["better_half"] - (final["ds4"]["reef"] - final["hs5"]["bare"])) < 1e-9
-    assert abs(ranks["worse_half"] - (final["hs5"]["reef"] - final["ds4"]["bare"])) < 1e-9
-    assert "the better 1 seeds" in done.stdout
+    reef = ranks["minus_bare"]["reef"]
+    assert abs(reef["better_half"] - (final["ds4"]["reef"] - final["hs5"]["bare"])) < 1e-9
+    assert abs(reef["worse_half"] - (final["hs5"]["reef"] - final["ds4"]["bare"])) < 1e-9
+    seed3_line = (final["ds3"]["line"] + final["ls3"]["line"]) / 2
+    assert ranks["ends"]["line"] == sorted([seed3_line, final["ds4"]["line"], final["hs5"]["line"]], reverse=True)
+    assert "over the better 1 seeds" in done.stdout
