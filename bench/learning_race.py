@@ -21,7 +21,7 @@ and nothing asks the other half (bench/race_gate_split.py, bench/gate_curse.py).
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
         [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--gate-from-train N | --gate-half]
         [--batching static|continuous] [--turn-steps N] [--serve-threads N] [--train-threads N]
-        [--out PATH.json]
+        [--gate-answer-on runtime|trainer] [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
 reach +10, +20 and +30 points over the base and the ratio reef/bare, the final values and the
@@ -96,6 +96,7 @@ class ReefArm:
     flip_scores: bool = False  # the clients report 1 - score (bench/race_sabotage.py); the gate's scorer stays real
     serve_threads: int | None = None  # embedded.threads; None: Reef's default, half the cores
     train_threads: int | None = None  # learner.train_threads; None: Reef's default, the other half
+    gate_answer_on: str = "runtime"  # learner.gate.answer_on: the serving runtime, or the training process
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
     settings["learner"]["gate"]["halves"] = arm.gate_halves
     settings["learner"]["gate"]["overtake_after"] = arm.gate_overtake
     settings["learner"]["gate"]["live_split"] = arm.live_split or None
+    settings["learner"]["gate"]["answer_on"] = arm.gate_answer_on
     if arm.batching is not None:
         settings["embedded"]["continuous_batching"] = arm.batching == "continuous"
     if arm.turn_steps is not None:
@@ -460,6 +462,10 @@ def main() -> None:
     parser.add_argument("--train-threads", type=int, default=None, metavar="N",
                         help="reef: learner.train_threads, torch threads of the training process  "
                              "[default: Reef's, the other half of the cores]")
+    parser.add_argument("--gate-answer-on", choices=["runtime", "trainer"], default="runtime",
+                        help="reef: learner.gate.answer_on, where the gate's tasks are answered: the serving runtime "
+                             "(beside the traffic) or the training process (while it waits for samples)  "
+                             "[default: %(default)s]")
     parser.add_argument("--live-split", type=float, default=LIVE_SPLIT, metavar="F",
                         help="reef: learner.gate.live_split, once three verdicts in a row run to their last look "
                              "undecided the canary serves F of the requests and the line's live scores join later "
@@ -492,7 +498,7 @@ def main() -> None:
                               args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
                               args.gate_half, args.gate_halves, args.gate_overtake, args.batching,
                               args.turn_steps, args.live_split, args.flip_scores, args.serve_threads,
-                              args.train_threads)
+                              args.train_threads, args.gate_answer_on)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
@@ -513,6 +519,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "gate_overtake": args.gate_overtake, "batching": args.batching or REEF_BATCHING,
                 "turn_steps": args.turn_steps, "live_split": args.live_split,
                 "serve_threads": args.serve_threads, "train_threads": args.train_threads,
+                "gate_answer_on": args.gate_answer_on,
                 "lr": LEARNING_RATE, "batch": BATCH, "steps_per_candidate": STEPS_PER_CANDIDATE,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,

@@ -23,6 +23,7 @@ from reef.grow.trainer import Sample, TrainConfig
 from reef.grow.worker import TrainingWorker
 from reef.runtimes.base import Runtime
 from reef.runtimes.embedded import EmbeddedRuntime
+from tests.helpers.lora import lora_files
 
 
 def test_sign_test_and_paired_verdict() -> None:
@@ -359,3 +360,56 @@ def test_after_a_restart_the_publisher_tells_the_gate_which_half_chose_the_head(
         assert gate.judged_on(head) == (0, first)
         CandidatePublisher(state.chain("s"), gate, serve_release=None)  # type: ignore[arg-type]
         assert gate.judged_on(head) == (1, second)
+
+
+async def served_text(runtime: Runtime, load_id: str, request: ChatRequest) -> str:
+    result = ChatResult()
+    async for delta in runtime.generate(request, ReleaseRef("r", "c", load_id)):
+        result.add(delta)
+    return result.text
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_the_training_process_answers_the_tasks_as_the_serving_runtime_does(tiny_model_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    """`answer_on: trainer`: the worker's greedy answers are the embedded runtime's, text for text,
+    under the base and under an adapter, so a verdict is the same wherever the tasks are answered;
+    on the trainer the gate never touches the serving runtime."""
+    tasks = twelve_tasks(tmp_path)
+    adapter = lora_files(tiny_model_dir, tmp_path / "adapter", seed=3)
+    requests = [ChatRequest(model="m", messages=(Message("user", f"Tell me about {i}."),), dialect="openai",
+                            max_tokens=8, temperature=0.0, seed=i) for i in range(12)]
+
+    async def run() -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, Any], int]:
+        worker = TrainingWorker(tiny_model_dir, threads=1)
+        runtime = EmbeddedRuntime(tiny_model_dir, threads=1, default_max_tokens=8)
+        await worker.start()
+        await runtime.start()
+        try:
+            loads = {"base": await runtime.load("base", {}), "adapter": await runtime.load("a", adapter)}
+            served = {name: [await served_text(runtime, load, r) for r in requests] for name, load in loads.items()}
+            trained = {"base": await worker.generate(None, requests, 8), "adapter": await worker.generate(adapter, requests, 8)}
+            current = ReleaseRef("r", "sha256:base", loads["base"])
+            verdicts = {}
+            for answer_on in ("runtime", "trainer"):
+                config = GateConfig(tasks=str(tasks), scorer="tests.test_gate:length_scorer", looks=1, max_tokens=8,
+                                    answer_on=answer_on)
+                gate = WeightsGate(config, runtime if answer_on == "runtime" else None, worker)  # type: ignore[arg-type]
+                if answer_on == "trainer":
+                    gate.know_files(current, {})
+                    warmed = await gate.warm(current)  # the serving release's answers ahead, from its files
+                verdicts[answer_on] = (await gate.judge(current, {}, "sha256:a", adapter, [])).metrics
+        finally:
+            await runtime.close()
+            await worker.close()
+        return served, trained, verdicts, warmed
+
+    served, trained, verdicts, warmed = asyncio.run(run())
+    assert served["base"] != served["adapter"]  # the adapter changes the answers, so parity means something
+    assert trained == served
+    assert verdicts["trainer"]["per_task"] == verdicts["runtime"]["per_task"] and warmed == 8
+
+
+def test_answering_on_the_trainer_is_greedy_only() -> None:
+    with pytest.raises(ValueError, match="answers greedily"):
+        GateConfig(answer_on="trainer", temperature=0.7)

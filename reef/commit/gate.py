@@ -26,6 +26,9 @@ waits; a verdict still undecided after a look then stops, a reject marked `overt
 evidence of being worse), and the gate turns to the newer one. `live`: with `live_split`, the
 learner hands over the live scores of the candidate's line and of the serving release, served
 side by side; each look's sign test is then one test of both (`reef.core.live_evidence`).
+With `answer_on: trainer` the tasks are answered greedily in the training process (the worker's
+`generate`, from each release's adapter files) instead of on the serving runtime: a verdict then
+takes no turns from live traffic, and uses the time the trainer waits for samples.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from reef.core.errors import InvalidInput
 from reef.core.live_evidence import LiveEvidence, combined_p, tasks_share_p
 from reef.core.sign_test import sign_test_p
 from reef.core.types import Release, ReleaseRef, Verdict
-from reef.core.training import Sample
+from reef.core.training import Sample, adapter_part
 from reef.runtimes.base import Runtime
 
 Scorer = Callable[[dict[str, Any], str], float]
@@ -55,13 +58,16 @@ WARM_CHUNK = 8
 FUTILE_P = 0.25  # an early look rejects a candidate whose losses are this significant (the sign test reversed)
 
 
-class LogProbs(Protocol):  # the training process's scoring (`reef.grow.worker.TrainingWorker`)
+class TrainingProcess(Protocol):  # the training process's scoring and answers (`reef.grow.worker.TrainingWorker`)
     async def logprobs(self, adapter_files: dict[str, bytes] | None,
                        sequences: list[tuple[list[int], list[int]]]) -> list[list[float]]: ...
 
+    async def generate(self, adapter_files: dict[str, bytes] | None, requests: list[ChatRequest],
+                       max_tokens: int) -> list[str]: ...
+
 
 class WeightsGate:
-    def __init__(self, config: GateConfig, runtime: Runtime, worker: LogProbs) -> None:
+    def __init__(self, config: GateConfig, runtime: Runtime, worker: TrainingProcess) -> None:
         self.config = config
         self.runtime = runtime
         self.worker = worker
@@ -71,6 +77,7 @@ class WeightsGate:
         self._scores: dict[str, dict[int, float]] = {}  # content_id -> task index -> score (deterministic)
         self._overtaken: set[str] = set()  # candidates under judgment a newer one of their line waits behind
         self._in_flight = asyncio.Semaphore(config.concurrency) if config.concurrency else None
+        self._files: dict[str, dict[str, bytes]] = {}  # content_id -> its files (answer_on: trainer)
 
     async def judge(self, current: ReleaseRef, current_files: Mapping[str, bytes], candidate_id: str,
                     candidate_files: Mapping[str, bytes], holdout: Sequence[tuple[float, Sample]],
@@ -83,6 +90,7 @@ class WeightsGate:
             bounded = self.config.concurrency_when == "always" or starved
             if live is not None and live.serving_release_id != current.release_id:
                 live = None
+            self.know_files(current, current_files)
             return await self._on_tasks(current, candidate_id, candidate_files, bounded, live)
         return await self._offline(current_files, candidate_files, holdout)
 
@@ -92,6 +100,19 @@ class WeightsGate:
             verdict = release.verdict
             if verdict is not None and verdict.decision == "select" and isinstance(verdict.metrics.get("half"), int):
                 self._selected_on[release.ref.content_id] = verdict.metrics["half"]
+
+    @property
+    def answers_from_files(self) -> bool:
+        """Whether the tasks are answered from a release's files (in the training process), so
+        `warm` needs the serving release's files (`know_files`) as well as its runtime load."""
+        return bool(self.tasks) and self.config.answer_on == "trainer"
+
+    def know_files(self, release: ReleaseRef, files: Mapping[str, bytes]) -> None:
+        if self.answers_from_files:
+            self._files = {release.content_id: dict(files)}  # only the serving release's are kept
+
+    def knows_files(self, release: ReleaseRef) -> bool:
+        return release.content_id in self._files
 
     def overtake(self, candidate_id: str) -> None:
         """A newer candidate of the same line waits: if `candidate_id` is being judged and its verdict
@@ -116,7 +137,8 @@ class WeightsGate:
         known = self._scores.setdefault(current.content_id, {})
         todo = [i for i in self.judged_on(current)[1] if i not in known][:limit]
         bounded = self.config.concurrency_when == "always" or starved
-        known.update(zip(todo, await self._answer(current.runtime_load_id, todo, bounded)))
+        known.update(zip(todo, await self._answer(current.runtime_load_id, self._files.get(current.content_id), todo,
+                                                  bounded)))
         return len(todo)
 
     # -- evaluation tasks ------------------------------------------------------------------------
@@ -129,13 +151,15 @@ class WeightsGate:
         asked: list[int] = []  # task indices, in the order before and after hold them
         mine = self._scores.setdefault(candidate_id, {})  # kept: once published, it is the current release
         half, tasks = self.judged_on(current)
-        load_id = await self.runtime.load(candidate_id, files)
+        load_id = None if self.answers_from_files else await self.runtime.load(candidate_id, files)
+        current_files = self._files.get(current.content_id)
         try:
             parts = look_parts(tasks, self.config.looks, candidate_id)
             for look, part in enumerate(parts, 1):
                 todo = [i for i in part if i not in known]
                 current_answers, candidate_answers = await asyncio.gather(
-                    self._answer(current.runtime_load_id, todo, bounded), self._answer(load_id, part, bounded))
+                    self._answer(current.runtime_load_id, current_files, todo, bounded),
+                    self._answer(load_id, files, part, bounded))
                 known.update(zip(todo, current_answers))
                 mine.update(zip(part, candidate_answers))
                 before += [known[i] for i in part]
@@ -152,19 +176,27 @@ class WeightsGate:
                     return verdict
         finally:
             self._overtaken.discard(candidate_id)
-            await self.runtime.unload(load_id)
+            if load_id is not None:
+                await self.runtime.unload(load_id)
         raise AssertionError("the last look always decides")  # pragma: no cover
 
-    async def _answer(self, load_id: str | None, indices: list[int], bounded: bool) -> list[float]:
-        """The scores of these tasks' answers from one runtime load (seeded by task index);
-        `bounded`: at most `concurrency` of the gate's requests in flight."""
+    async def _answer(self, load_id: str | None, files: Mapping[str, bytes] | None, indices: list[int],
+                      bounded: bool) -> list[float]:
+        """The scores of these tasks' answers from one runtime load (seeded by task index), or,
+        answering on the trainer, from the release's `files` in one job of the training process;
+        `bounded`: at most `concurrency` of the gate's requests in flight on the runtime."""
         assert self.scorer is not None
+        if self.answers_from_files:
+            if not indices:
+                return []
+            texts = await self.worker.generate(adapter_part(files), [self._request(i) for i in indices],
+                                               self.config.max_tokens)
+            return [float(self.scorer(self.tasks[i], text)) for i, text in zip(indices, texts)]  # type: ignore[misc]
         release = ReleaseRef("gate", "gate", load_id)
 
         async def one(index: int) -> float:
             task = self.tasks[index]
-            request = ChatRequest(model="gate", messages=_messages(task), dialect="openai", stream=False,
-                                  max_tokens=self.config.max_tokens, temperature=self.config.temperature, seed=index)
+            request = self._request(index)
             result = ChatResult()
             async with (self._in_flight if bounded and self._in_flight else contextlib.nullcontext()):
                 async for delta in self.runtime.generate(request, release):
@@ -172,6 +204,10 @@ class WeightsGate:
             return float(self.scorer(task, result.text))  # type: ignore[misc]
 
         return list(await asyncio.gather(*(one(i) for i in indices)))
+
+    def _request(self, index: int) -> ChatRequest:
+        return ChatRequest(model="gate", messages=_messages(self.tasks[index]), dialect="openai", stream=False,
+                           max_tokens=self.config.max_tokens, temperature=self.config.temperature, seed=index)
 
     # -- offline check ------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ state stay resident between calls, the way tinker's training client works:
     optim_step(key, adam)                    one AdamW step on the accumulated gradient
     save_state(key)                          the checkpoint: adapter files + optimiser moments and step
     logprobs(adapter, sequences)             per-token log-probs under an adapter or the base
+    generate(adapter, requests, max_tokens)  greedy answers under an adapter or the base (the gate's)
 
 A checkpoint is a release's weights content: peft's two adapter files at the root and, under
 `training/`, AdamW's moments and step count (`reef.grow.checkpoint`), so a restart, a rollback
@@ -25,6 +26,7 @@ ends every ChatML turn inside the prompt. One caller at a time: the worker proce
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -38,11 +40,15 @@ from typing import Any, Iterator
 
 import torch
 
+from reef.core.chat import ChatRequest
 from reef.core.training import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdamParams, Datum, LoraShape, LossConfig, Sample,
                                 TrainConfig, adapter_part, checkpoint_part)
 from reef.core.prefix import MIN_SHARED_PREFIX, shared_prefix_length
 from reef.grow.checkpoint import optimizer_files, restore_optimizer
 from reef.grow.losses import kl_to_base, log_ratio, loss_function
+from reef.runtimes.chatml import TextStream, prompt_ids, stop_token_ids
+
+GENERATE_BATCH = 16  # rows decoded together by `generate`
 
 __all__ = ["LoRATrainer", "Sample", "TrainConfig", "adapter_hash", "adapter_part", "warmed_up_lr"]
 
@@ -105,6 +111,7 @@ class LoRATrainer:
         self._names = itertools.count(1)
         self.min_shared_prefix = min_shared_prefix
         self.shared_prefix_tokens = 0  # prompt tokens not run again thanks to a shared prefix
+        self.tokenizer: Any = None  # loaded for the first `generate`
 
     # -- the primitives -------------------------------------------------------------------------
 
@@ -269,6 +276,57 @@ class LoRATrainer:
                     n = len(sequences[i][1])
                     out[i] = lp[row, lp.shape[1] - n:].tolist()
         return out
+
+    # -- greedy answers -------------------------------------------------------------------------
+
+    def generate(self, adapter_files: dict[str, bytes] | None, requests: list[ChatRequest],
+                 max_tokens: int) -> list[str]:
+        """Each request's greedy answer under the base model (None) or an adapter, as the embedded
+        runtime would write it (the same prompt ids, stop tokens and text decoding): the gate's
+        tasks answered here while the learner waits for samples (`gate.answer_on: trainer`)."""
+        tokenizer = self._tokenizer()
+        stops = stop_token_ids(tokenizer)
+        decode = functools.partial(tokenizer.decode, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        answers: list[str] = []
+        with torch.no_grad(), self._adapter_only(adapter_part(adapter_files)):
+            for start in range(0, len(requests), GENERATE_BATCH):
+                chunk = requests[start:start + GENERATE_BATCH]
+                for request, ids in zip(chunk, self._greedy([prompt_ids(tokenizer, r) for r in chunk], max_tokens, stops)):
+                    answers.append(TextStream(decode, request.stop, watch_tools=False).finish(ids)[0])
+        return answers
+
+    def _greedy(self, prompts: list[list[int]], max_tokens: int, stops: frozenset[int]) -> list[list[int]]:
+        """The argmax continuation of each prompt, up to its first stop token (left out) or
+        `max_tokens`: left padding and position ids `cumsum(mask) - 1`, a key-value cache."""
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        out: list[list[int]] = [[] for _ in prompts]
+        live = list(range(len(prompts)))
+        step = self.base(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        for _ in range(max_tokens):
+            chosen = step.logits[:, -1, :].float().argmax(-1)
+            for row in list(live):
+                token = int(chosen[row])
+                if token in stops:
+                    live.remove(row)
+                else:
+                    out[row].append(token)
+            if not live:
+                break
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
+            positions = positions[:, -1:] + 1
+            step = self.base(input_ids=chosen.unsqueeze(-1), attention_mask=attention, position_ids=positions,
+                             past_key_values=step.past_key_values, use_cache=True)
+        return out
+
+    def _tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        return self.tokenizer
 
     def _completion_logprobs(self, seqs: list[tuple[list[int], list[int]]],
                              temps: list[float]) -> tuple[torch.Tensor, torch.Tensor]:

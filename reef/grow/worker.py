@@ -31,11 +31,14 @@ from typing import TYPE_CHECKING, Any
 from reef.core.errors import ReefError
 
 if TYPE_CHECKING:
+    from reef.core.chat import ChatRequest
     from reef.core.training import Sample, TrainConfig
 
 LOGPROBS_KEY = "_logprobs"  # the queue of log-prob jobs that name no scenario
-# LoRATrainer's methods a job may call: the primitives, and `step` (the four of one SAO step in one job)
-METHODS = ("load_state", "forward_backward", "optim_step", "save_state", "logprobs", "step")
+GENERATE_KEY = "_generate"  # the queue of the gate's greedy answers (`gate.answer_on: trainer`)
+# LoRATrainer's methods a job may call: the primitives, `step` (the four of one SAO step in one
+# job) and `generate`
+METHODS = ("load_state", "forward_backward", "optim_step", "save_state", "logprobs", "step", "generate")
 
 
 class TrainingFailed(ReefError):
@@ -170,6 +173,11 @@ class TrainingWorker:
                        temperature: float = 1.0, *, key: str = LOGPROBS_KEY) -> list[list[float]]:
         """`LoRATrainer.logprobs` in the child; `key` chooses the queue it waits in."""
         return await self._submit(key, "logprobs", (adapter_files, sequences, temperature))  # type: ignore[no-any-return]
+
+    async def generate(self, adapter_files: dict[str, bytes] | None, requests: list[ChatRequest], max_tokens: int,
+                       *, key: str = GENERATE_KEY) -> list[str]:
+        """`LoRATrainer.generate` in the child: greedy answers, taking turns with training jobs."""
+        return await self._submit(key, "generate", (adapter_files, requests, max_tokens))  # type: ignore[no-any-return]
 
     async def _submit(self, key: str, method: str, args: tuple[Any, ...]) -> Any:
         if not self.running():
