@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import zlib
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -413,3 +414,39 @@ def test_the_training_process_answers_the_tasks_as_the_serving_runtime_does(tiny
 def test_answering_on_the_trainer_is_greedy_only() -> None:
     with pytest.raises(ValueError, match="answers greedily"):
         GateConfig(answer_on="trainer", temperature=0.7)
+
+
+def text_scorer(task: dict, text: str) -> float:
+    return float(zlib.crc32(text.encode()))  # one score per distinct answer
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_the_publisher_hands_the_gate_the_serving_releases_files_to_answer_on_the_trainer(tiny_model_dir: Path,
+                                                                                         tmp_path: Path) -> None:
+    """Warming on the trainer answers the serving release's tasks from its adapter files, which the
+    publisher reads from the chain: the same adapter judged after it ties every task (the base's
+    answers would not)."""
+    adapter = lora_files(tiny_model_dir, tmp_path / "adapter", seed=3)
+    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:text_scorer", looks=1,
+                        max_tokens=8, answer_on="trainer")
+
+    async def run(chain: Any) -> tuple[list[int], dict[str, Any], dict[str, Any]]:
+        worker = TrainingWorker(tiny_model_dir, threads=1)
+        await worker.start()
+        try:
+            gate = WeightsGate(config, None, worker)  # type: ignore[arg-type]
+            publisher = CandidatePublisher(chain, gate, serve_release=None)  # type: ignore[arg-type]
+            warmed = [await publisher.warm(), await publisher.warm(), await publisher.warm()]
+            same = await gate.judge(chain.serving(), {}, "sha256:same", adapter, [])  # answers all warmed already
+            base = await WeightsGate(config, None, worker).judge(chain.serving(), {}, "sha256:x", adapter, [])  # type: ignore[arg-type]
+        finally:
+            await worker.close()
+        return warmed, same.metrics, base.metrics
+
+    with ReefState.open(tmp_path / "state") as state:
+        chain = state.create("s", "sao")
+        chain.publish(Candidate(adapter, ArtifactKind.WEIGHTS), chain.head().release_id, verdict=Verdict("select", {}))
+        warmed, same, base = asyncio.run(run(chain))
+    assert warmed == [8, 4, 0]
+    assert same["ties"] == 12
+    assert base["ties"] < 12  # a gate told the serving release is the base answers differently
