@@ -276,6 +276,32 @@ def test_worker_serves_keys_round_robin(worker: TrainingWorker, loop: asyncio.Ab
     assert worker.pending() == {}
 
 
+def test_the_gates_answers_wait_while_a_training_job_waits(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,
+                                                           rollouts: list[Rollout]) -> None:
+    """`gate.answer_on: trainer`: answers queued before training jobs still go after them (they fill
+    the time training waits for samples), and go at once when nothing else waits."""
+    samples = samples_of(rollouts[:2], [1.0, -1.0])
+    request = ChatRequest(model="m", messages=(Message("user", "Hi."),), dialect="openai", max_tokens=2, temperature=0.0)
+
+    async def scenario() -> list[str]:
+        finished: list[str] = []
+
+        async def job(name: str, call: Any) -> None:
+            await call
+            finished.append(name)
+
+        tasks = [asyncio.create_task(job("a1", worker.train("a", None, samples, TrainConfig(lr=1e-3)))),
+                 asyncio.create_task(job("gate", worker.generate(None, [request], 2))),
+                 asyncio.create_task(job("a2", worker.train("a", None, samples, TrainConfig(lr=1e-3)))),
+                 asyncio.create_task(job("b1", worker.train("b", None, samples, TrainConfig(lr=1e-3))))]
+        await asyncio.gather(*tasks)
+        await job("alone", worker.generate(None, [request], 2))
+        return finished
+
+    finished = on(loop, scenario())
+    assert finished.index("gate") > max(finished.index("a2"), finished.index("b1")) and finished[-1] == "alone", finished
+
+
 def test_worker_reports_a_failed_job_and_goes_on(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,
                                                  rollouts: list[Rollout]) -> None:
     p, c, lp, _ = rollouts[0]
@@ -370,3 +396,4 @@ def test_a_bf16_trainer_trains_and_saves_an_fp32_adapter(tiny_model_dir: Path, r
     assert {t.dtype for t in weights(files).values()} == {torch.float32}
     seqs = [(p, c) for p, c, _, _ in rollouts[:4]]
     assert trainer.logprobs(files, seqs) != trainer.logprobs(None, seqs)  # the step moved the adapter
+

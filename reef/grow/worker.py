@@ -6,7 +6,8 @@ lives in a child process (spawn: a fork of a process holding torch threads and a
 unsafe), which loads the base model once and answers one job at a time over a pipe.
 
 The queue lives here in the parent: one FIFO per key (scenario), served round-robin, so a
-scenario with ten queued steps does not starve one with a single step. Only one job is in the
+scenario with ten queued steps does not starve one with a single step; the gate's answers
+(`BACKGROUND_KEYS`) go only when no training job waits. Only one job is in the
 child at a time, which keeps `pending()` exact and makes a crash lose at most that job. If the
 child dies, every pending call fails with `TrainingFailed` and `start()` makes a new child.
 
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 
 LOGPROBS_KEY = "_logprobs"  # the queue of log-prob jobs that name no scenario
 GENERATE_KEY = "_generate"  # the queue of the gate's greedy answers (`gate.answer_on: trainer`)
+# Queues served only while no other has a job: the gate's answers fill the time training waits for
+# samples and never hold a training job back by more than the one job already in the child.
+BACKGROUND_KEYS = frozenset({GENERATE_KEY})
 # LoRATrainer's methods a job may call: the primitives, `step` (the four of one SAO step in one
 # job) and `generate`
 METHODS = ("load_state", "forward_backward", "optim_step", "save_state", "logprobs", "step", "generate")
@@ -193,19 +197,28 @@ class TrainingWorker:
 
     def _next_job(self) -> _Job | None:
         """Round-robin over keys: take the head of the next key's FIFO and send the key to the
-        back of the line if it has more."""
-        while self._turns:
-            key = self._turns.popleft()
-            queue = self._queues.get(key)
-            if not queue:
-                continue
+        back of the line if it has more; a background key only when no other key has a job."""
+        for background in (False, True):
+            for key in [k for k in self._turns if (k in BACKGROUND_KEYS) == background]:
+                job = self._pop(key)
+                if job is not None:
+                    return job
+        return None
+
+    def _pop(self, key: str) -> _Job | None:
+        """The first job of `key` whose caller still waits (a cancelled caller's job is dropped
+        unsent); the key keeps a turn at the back of the line while it has more."""
+        self._turns.remove(key)
+        queue = self._queues.get(key)
+        while queue:
             job = queue.popleft()
-            if queue:
-                self._turns.append(key)
-            else:
-                del self._queues[key]
-            if not job.future.done():  # a cancelled caller's job is dropped unsent
+            if not job.future.done():
+                if queue:
+                    self._turns.append(key)
+                else:
+                    del self._queues[key]
                 return job
+        self._queues.pop(key, None)
         return None
 
     async def _dispatch(self) -> None:
