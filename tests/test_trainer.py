@@ -278,8 +278,8 @@ def test_worker_serves_keys_round_robin(worker: TrainingWorker, loop: asyncio.Ab
 
 def test_the_gates_answers_wait_while_a_training_job_waits(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,
                                                            rollouts: list[Rollout]) -> None:
-    """`gate.answer_on: trainer`: answers queued before training jobs still go after them (they fill
-    the time training waits for samples), and go at once when nothing else waits."""
+    """`gate.answer_on: trainer`: answers queued before training jobs still go after them, and after
+    a line of jobs sent one after another (they fill the time training waits for samples)."""
     samples = samples_of(rollouts[:2], [1.0, -1.0])
     request = ChatRequest(model="m", messages=(Message("user", "Hi."),), dialect="openai", max_tokens=2, temperature=0.0)
 
@@ -295,11 +295,18 @@ def test_the_gates_answers_wait_while_a_training_job_waits(worker: TrainingWorke
                  asyncio.create_task(job("a2", worker.train("a", None, samples, TrainConfig(lr=1e-3)))),
                  asyncio.create_task(job("b1", worker.train("b", None, samples, TrainConfig(lr=1e-3))))]
         await asyncio.gather(*tasks)
+
+        async def one_after_another() -> None:  # as a recipe sends its primitives: each as the last returns
+            await job("c1", worker.train("c", None, samples, TrainConfig(lr=1e-3)))
+            await job("c2", worker.train("c", None, samples, TrainConfig(lr=1e-3)))
+
+        await asyncio.gather(one_after_another(), job("gate2", worker.generate(None, [request], 2)))
         await job("alone", worker.generate(None, [request], 2))
         return finished
 
     finished = on(loop, scenario())
-    assert finished.index("gate") > max(finished.index("a2"), finished.index("b1")) and finished[-1] == "alone", finished
+    assert finished.index("gate") > max(finished.index("a2"), finished.index("b1")), finished
+    assert finished[-3:] == ["c2", "gate2", "alone"], finished  # never between two jobs sent one after another
 
 
 def test_worker_reports_a_failed_job_and_goes_on(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,

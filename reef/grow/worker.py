@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import multiprocessing
 import os
 import signal
+import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -40,6 +42,10 @@ GENERATE_KEY = "_generate"  # the queue of the gate's greedy answers (`gate.answ
 # Queues served only while no other has a job: the gate's answers fill the time training waits for
 # samples and never hold a training job back by more than the one job already in the child.
 BACKGROUND_KEYS = frozenset({GENERATE_KEY})
+# ...and only once no other job has come for this long: a recipe's primitives come one after another,
+# each sent as the one before returns, and a background job let in between them would hold every one
+# (tt12/uu12 in docs/learning_race.md: the line fell to 4.3 steps a minute from 15).
+BACKGROUND_GRACE_S = 0.5
 # LoRATrainer's methods a job may call: the primitives, `step` (the four of one SAO step in one
 # job) and `generate`
 METHODS = ("load_state", "forward_backward", "optim_step", "save_state", "logprobs", "step", "generate")
@@ -69,6 +75,7 @@ class TrainingWorker:
         self._queues: dict[str, collections.deque[_Job]] = {}
         self._turns: collections.deque[str] = collections.deque()  # keys with queued jobs, in serving order
         self._inflight: _Job | None = None
+        self._foreground_at = 0.0  # when the last job of a key not in BACKGROUND_KEYS ended (monotonic)
         self._process: Any = None
         self._conn: Connection | None = None
         self._dispatcher: asyncio.Task[None] | None = None
@@ -195,15 +202,21 @@ class TrainingWorker:
         self._wake.set()
         return await job.future
 
-    def _next_job(self) -> _Job | None:
+    def _next_job(self) -> tuple[_Job | None, float | None]:
         """Round-robin over keys: take the head of the next key's FIFO and send the key to the
-        back of the line if it has more; a background key only when no other key has a job."""
+        back of the line if it has more; a background key only when no other key has had a job
+        for `BACKGROUND_GRACE_S`. No job: how long until a background one may go (None: none waits)."""
         for background in (False, True):
-            for key in [k for k in self._turns if (k in BACKGROUND_KEYS) == background]:
+            keys = [k for k in self._turns if (k in BACKGROUND_KEYS) == background]
+            if background and keys:
+                quiet = time.monotonic() - self._foreground_at
+                if quiet < BACKGROUND_GRACE_S:
+                    return None, BACKGROUND_GRACE_S - quiet
+            for key in keys:
                 job = self._pop(key)
                 if job is not None:
-                    return job
-        return None
+                    return job, None
+        return None, None
 
     def _pop(self, key: str) -> _Job | None:
         """The first job of `key` whose caller still waits (a cancelled caller's job is dropped
@@ -225,13 +238,14 @@ class TrainingWorker:
         assert self._wake is not None and self._conn is not None
         conn, process = self._conn, self._process
         while True:
-            job = None if self._closing else self._next_job()
+            job, later = (None, None) if self._closing else self._next_job()
             if job is None:
                 if self._closing:
                     await self._stop_child(conn)
                     return
                 self._wake.clear()
-                await self._wake.wait()
+                with contextlib.suppress(TimeoutError):  # a background job's grace ran out
+                    await asyncio.wait_for(self._wake.wait(), later)
                 continue
             self._inflight = job
             try:
@@ -246,6 +260,8 @@ class TrainingWorker:
                 return
             finally:
                 self._inflight = None
+                if job.key not in BACKGROUND_KEYS:
+                    self._foreground_at = time.monotonic()
             _settle(job.future, value if kind == "ok" else TrainingFailed(f"training job {job.method} for "
                                                                           f"{job.key!r} failed: {value}"))
 
