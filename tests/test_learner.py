@@ -49,7 +49,7 @@ class ScriptedGate:
     def remember(self, releases: Any) -> None:  # the chain's verdicts, for `gate.halves`: nothing to keep here
         return None
 
-    async def warm(self, current: ReleaseRef, starved: bool = False) -> int:
+    async def warm(self, current: ReleaseRef, starved: bool = False, files: Any = None) -> int:
         self.warmed.append(current.content_id)
         return 0
 
@@ -70,7 +70,7 @@ class ChunkedWarmGate(ScriptedGate):
         super().__init__(*verdicts)
         self.chunks_left = chunks
 
-    async def warm(self, current: ReleaseRef, starved: bool = False) -> int:
+    async def warm(self, current: ReleaseRef, starved: bool = False, files: Any = None) -> int:
         self.warmed.append(current.content_id)
         if not self.chunks_left:
             return 0

@@ -38,7 +38,7 @@ import contextlib
 import json
 import random
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from reef.config import GateConfig
 from reef.core.chat import ChatRequest, ChatResult, Message
@@ -126,14 +126,18 @@ class WeightsGate:
         half = 1 - self._selected_on.get(current.content_id, 1)
         return half, self.halves[half]
 
-    async def warm(self, current: ReleaseRef, starved: bool = False, limit: int = WARM_CHUNK) -> int:
+    async def warm(self, current: ReleaseRef, starved: bool = False, limit: int = WARM_CHUNK, *,
+                   files: Callable[[], Awaitable[Mapping[str, bytes]]] | None = None) -> int:
         """Answer up to `limit` of the tasks the serving release has not answered yet (with the
         bound a verdict would have): the next verdict then asks only its candidate. For the learner
         to call again and again while the gate has nothing to judge, so that a candidate made
         meanwhile waits for one chunk, not for every task; the number answered (0: nothing left
-        to answer, or no tasks)."""
+        to answer, or no tasks). `files`: reads the serving release's files, which answering on
+        the trainer needs (once per release)."""
         if not self.tasks:
             return 0
+        if self.answers_from_files and not self.knows_files(current) and files is not None:
+            self.know_files(current, await files())
         known = self._scores.setdefault(current.content_id, {})
         todo = [i for i in self.judged_on(current)[1] if i not in known][:limit]
         bounded = self.config.concurrency_when == "always" or starved

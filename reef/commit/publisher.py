@@ -58,10 +58,7 @@ class CandidatePublisher:
         """Let the gate answer its tasks for the serving release ahead of the next candidate."""
         if self.gate is None:
             return 0
-        serving = self.chain.serving()
-        if self.gate.answers_from_files and not self.gate.knows_files(serving):
-            self.gate.know_files(serving, await self.head_files())
-        return await self.gate.warm(serving, starved)
+        return await self.gate.warm(self.chain.serving(), starved, files=self.head_files)
 
     async def settle(self, candidate: LearnedCandidate, artifact: Candidate, verdict: Verdict, judged_head: str, *,
                      high_water: int) -> Verdict:
