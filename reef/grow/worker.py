@@ -7,7 +7,8 @@ unsafe), which loads the base model once and answers one job at a time over a pi
 
 The queue lives here in the parent: one FIFO per key (scenario), served round-robin, so a
 scenario with ten queued steps does not starve one with a single step; the gate's answers
-(`BACKGROUND_KEYS`) go only when no training job waits. Only one job is in the
+(`BACKGROUND_KEYS`) go only when no training job waits and none has come for
+`BACKGROUND_GRACE_S`. Only one job is in the
 child at a time, which keeps `pending()` exact and makes a crash lose at most that job. If the
 child dies, every pending call fails with `TrainingFailed` and `start()` makes a new child.
 
