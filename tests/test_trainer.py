@@ -20,7 +20,8 @@ from safetensors.torch import load as load_safetensors  # noqa: E402
 
 from reef.core.chat import ChatRequest, Finish, Message, TextDelta  # noqa: E402
 from reef.core.types import ReleaseRef  # noqa: E402
-from reef.grow.trainer import LoRATrainer, Sample, TrainConfig, warmed_up_lr  # noqa: E402
+from reef.grow.trainer import LoRATrainer, Sample, TrainConfig, answer_room, warmed_up_lr  # noqa: E402
+from reef.runtimes.chatml import MAX_CONTEXT, prompt_ids  # noqa: E402
 from reef.grow.worker import TrainingFailed, TrainingWorker  # noqa: E402
 from reef.runtimes.embedded import EmbeddedRuntime  # noqa: E402
 
@@ -189,6 +190,27 @@ def test_bad_samples_are_refused(trainer: LoRATrainer, rollouts: list[Rollout]) 
     p, c, lp, _ = rollouts[0]
     with pytest.raises(ValueError, match="rollout log-probs"):
         trainer.step("bad", None, [Sample(p, c, lp[:-1], 1.0)], TrainConfig())
+
+
+def test_the_gates_answers_on_the_trainer_stop_where_the_context_ends(trainer: LoRATrainer) -> None:
+    """As the embedded runtime: an answer is cut where the model's context ends, and a prompt
+    that fills the context is refused with its length, not run."""
+    def request(words: int) -> ChatRequest:
+        return ChatRequest(model="m", messages=(Message("user", "a" + " a" * words),), dialect="openai",
+                           max_tokens=8, temperature=0.0)
+
+    tokenizer = trainer._tokenizer()
+    words = MAX_CONTEXT - 3 - len(prompt_ids(tokenizer, request(0)))
+    while len(prompt_ids(tokenizer, request(words))) < MAX_CONTEXT - 3:
+        words += 1
+    assert len(prompt_ids(tokenizer, request(words))) == MAX_CONTEXT - 3
+    assert answer_room([[0] * (MAX_CONTEXT - 3), [0] * 5], 8) == [3, 8]
+    eight = trainer.generate(None, [request(words), request(3)], 8)
+    three = trainer.generate(None, [request(words), request(3)], 3)
+    assert eight[0] == three[0]  # three tokens of room: asking for eight writes three
+    assert eight[1] != three[1]  # where there is room, this model writes more than three
+    with pytest.raises(ValueError, match=f"tokens; the model's context is {MAX_CONTEXT}"):
+        trainer.generate(None, [request(3), request(words + 3)], 8)
 
 
 def test_trained_adapters_serve_and_stay_on_policy(tiny_model_dir: Path, trainer: LoRATrainer,

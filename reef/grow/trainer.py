@@ -46,7 +46,7 @@ from reef.core.training import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdamParams, Dat
 from reef.core.prefix import MIN_SHARED_PREFIX, shared_prefix_length
 from reef.grow.checkpoint import optimizer_files, restore_optimizer
 from reef.grow.losses import kl_to_base, log_ratio, loss_function
-from reef.runtimes.chatml import TextStream, prompt_ids, stop_token_ids
+from reef.runtimes.chatml import MAX_CONTEXT, TextStream, prompt_ids, stop_token_ids
 
 GENERATE_BATCH = 16  # rows decoded together by `generate`
 
@@ -283,7 +283,9 @@ class LoRATrainer:
                  max_tokens: int) -> list[str]:
         """Each request's greedy answer under the base model (None) or an adapter, as the embedded
         runtime would write it (the same prompt ids, stop tokens and text decoding): the gate's
-        tasks answered here while the learner waits for samples (`gate.answer_on: trainer`)."""
+        tasks answered here while the learner waits for samples (`gate.answer_on: trainer`). As
+        there, an answer stops where the context (`MAX_CONTEXT`) ends, and a prompt that fills it
+        is refused."""
         tokenizer = self._tokenizer()
         stops = stop_token_ids(tokenizer)
         decode = functools.partial(tokenizer.decode, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -291,13 +293,14 @@ class LoRATrainer:
         with torch.no_grad(), self._adapter_only(adapter_part(adapter_files)):
             for start in range(0, len(requests), GENERATE_BATCH):
                 chunk = requests[start:start + GENERATE_BATCH]
-                for request, ids in zip(chunk, self._greedy([prompt_ids(tokenizer, r) for r in chunk], max_tokens, stops)):
+                prompts = [prompt_ids(tokenizer, r) for r in chunk]
+                for request, ids in zip(chunk, self._greedy(prompts, answer_room(prompts, max_tokens), stops)):
                     answers.append(TextStream(decode, request.stop, watch_tools=False).finish(ids)[0])
         return answers
 
-    def _greedy(self, prompts: list[list[int]], max_tokens: int, stops: frozenset[int]) -> list[list[int]]:
-        """The argmax continuation of each prompt, up to its first stop token (left out) or
-        `max_tokens`: left padding and position ids `cumsum(mask) - 1`, a key-value cache."""
+    def _greedy(self, prompts: list[list[int]], max_tokens: list[int], stops: frozenset[int]) -> list[list[int]]:
+        """The argmax continuation of each prompt, up to its first stop token (left out) or its
+        row's `max_tokens`: left padding and position ids `cumsum(mask) - 1`, a key-value cache."""
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
@@ -305,14 +308,14 @@ class LoRATrainer:
         out: list[list[int]] = [[] for _ in prompts]
         live = list(range(len(prompts)))
         step = self.base(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
-        for _ in range(max_tokens):
+        for _ in range(max(max_tokens)):
             chosen = step.logits[:, -1, :].float().argmax(-1)
             for row in list(live):
                 token = int(chosen[row])
-                if token in stops:
-                    live.remove(row)
-                else:
+                if token not in stops:
                     out[row].append(token)
+                if token in stops or len(out[row]) >= max_tokens[row]:
+                    live.remove(row)
             if not live:
                 break
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
@@ -476,3 +479,12 @@ def resolve_dtype(dtype: str, device_type: str, engine_dtype: str | None) -> tor
 
 def _right_aligned(rows: list[list[float]], width: int) -> torch.Tensor:
     return torch.tensor([[0.0] * (width - len(r)) + list(r) for r in rows], dtype=torch.float32)
+
+
+def answer_room(prompts: list[list[int]], max_tokens: int) -> list[int]:
+    """How many tokens each prompt's answer may take: `max_tokens`, cut where the context ends,
+    as the embedded runtime cuts it; a prompt with no room left is refused."""
+    for prompt in prompts:
+        if len(prompt) >= MAX_CONTEXT:
+            raise ValueError(f"the prompt has {len(prompt)} tokens; the model's context is {MAX_CONTEXT}")
+    return [max(1, min(max_tokens, MAX_CONTEXT - len(prompt))) for prompt in prompts]

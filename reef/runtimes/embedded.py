@@ -35,7 +35,7 @@ from reef.core.errors import RuntimeFailure
 from reef.core.prefix import MIN_SHARED_PREFIX, shared_prefix_length
 from reef.core.types import ReleaseRef
 from reef.runtimes.base import Runtime
-from reef.runtimes.chatml import TextStream, prompt_ids, stop_token_ids
+from reef.runtimes.chatml import MAX_CONTEXT, TextStream, prompt_ids, stop_token_ids
 from reef.runtimes.embedded_batch import Batch, Job, Prefix
 from reef.runtimes.sampling import sample
 
@@ -50,7 +50,7 @@ class EmbeddedRuntime(Runtime):
     verifies_tokens = True
 
     def __init__(self, model_dir: Path, *, model_name: str = "smollm2-135m-instruct", threads: int | None = None,
-                 max_batch: int = 8, default_max_tokens: int = 256, max_context: int = 2048,
+                 max_batch: int = 8, default_max_tokens: int = 256, max_context: int = MAX_CONTEXT,
                  min_shared_prefix: int = MIN_SHARED_PREFIX, continuous: bool = False, turn_steps: int = 16) -> None:
         self.model_dir = Path(model_dir)
         self.model_name = model_name
