@@ -21,23 +21,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reef.commit.commit_log import JsonlCommitLog  # noqa: E402
+from sample_lag import commit_entries  # noqa: E402
 
 
 def verdicts(state_dir: Path, clock_start: float) -> list[tuple[float, str, dict[str, Any]]]:
     """Every verdict on the gate's tasks in the run's commit logs: (minute of the race, decision, metrics)."""
-    found = []
-    for path in sorted((state_dir / "commits").glob("*.jsonl")):
-        log = JsonlCommitLog(path)
-        try:
-            for entry in log.entries():
-                if entry.verdict is not None and "candidate_success" in entry.verdict.metrics:
-                    found.append(((entry.recorded_at - clock_start) / 60, entry.verdict.decision,
-                                  dict(entry.verdict.metrics)))
-        finally:
-            log.close()
+    found = [((entry.recorded_at - clock_start) / 60, entry.verdict.decision, dict(entry.verdict.metrics))
+             for entry in commit_entries(state_dir)
+             if entry.verdict is not None and "candidate_success" in entry.verdict.metrics]
     return sorted(found, key=lambda row: row[0])
 
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reef.commit.commit_log import JsonlCommitLog  # noqa: E402
+from reef.commit.commit_log import JsonlCommitLogs  # noqa: E402
+from reef.core.types import CommitEntry  # noqa: E402
 from reef.core.types import Operation  # noqa: E402
 from reef.grow.canary import CANARY_PREFIX  # noqa: E402
 from reef.observe.sqlite_store import SQLiteStore  # noqa: E402
@@ -31,17 +32,20 @@ from reef.observe.sqlite_store import SQLiteStore  # noqa: E402
 MOST_LAG = 3  # lags above this are counted together
 
 
+def commit_entries(state_dir: Path) -> list[CommitEntry]:
+    """Every entry of a state directory's commit logs, scenario by scenario, each in log order."""
+    logs = JsonlCommitLogs(state_dir / "commits").recover()
+    try:
+        return [entry for log in logs for entry in log.entries()]
+    finally:
+        for log in logs:
+            log.close()
+
+
 def batches(state_dir: Path) -> list[tuple[float, str, list[str]]]:
     """(recorded at, batch id, record ids) of every batch the learner logged, in log order."""
-    found = []
-    for path in sorted((state_dir / "commits").glob("*.jsonl")):
-        log = JsonlCommitLog(path)
-        try:
-            found += [(entry.recorded_at, entry.batch["batch_id"], list(entry.batch["record_ids"]))
-                      for entry in log.entries() if entry.operation == Operation.BATCH and entry.batch]
-        finally:
-            log.close()
-    return found
+    return [(entry.recorded_at, entry.batch["batch_id"], list(entry.batch["record_ids"]))
+            for entry in commit_entries(state_dir) if entry.operation == Operation.BATCH and entry.batch]
 
 
 def source(release_id: str | None, position: int, positions: dict[str, int]) -> str:
