@@ -24,8 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from reef.commit.commit_log import JsonlCommitLogs  # noqa: E402
-from reef.core.types import CommitEntry  # noqa: E402
-from reef.core.types import Operation  # noqa: E402
+from reef.core.types import CommitEntry, Operation  # noqa: E402
 from reef.grow.canary import CANARY_PREFIX  # noqa: E402
 from reef.observe.sqlite_store import SQLiteStore  # noqa: E402
 

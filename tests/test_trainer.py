@@ -21,8 +21,8 @@ from safetensors.torch import load as load_safetensors  # noqa: E402
 from reef.core.chat import ChatRequest, Finish, Message, TextDelta  # noqa: E402
 from reef.core.types import ReleaseRef  # noqa: E402
 from reef.grow.trainer import LoRATrainer, Sample, TrainConfig, answer_room, warmed_up_lr  # noqa: E402
-from reef.runtimes.chatml import MAX_CONTEXT, prompt_ids  # noqa: E402
 from reef.grow.worker import TrainingFailed, TrainingWorker  # noqa: E402
+from reef.runtimes.chatml import MAX_CONTEXT, prompt_ids  # noqa: E402
 from reef.runtimes.embedded import EmbeddedRuntime  # noqa: E402
 
 pytestmark = [  # the filters reef installs on import; pytest resets them around each test
