@@ -33,6 +33,8 @@ MOST_LAG = 3  # lags above this are counted together
 
 def commit_entries(state_dir: Path) -> list[CommitEntry]:
     """Every entry of a state directory's commit logs, scenario by scenario, each in log order."""
+    if not (state_dir / "commits").is_dir():
+        raise SystemExit(f"{state_dir / 'commits'}: no commit logs there (give a race's --workdir)")
     logs = JsonlCommitLogs(state_dir / "commits").recover()
     try:
         return [entry for log in logs for entry in log.entries()]

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from reef.core.chat import ChatRequest, Message, Tool, ToolCall
 
-MAX_CONTEXT = 2048  # tokens, prompt and answer together, the embedded model is served with
+MAX_CONTEXT = 2048  # the embedded model's context as served: prompt and answer together, in tokens
 STOP_TOKENS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")  # EOS 2, im_start 1, endoftext 0
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 _TOOL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
