@@ -331,6 +331,50 @@ def test_the_gates_answers_wait_while_a_training_job_waits(worker: TrainingWorke
     assert finished[-3:] == ["c2", "gate2", "alone"], finished  # never between two jobs sent one after another
 
 
+def test_the_gates_answers_get_a_turn_from_a_trainer_that_never_waits(
+        worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout]) -> None:
+    """Two lines of training jobs, so one always waits: each gate job still goes once no gate job
+    has gone for the floor, and two waiting gate jobs never go back to back."""
+    samples = samples_of(rollouts[:2], [1.0, -1.0])
+    request = ChatRequest(model="m", messages=(Message("user", "Hi."),), dialect="openai", max_tokens=2, temperature=0.0)
+    floor = 0.3
+
+    async def scenario() -> list[tuple[str, float]]:
+        finished: list[tuple[str, float]] = []
+        gates_done = asyncio.Event()
+
+        async def training_line(key: str) -> None:
+            deadline = time.monotonic() + 60
+            while not gates_done.is_set() and time.monotonic() < deadline:
+                await worker.train(key, None, samples, TrainConfig(lr=1e-3))
+                finished.append(("train", time.monotonic()))
+
+        async def gate(name: str) -> None:
+            await worker.generate(None, [request], 2)
+            finished.append((name, time.monotonic()))
+
+        lines = [asyncio.create_task(training_line(key)) for key in ("busy", "busier")]
+        await asyncio.sleep(0.05)  # the line is under way
+        queued = time.monotonic()
+        await asyncio.gather(gate("current"), gate("candidate"))
+        gates_done.set()
+        await asyncio.gather(*lines)
+        finished.append(("queued", queued))
+        return finished
+
+    saved, worker.background_floor_s = worker.background_floor_s, floor
+    try:
+        finished = on(loop, scenario())
+    finally:
+        worker.background_floor_s = saved
+    names = [name for name, _ in finished[:-1]]
+    at = dict(finished)
+    first, second = sorted(names.index(name) for name in ("current", "candidate"))
+    assert "train" in names[first + 1:second], names  # a training job between the two gate jobs
+    assert min(at["current"], at["candidate"]) - at["queued"] >= floor, finished
+    assert max(at["current"], at["candidate"]) - at["queued"] < 30 * floor, finished  # not starved for the line
+
+
 def test_worker_reports_a_failed_job_and_goes_on(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,
                                                  rollouts: list[Rollout]) -> None:
     p, c, lp, _ = rollouts[0]

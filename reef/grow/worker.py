@@ -7,9 +7,9 @@ unsafe), which loads the base model once and answers one job at a time over a pi
 
 The queue lives here in the parent: one FIFO per key (scenario), served round-robin, so a
 scenario with ten queued steps does not starve one with a single step; the gate's answers
-(`BACKGROUND_KEYS`) go only when no training job waits and none has come for
-`BACKGROUND_GRACE_S`. Only one job is in the
-child at a time, which keeps `pending()` exact and makes a crash lose at most that job. If the
+(`BACKGROUND_KEYS`) go when no training job waits and none has come for `BACKGROUND_GRACE_S`,
+or, with a trainer that never waits for samples, once none has gone for `BACKGROUND_FLOOR_S`.
+Only one job is in the child at a time, which keeps `pending()` exact and makes a crash lose at most that job. If the
 child dies, every pending call fails with `TrainingFailed` and `start()` makes a new child.
 
 Spawn re-imports the parent's main script in the child, so a script that starts a worker must
@@ -47,6 +47,10 @@ BACKGROUND_KEYS = frozenset({GENERATE_KEY})
 # each sent as the one before returns, and a background job let in between them would hold every one
 # (tt12/uu12 in docs/learning_race.md: the line fell to 4.3 steps a minute from 15).
 BACKGROUND_GRACE_S = 0.5
+# ...or, while training jobs keep coming, one at the next job boundary once no background job has gone
+# for this long: a trainer that never waits for samples otherwise starves the gate (vd3/vd5 in
+# docs/learning_race.md: first verdicts at minutes 2.6 and 4.7 while the line was far ahead).
+BACKGROUND_FLOOR_S = 2.0
 # LoRATrainer's methods a job may call: the primitives, `step` (the four of one SAO step in one
 # job) and `generate`
 METHODS = ("load_state", "forward_backward", "optim_step", "save_state", "logprobs", "step", "generate")
@@ -64,19 +68,23 @@ class _Job:
     method: str  # one of METHODS
     args: tuple[Any, ...]
     future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 class TrainingWorker:
     def __init__(self, model_dir: Path, threads: int | None = None, *, device: str = "auto", dtype: str = "auto",
-                 engine_dtype: str | None = None, close_timeout: float = 30.0) -> None:
+                 engine_dtype: str | None = None, close_timeout: float = 30.0,
+                 background_floor_s: float = BACKGROUND_FLOOR_S) -> None:
         self.model_dir = Path(model_dir)
         self.threads = threads
         self.placement = (device, dtype, engine_dtype)  # LoRATrainer's device, dtype and the engine's dtype
         self.close_timeout = close_timeout
+        self.background_floor_s = background_floor_s
         self._queues: dict[str, collections.deque[_Job]] = {}
         self._turns: collections.deque[str] = collections.deque()  # keys with queued jobs, in serving order
         self._inflight: _Job | None = None
         self._foreground_at = 0.0  # when the last job of a key not in BACKGROUND_KEYS ended (monotonic)
+        self._background_at = 0.0  # when the last job of a key in BACKGROUND_KEYS ended (monotonic)
         self._process: Any = None
         self._conn: Connection | None = None
         self._dispatcher: asyncio.Task[None] | None = None
@@ -205,19 +213,37 @@ class TrainingWorker:
 
     def _next_job(self) -> tuple[_Job | None, float | None]:
         """Round-robin over keys: take the head of the next key's FIFO and send the key to the
-        back of the line if it has more; a background key only when no other key has had a job
-        for `BACKGROUND_GRACE_S`. No job: how long until a background one may go (None: none waits)."""
-        for background in (False, True):
-            keys = [k for k in self._turns if (k in BACKGROUND_KEYS) == background]
-            if background and keys:
-                quiet = time.monotonic() - self._foreground_at
-                if quiet < BACKGROUND_GRACE_S:
-                    return None, BACKGROUND_GRACE_S - quiet
-            for key in keys:
-                job = self._pop(key)
-                if job is not None:
-                    return job, None
-        return None, None
+        back of the line if it has more. A background key goes first once its floor is due, else
+        only when no other key has had a job for `BACKGROUND_GRACE_S`. No job: how long until a
+        background one may go (None: none waits)."""
+        background = [k for k in self._turns if k in BACKGROUND_KEYS]
+        foreground = [k for k in self._turns if k not in BACKGROUND_KEYS]
+        floor_in = self._floor_in(background)
+        job = (self._take(background) if background and floor_in <= 0 else None) or self._take(foreground)
+        if job is not None:
+            return job, None
+        background = [k for k in self._turns if k in BACKGROUND_KEYS]  # cancelled jobs dropped above
+        if not background:
+            return None, None
+        wait = min(BACKGROUND_GRACE_S - (time.monotonic() - self._foreground_at), self._floor_in(background))
+        if wait > 0:
+            return None, wait
+        return self._take(background), None
+
+    def _floor_in(self, background: list[str]) -> float:
+        """Seconds until a waiting background job goes even though training jobs keep coming: the
+        floor counts from when the last background job ended or the oldest waiting one came."""
+        if not background:
+            return float("inf")
+        oldest = min(self._queues[k][0].queued_at for k in background)
+        return self.background_floor_s - (time.monotonic() - max(self._background_at, oldest))
+
+    def _take(self, keys: list[str]) -> _Job | None:
+        for key in keys:
+            job = self._pop(key)
+            if job is not None:
+                return job
+        return None
 
     def _pop(self, key: str) -> _Job | None:
         """The first job of `key` whose caller still waits (a cancelled caller's job is dropped
@@ -261,7 +287,9 @@ class TrainingWorker:
                 return
             finally:
                 self._inflight = None
-                if job.key not in BACKGROUND_KEYS:
+                if job.key in BACKGROUND_KEYS:
+                    self._background_at = time.monotonic()
+                else:
                     self._foreground_at = time.monotonic()
             _settle(job.future, value if kind == "ok" else TrainingFailed(f"training job {job.method} for "
                                                                           f"{job.key!r} failed: {value}"))
