@@ -450,3 +450,32 @@ def test_the_publisher_hands_the_gate_the_serving_releases_files_to_answer_on_th
     assert warmed == [8, 4, 0]
     assert same["ties"] == 12
     assert base["ties"] < 12  # a gate told the serving release is the base answers differently
+
+
+@pytest.mark.parametrize("answer_on", ["runtime", "trainer"])
+def test_a_gate_task_longer_than_the_context_idles_the_learner_with_the_reason(tiny_model_dir: Path, tmp_path: Path,
+                                                                              answer_on: str) -> None:
+    """A task whose prompt fills the 2,048-token context would fail every verdict, so every
+    candidate would be abandoned: the learner is refused at start instead, saying which task."""
+    from reef.config import ServeConfig
+    from reef.runtimes.factory import build_runtime
+    from reef.serve.app import create_app
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"prompt": "Say hi."}) + "\n" + json.dumps({"prompt": "word " * 2100}) + "\n")
+    config = ServeConfig(state_dir=tmp_path / "state", embedded={"model_dir": tiny_model_dir, "threads": 1},
+                         recipes={"scenarios": {"w": "sao"}},
+                         learner={"gate": {"tasks": str(tasks), "scorer": "tests.test_gate:length_scorer",
+                                           "answer_on": answer_on}})
+    app = create_app(config, build_runtime(config))
+
+    async def start_the_learner() -> dict[str, Any]:
+        async with app.router.lifespan_context(app):
+            reef = app.state.reef
+            await reef.scenarios.resolve("w")
+            return reef.learning.status()  # type: ignore[no-any-return]
+
+    status = asyncio.run(start_the_learner())
+    assert status["learners"] == [] and status["training_queue"] == {}
+    reason = {row["scenario"]: row["reason"] for row in status["idle"]}["w"]
+    assert "gate task 2 of 2" in reason and "context is 2048 tokens" in reason, reason

@@ -49,6 +49,7 @@ from reef.core.sign_test import sign_test_p
 from reef.core.types import Release, ReleaseRef, Verdict
 from reef.core.training import Sample, adapter_part
 from reef.runtimes.base import Runtime
+from reef.runtimes.chatml import MAX_CONTEXT
 
 Scorer = Callable[[dict[str, Any], str], float]
 MIN_HOLDOUT_EACH = 2
@@ -106,6 +107,20 @@ class WeightsGate:
         """Whether the tasks are answered from a release's files (in the training process), so
         `warm` needs the serving release's files (`know_files`) as well as its runtime load."""
         return bool(self.tasks) and self.config.answer_on == "trainer"
+
+    async def check_lengths(self) -> None:
+        """Refuse (InvalidInput) a task whose prompt fills the context it is answered in: the
+        training process's with `answer_on: trainer`, else the runtime's where it has one. Every
+        verdict would otherwise fail on it, and every candidate be abandoned."""
+        context = MAX_CONTEXT if self.answers_from_files else getattr(self.runtime, "max_context", None)
+        if not self.tasks or not isinstance(context, int):
+            return
+        for index in range(len(self.tasks)):
+            tokens = await self.runtime.count_tokens(self._request(index))
+            if tokens >= context:
+                raise InvalidInput(f"gate task {index + 1} of {len(self.tasks)} in {self.config.tasks} has a "
+                                   f"{tokens}-token prompt; the model's context is {context} tokens, prompt and "
+                                   f"answer together: shorten it or leave it out")
 
     def know_files(self, release: ReleaseRef, files: Mapping[str, bytes]) -> None:
         if self.answers_from_files:

@@ -199,9 +199,10 @@ class Learning:
             worker = TrainingWorker(Path(getattr(self.runtime, "model_dir")), threads=threads,
                                     device=self.config.device, dtype=self.config.dtype,
                                     engine_dtype=getattr(self.runtime, "engine_dtype", None))
+            gate = WeightsGate(self.config.gate, self.runtime, worker)
+            await gate.check_lengths()  # InvalidInput before the trainer starts
             await worker.start()  # TrainingFailed (e.g. learner.device: cuda without a GPU) leaves no worker
-            self.worker = worker
-            self._gate = WeightsGate(self.config.gate, self.runtime, self.worker)
+            self.worker, self._gate = worker, gate
         return CandidatePublisher(chain, self._gate, self.scenarios.serve_release)
 
     def _harness_publisher(self, chain: Any, name: str, recipe: Any) -> HarnessPublisher:
