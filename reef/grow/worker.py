@@ -9,8 +9,9 @@ The queue lives here in the parent: one FIFO per key (scenario), served round-ro
 scenario with ten queued steps does not starve one with a single step; the gate's answers
 (`BACKGROUND_KEYS`) go when no training job waits and none has come for `BACKGROUND_GRACE_S`,
 or, with a trainer that never waits for samples, once none has gone for `BACKGROUND_FLOOR_S`.
-Only one job is in the child at a time, which keeps `pending()` exact and makes a crash lose at most that job. If the
-child dies, every pending call fails with `TrainingFailed` and `start()` makes a new child.
+Only one job is in the child at a time, which keeps `pending()` exact and makes a crash lose at
+most that job. If the child dies, every pending call fails with `TrainingFailed` and `start()`
+makes a new child.
 
 Spawn re-imports the parent's main script in the child, so a script that starts a worker must
 guard its entry point (`if __name__ == "__main__":`); `python -m reef`, the `reef` command and
