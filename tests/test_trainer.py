@@ -363,10 +363,12 @@ def test_the_gates_answers_get_a_turn_from_a_trainer_that_never_waits(
         return finished
 
     saved, worker.background_floor_s = worker.background_floor_s, floor
+    busy_before = dict(worker.busy_s)
     try:
         finished = on(loop, scenario())
     finally:
         worker.background_floor_s = saved
+    assert all(worker.busy_s[kind] > busy_before[kind] for kind in ("training", "gate_answers")), worker.busy_s
     names = [name for name, _ in finished[:-1]]
     at = dict(finished)
     first, second = sorted(names.index(name) for name in ("current", "candidate"))

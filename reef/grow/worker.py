@@ -86,6 +86,7 @@ class TrainingWorker:
         self._inflight: _Job | None = None
         self._foreground_at = 0.0  # when the last job of a key not in BACKGROUND_KEYS ended (monotonic)
         self._background_at = 0.0  # when the last job of a key in BACKGROUND_KEYS ended (monotonic)
+        self.busy_s = {"training": 0.0, "gate_answers": 0.0}  # the child's time on jobs, since start
         self._process: Any = None
         self._conn: Connection | None = None
         self._dispatcher: asyncio.Task[None] | None = None
@@ -276,6 +277,7 @@ class TrainingWorker:
                     await asyncio.wait_for(self._wake.wait(), later)
                 continue
             self._inflight = job
+            sent_at = time.monotonic()
             try:
                 await asyncio.to_thread(conn.send, (job.method, job.args))
                 kind, value = await asyncio.to_thread(conn.recv)
@@ -288,10 +290,12 @@ class TrainingWorker:
                 return
             finally:
                 self._inflight = None
+                ended_at = time.monotonic()
                 if job.key in BACKGROUND_KEYS:
-                    self._background_at = time.monotonic()
+                    self._background_at = ended_at
                 else:
-                    self._foreground_at = time.monotonic()
+                    self._foreground_at = ended_at
+                self.busy_s["gate_answers" if job.key in BACKGROUND_KEYS else "training"] += ended_at - sent_at
             _settle(job.future, value if kind == "ok" else TrainingFailed(f"training job {job.method} for "
                                                                           f"{job.key!r} failed: {value}"))
 

@@ -234,6 +234,7 @@ class Learning:
         return {"learners": [learner.status() for learner in self.learners.values()],
                 "idle": [{"scenario": s, "reason": r} for s, r in self.idle.items()],
                 "training_queue": self.worker.pending() if self.worker else {},
+                "training_busy_s": {k: round(v, 1) for k, v in self.worker.busy_s.items()} if self.worker else {},
                 "front_end": self.front_end, "lease_kind": self.leases.kind if self.leases else None,
                 "leases": leases, "lease_error": self.lease_error}
 
