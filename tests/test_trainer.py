@@ -300,8 +300,9 @@ def test_worker_serves_keys_round_robin(worker: TrainingWorker, loop: asyncio.Ab
 
 def test_the_gates_answers_wait_while_a_training_job_waits(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,
                                                            rollouts: list[Rollout]) -> None:
-    """`gate.answer_on: trainer`: answers queued before training jobs still go after them, and after
-    a line of jobs sent one after another (they fill the time training waits for samples)."""
+    """`gate.answer_on: trainer`, with training owed its share (here all of it): answers queued before
+    training jobs still go after them, and after a line of jobs sent one after another (they fill
+    the time training waits for samples)."""
     samples = samples_of(rollouts[:2], [1.0, -1.0])
     request = ChatRequest(model="m", messages=(Message("user", "Hi."),), dialect="openai", max_tokens=2, temperature=0.0)
 
@@ -312,6 +313,7 @@ def test_the_gates_answers_wait_while_a_training_job_waits(worker: TrainingWorke
             await call
             finished.append(name)
 
+        await job("owed", worker.generate(None, [request], 2))  # training is owed its share from here
         tasks = [asyncio.create_task(job("a1", worker.train("a", None, samples, TrainConfig(lr=1e-3)))),
                  asyncio.create_task(job("gate", worker.generate(None, [request], 2))),
                  asyncio.create_task(job("a2", worker.train("a", None, samples, TrainConfig(lr=1e-3)))),
@@ -326,55 +328,61 @@ def test_the_gates_answers_wait_while_a_training_job_waits(worker: TrainingWorke
         await job("alone", worker.generate(None, [request], 2))
         return finished
 
-    finished = on(loop, scenario())
+    saved, worker.background_share = worker.background_share, 0.0
+    try:
+        finished = on(loop, scenario())
+    finally:
+        worker.background_share = saved
     assert finished.index("gate") > max(finished.index("a2"), finished.index("b1")), finished
     assert finished[-3:] == ["c2", "gate2", "alone"], finished  # never between two jobs sent one after another
 
 
-def test_the_gates_answers_get_a_turn_from_a_trainer_that_never_waits(
+def test_the_gates_answers_get_their_share_of_a_trainer_that_never_waits(
         worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout]) -> None:
-    """Two lines of training jobs, so one always waits: each gate job still goes once no gate job
-    has gone for the floor, and two waiting gate jobs never go back to back."""
+    """Two lines of training jobs, so one always waits: the first gate job goes at the next job
+    boundary, the second only once training jobs have had three times the first one's seconds (a
+    share of a quarter), and neither waits out the line."""
     samples = samples_of(rollouts[:2], [1.0, -1.0])
     request = ChatRequest(model="m", messages=(Message("user", "Hi."),), dialect="openai", max_tokens=2, temperature=0.0)
-    floor = 0.3
+    share = 0.25
 
-    async def scenario() -> list[tuple[str, float]]:
-        finished: list[tuple[str, float]] = []
+    async def scenario() -> list[tuple[str, float, dict[str, float]]]:
+        finished: list[tuple[str, float, dict[str, float]]] = []
         gates_done = asyncio.Event()
 
         async def training_line(key: str) -> None:
             deadline = time.monotonic() + 60
             while not gates_done.is_set() and time.monotonic() < deadline:
                 await worker.train(key, None, samples, TrainConfig(lr=1e-3))
-                finished.append(("train", time.monotonic()))
+                finished.append(("train", time.monotonic(), dict(worker.busy_s)))
 
-        async def gate(name: str) -> None:
-            await worker.generate(None, [request], 2)
-            finished.append((name, time.monotonic()))
+        async def gate() -> None:
+            await worker.generate(None, [request] * 8, 16)  # longer than a training job
+            finished.append(("gate", time.monotonic(), dict(worker.busy_s)))
 
         lines = [asyncio.create_task(training_line(key)) for key in ("busy", "busier")]
         await asyncio.sleep(0.05)  # the line is under way
-        queued = time.monotonic()
-        await asyncio.gather(gate("current"), gate("candidate"))
+        finished.append(("queued", time.monotonic(), dict(worker.busy_s)))
+        await asyncio.gather(gate(), gate())
         gates_done.set()
         await asyncio.gather(*lines)
-        finished.append(("queued", queued))
         return finished
 
-    saved, worker.background_floor_s = worker.background_floor_s, floor
-    busy_before = dict(worker.busy_s)
+    saved, worker.background_share = worker.background_share, share
     try:
         finished = on(loop, scenario())
     finally:
-        worker.background_floor_s = saved
-    assert all(worker.busy_s[kind] > busy_before[kind] for kind in ("training", "gate_answers")), worker.busy_s
-    names = [name for name, _ in finished[:-1]]
-    at = dict(finished)
-    first, second = sorted(names.index(name) for name in ("current", "candidate"))
-    assert "train" in names[first + 1:second], names  # a training job between the two gate jobs
-    assert min(at["current"], at["candidate"]) - at["queued"] >= floor, finished
-    assert max(at["current"], at["candidate"]) - at["queued"] < 30 * floor, finished  # not starved for the line
+        worker.background_share = saved
+    names = [name for name, _, _ in finished]
+    queued, first, second = (finished[i] for i, name in enumerate(names) if name in ("queued", "gate"))
+    assert "train" in names[names.index("gate") + 1:], names  # training jobs between the two gate jobs
+    first_gate_s = first[2]["gate_answers"] - queued[2]["gate_answers"]
+    training_between = second[2]["training"] - first[2]["training"]
+    assert first_gate_s > 0, finished
+    trained = [busy["training"] for name, _, busy in finished if name == "train"]
+    longest_job = max(later - earlier for earlier, later in zip(trained, trained[1:]))
+    assert 3 * first_gate_s <= training_between < 3 * first_gate_s + 2 * longest_job, (training_between, first_gate_s)
+    assert second[1] - queued[1] < 30, finished  # not starved for the line
 
 
 def test_worker_reports_a_failed_job_and_goes_on(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,

@@ -8,7 +8,7 @@ unsafe), which loads the base model once and answers one job at a time over a pi
 The queue lives here in the parent: one FIFO per key (scenario), served round-robin, so a
 scenario with ten queued steps does not starve one with a single step; the gate's answers
 (`BACKGROUND_KEYS`) go when no training job waits and none has come for `BACKGROUND_GRACE_S`,
-or, with a trainer that never waits for samples, once none has gone for `BACKGROUND_FLOOR_S`.
+or, with a trainer that never waits for samples, for `BACKGROUND_SHARE` of the trainer's time.
 Only one job is in the child at a time, which keeps `pending()` exact and makes a crash lose at
 most that job. If the child dies, every pending call fails with `TrainingFailed` and `start()`
 makes a new child.
@@ -48,10 +48,12 @@ BACKGROUND_KEYS = frozenset({GENERATE_KEY})
 # each sent as the one before returns, and a background job let in between them would hold every one
 # (tt12/uu12 in docs/learning_race.md: the line fell to 4.3 steps a minute from 15).
 BACKGROUND_GRACE_S = 0.5
-# ...or, while training jobs keep coming, one at the next job boundary once no background job has gone
-# for this long: a trainer that never waits for samples otherwise starves the gate (vd3/vd5 in
-# docs/learning_race.md: first verdicts at minutes 2.6 and 4.7 while the line was far ahead).
-BACKGROUND_FLOOR_S = 2.0
+# ...or, while training jobs keep coming, one at the next job boundary once training jobs have had
+# their share of the time since the last one: a trainer that never waits for samples otherwise starves
+# the gate (vd3/vd5 in docs/learning_race.md: first verdicts at minutes 2.6 and 4.7 while the line was
+# far ahead). A share, not a clock: a two-second floor (vf*/wf*) gave a CPU trainer's gate a third to a
+# half of its time and would give a GPU trainer's, with 50 ms steps, a few percent.
+BACKGROUND_SHARE = 0.25
 # LoRATrainer's methods a job may call: the primitives, `step` (the four of one SAO step in one
 # job) and `generate`
 METHODS = ("load_state", "forward_backward", "optim_step", "save_state", "logprobs", "step", "generate")
@@ -69,23 +71,23 @@ class _Job:
     method: str  # one of METHODS
     args: tuple[Any, ...]
     future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    queued_at: float = field(default_factory=time.monotonic)
 
 
 class TrainingWorker:
     def __init__(self, model_dir: Path, threads: int | None = None, *, device: str = "auto", dtype: str = "auto",
                  engine_dtype: str | None = None, close_timeout: float = 30.0,
-                 background_floor_s: float = BACKGROUND_FLOOR_S) -> None:
+                 background_share: float = BACKGROUND_SHARE) -> None:
         self.model_dir = Path(model_dir)
         self.threads = threads
         self.placement = (device, dtype, engine_dtype)  # LoRATrainer's device, dtype and the engine's dtype
         self.close_timeout = close_timeout
-        self.background_floor_s = background_floor_s
+        self.background_share = background_share
         self._queues: dict[str, collections.deque[_Job]] = {}
         self._turns: collections.deque[str] = collections.deque()  # keys with queued jobs, in serving order
         self._inflight: _Job | None = None
         self._foreground_at = 0.0  # when the last job of a key not in BACKGROUND_KEYS ended (monotonic)
-        self._background_at = 0.0  # when the last job of a key in BACKGROUND_KEYS ended (monotonic)
+        self._background_s = 0.0  # how long the last job of a key in BACKGROUND_KEYS took
+        self._trained_since_background = 0.0  # seconds of other jobs since it ended
         self.busy_s = {"training": 0.0, "gate_answers": 0.0}  # the child's time on jobs, since start
         self._process: Any = None
         self._conn: Connection | None = None
@@ -215,30 +217,35 @@ class TrainingWorker:
 
     def _next_job(self) -> tuple[_Job | None, float | None]:
         """Round-robin over keys: take the head of the next key's FIFO and send the key to the
-        back of the line if it has more. A background key goes first once its floor is due, else
-        only when no other key has had a job for `BACKGROUND_GRACE_S`. No job: how long until a
-        background one may go (None: none waits)."""
+        back of the line if it has more. A background key goes first once training jobs have had
+        their share since the last background job, else only when no other key has had a job for
+        `BACKGROUND_GRACE_S`. No job: how long until a background one may go (None: none waits)."""
         background = [k for k in self._turns if k in BACKGROUND_KEYS]
         foreground = [k for k in self._turns if k not in BACKGROUND_KEYS]
-        floor_in = self._floor_in(background)
-        job = (self._take(background) if background and floor_in <= 0 else None) or self._take(foreground)
+        job = (self._take(background) if background and self._share_due() else None) or self._take(foreground)
         if job is not None:
             return job, None
-        background = [k for k in self._turns if k in BACKGROUND_KEYS]  # cancelled jobs dropped above
-        if not background:
+        if not any(k in BACKGROUND_KEYS for k in self._turns):  # cancelled jobs dropped above
             return None, None
-        wait = min(BACKGROUND_GRACE_S - (time.monotonic() - self._foreground_at), self._floor_in(background))
+        wait = BACKGROUND_GRACE_S - (time.monotonic() - self._foreground_at)
         if wait > 0:
             return None, wait
         return self._take(background), None
 
-    def _floor_in(self, background: list[str]) -> float:
-        """Seconds until a waiting background job goes even though training jobs keep coming: the
-        floor counts from when the last background job ended or the oldest waiting one came."""
-        if not background:
-            return float("inf")
-        oldest = min(self._queues[k][0].queued_at for k in background)
-        return self.background_floor_s - (time.monotonic() - max(self._background_at, oldest))
+    def _share_due(self) -> bool:
+        """Whether training jobs have had their share since the last background job: with a share
+        of a quarter, three times its seconds."""
+        share = self.background_share
+        return share > 0 and self._trained_since_background * share >= self._background_s * (1 - share)
+
+    def _account(self, key: str, seconds: float, ended_at: float) -> None:
+        if key in BACKGROUND_KEYS:
+            self._background_s, self._trained_since_background = seconds, 0.0
+            self.busy_s["gate_answers"] += seconds
+        else:
+            self._foreground_at = ended_at
+            self._trained_since_background += seconds
+            self.busy_s["training"] += seconds
 
     def _take(self, keys: list[str]) -> _Job | None:
         for key in keys:
@@ -291,11 +298,7 @@ class TrainingWorker:
             finally:
                 self._inflight = None
                 ended_at = time.monotonic()
-                if job.key in BACKGROUND_KEYS:
-                    self._background_at = ended_at
-                else:
-                    self._foreground_at = ended_at
-                self.busy_s["gate_answers" if job.key in BACKGROUND_KEYS else "training"] += ended_at - sent_at
+                self._account(job.key, ended_at - sent_at, ended_at)
             _settle(job.future, value if kind == "ok" else TrainingFailed(f"training job {job.method} for "
                                                                           f"{job.key!r} failed: {value}"))
 
