@@ -10,6 +10,8 @@ import zlib
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+import httpx
+import openai
 import pytest
 
 from reef.commit.gate import (WeightsGate, load_scorer, load_tasks, look_parts, paired_verdict, sequential_verdict,
@@ -456,7 +458,8 @@ def test_the_publisher_hands_the_gate_the_serving_releases_files_to_answer_on_th
 def test_a_gate_task_longer_than_the_context_idles_the_learner_with_the_reason(tiny_model_dir: Path, tmp_path: Path,
                                                                               answer_on: str) -> None:
     """A task whose prompt fills the 2,048-token context would fail every verdict, so every
-    candidate would be abandoned: the learner is refused at start instead, saying which task."""
+    candidate would be abandoned: the learner is refused at start instead, saying which task, and
+    the scenario is still served."""
     from reef.config import ServeConfig
     from reef.runtimes.factory import build_runtime
     from reef.serve.app import create_app
@@ -469,13 +472,20 @@ def test_a_gate_task_longer_than_the_context_idles_the_learner_with_the_reason(t
                                            "answer_on": answer_on}})
     app = create_app(config, build_runtime(config))
 
-    async def start_the_learner() -> dict[str, Any]:
+    async def start_the_learner_then_ask() -> tuple[dict[str, Any], Any]:
         async with app.router.lifespan_context(app):
             reef = app.state.reef
             await reef.scenarios.resolve("w")
-            return reef.learning.status()  # type: ignore[no-any-return]
+            status = reef.learning.status()
+            http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://reef")
+            async with openai.AsyncOpenAI(api_key="unused", base_url="http://reef/v1", http_client=http) as client:
+                answer = await client.chat.completions.with_raw_response.create(
+                    model="reef", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4,
+                    extra_headers={"x-reef-scenario": "w"})
+            return status, answer
 
-    status = asyncio.run(start_the_learner())
+    status, answer = asyncio.run(start_the_learner_then_ask())
+    assert answer.headers["x-reef-agent-record-id"] and answer.parse().choices[0].message.content  # still served
     assert status["learners"] == [] and status["training_queue"] == {}
     reason = {row["scenario"]: row["reason"] for row in status["idle"]}["w"]
     assert "gate task 2 of 2" in reason and "context is 2048 tokens" in reason, reason
