@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from reef.commit.gate import (FIRST_RELEASE_SHARE, WeightsGate, load_scorer, load_tasks, look_parts, paired_verdict,
-                              sequential_verdict, sign_test_p, split_halves)
+from reef.commit.gate import (WeightsGate, load_scorer, load_tasks, look_parts, paired_verdict, sequential_verdict,
+                              sign_test_p, split_halves)
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
 from reef.config import GateConfig
@@ -452,48 +452,6 @@ def test_the_publisher_hands_the_gate_the_serving_releases_files_to_answer_on_th
     assert warmed == [8, 4, 0]
     assert same["ties"] == 12
     assert base["ties"] < 12  # a gate told the serving release is the base answers differently
-
-
-class SharesAsked(TrainingWorker):
-    """The real worker, keeping the share of it each `generate` asks for."""
-
-    asked: list[float | None]
-
-    async def generate(self, *args: Any, share: float | None = None, **kwargs: Any) -> list[str]:
-        self.asked.append(share)
-        return await super().generate(*args, share=share, **kwargs)
-
-
-@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-def test_the_gate_asks_for_more_of_the_trainer_until_the_scenarios_first_publication(tiny_model_dir: Path,
-                                                                                     tmp_path: Path) -> None:
-    """Answering on the trainer, the gate asks for FIRST_RELEASE_SHARE of it (warming and judging)
-    while the serving release is the chain's first, and for the worker's own share once one is published."""
-    adapter = lora_files(tiny_model_dir, tmp_path / "adapter", seed=3)
-    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:text_scorer", looks=1,
-                        max_tokens=4, answer_on="trainer")
-
-    async def shares(chains: dict[str, Any]) -> dict[str, set[float | None]]:
-        worker = SharesAsked(tiny_model_dir, threads=1)
-        await worker.start()
-        out = {}
-        try:
-            for name, chain in chains.items():
-                worker.asked = []
-                gate = WeightsGate(config, None, worker)  # type: ignore[arg-type]
-                await CandidatePublisher(chain, gate, serve_release=None).warm()  # type: ignore[arg-type]
-                await gate.judge(chain.serving(), {}, "sha256:a", adapter, [])
-                out[name] = set(worker.asked)
-        finally:
-            await worker.close()
-        return out
-
-    with ReefState.open(tmp_path / "state") as state:
-        fresh, published = state.create("fresh", "sao"), state.create("published", "sao")
-        published.publish(Candidate(adapter, ArtifactKind.WEIGHTS), published.head().release_id,
-                          verdict=Verdict("select", {}))
-        asked = asyncio.run(shares({"fresh": fresh, "published": published}))
-    assert asked == {"fresh": {FIRST_RELEASE_SHARE}, "published": {None}}
 
 
 @pytest.mark.parametrize("answer_on", ["runtime", "trainer"])

@@ -337,13 +337,11 @@ def test_the_gates_answers_wait_while_a_training_job_waits(worker: TrainingWorke
     assert finished[-3:] == ["c2", "gate2", "alone"], finished  # never between two jobs sent one after another
 
 
-@pytest.mark.parametrize(("asked", "times"), [(None, 3), (0.5, 1)])
 def test_the_gates_answers_get_their_share_of_a_trainer_that_never_waits(
-        worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout], asked: float | None,
-        times: int) -> None:
+        worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout]) -> None:
     """Two lines of training jobs, so one always waits: the first gate job goes at the next job
-    boundary, the second only once training jobs have had three times the first one's seconds (the
-    worker's share of a quarter), or as many (a job that asks for half), and neither waits out the line."""
+    boundary, the second only once training jobs have had three times the first one's seconds (a
+    share of a quarter), and neither waits out the line."""
     samples = samples_of(rollouts[:2], [1.0, -1.0])
     request = ChatRequest(model="m", messages=(Message("user", "Hi."),), dialect="openai", max_tokens=2, temperature=0.0)
     share = 0.25
@@ -359,7 +357,7 @@ def test_the_gates_answers_get_their_share_of_a_trainer_that_never_waits(
                 finished.append(("train", time.monotonic(), dict(worker.busy_s)))
 
         async def gate() -> None:
-            await worker.generate(None, [request] * 8, 16, share=asked)  # longer than a training job
+            await worker.generate(None, [request] * 8, 16)  # longer than a training job
             finished.append(("gate", time.monotonic(), dict(worker.busy_s)))
 
         lines = [asyncio.create_task(training_line(key)) for key in ("busy", "busier")]
@@ -383,8 +381,7 @@ def test_the_gates_answers_get_their_share_of_a_trainer_that_never_waits(
     assert first_gate_s > 0, finished
     trained = [busy["training"] for name, _, busy in finished if name == "train"]
     longest_job = max(later - earlier for earlier, later in zip(trained, trained[1:]))
-    assert times * first_gate_s <= training_between < times * first_gate_s + 2 * longest_job, \
-        (training_between, first_gate_s)
+    assert 3 * first_gate_s <= training_between < 3 * first_gate_s + 2 * longest_job, (training_between, first_gate_s)
     assert second[1] - queued[1] < 30, finished  # not starved for the line
 
 

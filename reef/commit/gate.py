@@ -28,10 +28,7 @@ learner hands over the live scores of the candidate's line and of the serving re
 side by side; each look's sign test is then one test of both (`reef.core.live_evidence`).
 With `answer_on: trainer` the tasks are answered greedily in the training process (the worker's
 `generate`, from each release's adapter files) instead of on the serving runtime: a verdict then
-takes no turns from live traffic, and uses the time the trainer waits for samples. Until the
-scenario's first publication (the serving release is the chain's first) they ask for a larger share
-of a training process that never waits (`FIRST_RELEASE_SHARE`): no user sees anything learned until
-a verdict says so.
+takes no turns from live traffic, and uses the time the trainer waits for samples.
 """
 
 from __future__ import annotations
@@ -59,9 +56,6 @@ MIN_HOLDOUT_EACH = 2
 # Tasks the serving release answers ahead per call of `warm`: a candidate made meanwhile waits
 # for at most this many answers (with 174 tasks, warming them all held the first verdict a minute).
 WARM_CHUNK = 8
-# The gate's share of a training process that never waits, asked while the serving release is the
-# scenario's first (the worker's default, a quarter, once one is published): zf* in docs/learning_race.md.
-FIRST_RELEASE_SHARE = 0.5
 FUTILE_P = 0.25  # an early look rejects a candidate whose losses are this significant (the sign test reversed)
 
 
@@ -70,7 +64,7 @@ class TrainingProcess(Protocol):  # the training process's scoring and answers (
                        sequences: list[tuple[list[int], list[int]]]) -> list[list[float]]: ...
 
     async def generate(self, adapter_files: dict[str, bytes] | None, requests: list[ChatRequest],
-                       max_tokens: int, *, share: float | None = None) -> list[str]: ...
+                       max_tokens: int) -> list[str]: ...
 
 
 class WeightsGate:
@@ -85,7 +79,6 @@ class WeightsGate:
         self._overtaken: set[str] = set()  # candidates under judgment a newer one of their line waits behind
         self._in_flight = asyncio.Semaphore(config.concurrency) if config.concurrency else None
         self._files: dict[str, dict[str, bytes]] = {}  # content_id -> its files (answer_on: trainer)
-        self._first_release_id: str | None = None  # the chain's first release (`remember`)
 
     async def judge(self, current: ReleaseRef, current_files: Mapping[str, bytes], candidate_id: str,
                     candidate_files: Mapping[str, bytes], holdout: Sequence[tuple[float, Sample]],
@@ -103,10 +96,7 @@ class WeightsGate:
         return await self._offline(current_files, candidate_files, holdout)
 
     def remember(self, releases: Sequence[Release]) -> None:
-        """Learn from the chain (newest first) which half selected each release (after a restart, a
-        rollback), and which release is its first."""
-        if releases:
-            self._first_release_id = releases[-1].release_id
+        """Learn from the chain which half selected each release (after a restart, a rollback)."""
         for release in releases:
             verdict = release.verdict
             if verdict is not None and verdict.decision == "select" and isinstance(verdict.metrics.get("half"), int):
@@ -167,7 +157,7 @@ class WeightsGate:
         todo = [i for i in self.judged_on(current)[1] if i not in known][:limit]
         bounded = self.config.concurrency_when == "always" or starved
         known.update(zip(todo, await self._answer(current.runtime_load_id, self._files.get(current.content_id), todo,
-                                                  bounded, self._share(current))))
+                                                  bounded)))
         return len(todo)
 
     # -- evaluation tasks ------------------------------------------------------------------------
@@ -187,8 +177,8 @@ class WeightsGate:
             for look, part in enumerate(parts, 1):
                 todo = [i for i in part if i not in known]
                 current_answers, candidate_answers = await asyncio.gather(
-                    self._answer(current.runtime_load_id, current_files, todo, bounded, self._share(current)),
-                    self._answer(load_id, files, part, bounded, self._share(current)))
+                    self._answer(current.runtime_load_id, current_files, todo, bounded),
+                    self._answer(load_id, files, part, bounded))
                 known.update(zip(todo, current_answers))
                 mine.update(zip(part, candidate_answers))
                 before += [known[i] for i in part]
@@ -209,16 +199,11 @@ class WeightsGate:
                 await self.runtime.unload(load_id)
         raise AssertionError("the last look always decides")  # pragma: no cover
 
-    def _share(self, current: ReleaseRef) -> float | None:
-        """The share of the training process to ask for, judging against `current` (None: the worker's)."""
-        return FIRST_RELEASE_SHARE if current.release_id == self._first_release_id else None
-
     async def _answer(self, load_id: str | None, files: Mapping[str, bytes] | None, indices: list[int],
-                      bounded: bool, share: float | None = None) -> list[float]:
+                      bounded: bool) -> list[float]:
         """The scores of these tasks' answers from one runtime load (seeded by task index), or,
-        answering on the trainer, from the release's `files` in jobs of the training process that
-        ask for `share` of it; `bounded`: at most `concurrency` of the gate's requests in flight on
-        the runtime."""
+        answering on the trainer, from the release's `files` in one job of the training process;
+        `bounded`: at most `concurrency` of the gate's requests in flight on the runtime."""
         assert self.scorer is not None
         if self.answers_from_files:
             if not indices:
@@ -226,8 +211,7 @@ class WeightsGate:
             adapter, texts = adapter_part(files), []
             for start in range(0, len(indices), WARM_CHUNK):  # short jobs: training waits for one at most
                 chunk = indices[start:start + WARM_CHUNK]
-                texts += await self.worker.generate(adapter, [self._request(i) for i in chunk], self.config.max_tokens,
-                                                    share=share)
+                texts += await self.worker.generate(adapter, [self._request(i) for i in chunk], self.config.max_tokens)
             return [float(self.scorer(self.tasks[i], text)) for i, text in zip(indices, texts)]  # type: ignore[misc]
         release = ReleaseRef("gate", "gate", load_id)
 

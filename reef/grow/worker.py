@@ -70,7 +70,6 @@ class _Job:
     key: str
     method: str  # one of METHODS
     args: tuple[Any, ...]
-    share: float | None = None  # a background job's share of the child, where not the worker's default
     future: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -200,16 +199,14 @@ class TrainingWorker:
         return await self._submit(key, "logprobs", (adapter_files, sequences, temperature))  # type: ignore[no-any-return]
 
     async def generate(self, adapter_files: dict[str, bytes] | None, requests: list[ChatRequest], max_tokens: int,
-                       *, key: str = GENERATE_KEY, share: float | None = None) -> list[str]:
-        """`LoRATrainer.generate` in the child: greedy answers, taking turns with training jobs;
-        `share`: their share of the child while training jobs keep coming (None: `background_share`)."""
-        return await self._submit(key, "generate", (adapter_files, requests, max_tokens),  # type: ignore[no-any-return]
-                                  share)
+                       *, key: str = GENERATE_KEY) -> list[str]:
+        """`LoRATrainer.generate` in the child: greedy answers, taking turns with training jobs."""
+        return await self._submit(key, "generate", (adapter_files, requests, max_tokens))  # type: ignore[no-any-return]
 
-    async def _submit(self, key: str, method: str, args: tuple[Any, ...], share: float | None = None) -> Any:
+    async def _submit(self, key: str, method: str, args: tuple[Any, ...]) -> Any:
         if not self.running():
             raise TrainingFailed("the training worker is not running (start() it)")
-        job = _Job(key, method, args, share)
+        job = _Job(key, method, args)
         queue = self._queues.setdefault(key, collections.deque())
         if not queue and key not in self._turns:
             self._turns.append(key)
@@ -225,8 +222,7 @@ class TrainingWorker:
         `BACKGROUND_GRACE_S`. No job: how long until a background one may go (None: none waits)."""
         background = [k for k in self._turns if k in BACKGROUND_KEYS]
         foreground = [k for k in self._turns if k not in BACKGROUND_KEYS]
-        job = (self._take(background) if background and self._share_due(background) else None) \
-            or self._take(foreground)
+        job = (self._take(background) if background and self._share_due() else None) or self._take(foreground)
         if job is not None:
             return job, None
         if not any(k in BACKGROUND_KEYS for k in self._turns):  # cancelled jobs dropped above
@@ -236,16 +232,11 @@ class TrainingWorker:
             return None, wait
         return self._take(background), None
 
-    def _share_due(self, keys: list[str]) -> bool:
+    def _share_due(self) -> bool:
         """Whether training jobs have had their share since the last background job: with a share
-        of a quarter, three times its seconds. The share is the largest the waiting jobs ask for."""
-        share = max(self._share_asked(key) for key in keys)
+        of a quarter, three times its seconds."""
+        share = self.background_share
         return share > 0 and self._trained_since_background * share >= self._background_s * (1 - share)
-
-    def _share_asked(self, key: str) -> float:
-        queue = self._queues.get(key)
-        asked = queue[0].share if queue else None
-        return self.background_share if asked is None else asked
 
     def _account(self, key: str, seconds: float, ended_at: float) -> None:
         if key in BACKGROUND_KEYS:
