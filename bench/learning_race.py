@@ -21,7 +21,7 @@ and nothing asks the other half (bench/race_gate_split.py, bench/gate_curse.py).
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
         [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--gate-from-train N | --gate-half]
         [--batching static|continuous] [--turn-steps N] [--serve-threads N] [--train-threads N]
-        [--gate-answer-on runtime|trainer|auto] [--out PATH.json]
+        [--gate-answer-on runtime|trainer] [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
 reach +10, +20 and +30 points over the base and the ratio reef/bare, the final values and the
@@ -96,7 +96,7 @@ class ReefArm:
     flip_scores: bool = False  # the clients report 1 - score (bench/race_sabotage.py); the gate's scorer stays real
     serve_threads: int | None = None  # embedded.threads; None: Reef's default, half the cores
     train_threads: int | None = None  # learner.train_threads; None: Reef's default, the other half
-    gate_answer_on: str = "runtime"  # learner.gate.answer_on: the serving runtime, the training process, or auto
+    gate_answer_on: str = "runtime"  # learner.gate.answer_on: the serving runtime, or the training process
 
 
 @dataclass(frozen=True)
@@ -462,10 +462,10 @@ def main() -> None:
     parser.add_argument("--train-threads", type=int, default=None, metavar="N",
                         help="reef: learner.train_threads, torch threads of the training process  "
                              "[default: Reef's, the other half of the cores]")
-    parser.add_argument("--gate-answer-on", choices=["runtime", "trainer", "auto"], default="runtime",
+    parser.add_argument("--gate-answer-on", choices=["runtime", "trainer"], default="runtime",
                         help="reef: learner.gate.answer_on, where the gate's tasks are answered: the serving runtime "
-                             "(beside the traffic), the training process (while it waits for samples), or auto "
-                             "(the trainer while the learner waits for samples, else the runtime)  [default: %(default)s]")
+                             "(beside the traffic) or the training process (while it waits for samples)  "
+                             "[default: %(default)s]")
     parser.add_argument("--live-split", type=float, default=LIVE_SPLIT, metavar="F",
                         help="reef: learner.gate.live_split, once three verdicts in a row run to their last look "
                              "undecided the canary serves F of the requests and the line's live scores join later "

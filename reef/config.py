@@ -181,11 +181,10 @@ class GateConfig(Strict):
                                      "the serving release are served side by side, and the line's live scores since "
                                      "then join each later verdict's sign test (one combined test at `confidence`, "
                                      "the tasks bringing at least half the evidence; null: off)")
-    answer_on: Literal["runtime", "trainer", "auto"] = Field(
+    answer_on: Literal["runtime", "trainer"] = Field(
         "runtime", description="Where the tasks are answered: the serving runtime, beside live traffic, or the "
         "training process, which loads the base model too and waits while the learner waits for samples (greedy "
-        "answers only; the same prompt ids, stop tokens and decoding as the embedded runtime); auto: each verdict "
-        "on the trainer while the learner waits for samples (a fifth of its time or more), else on the runtime")
+        "answers only; the same prompt ids, stop tokens and decoding as the embedded runtime)")
     holdout_fraction: float = Field(0.2, ge=0, lt=1, description="Offline check: reported records kept out of training")
     offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
 
@@ -194,9 +193,8 @@ class GateConfig(Strict):
         if self.concurrency_when == "starved" and self.concurrency is None:
             raise ValueError("concurrency_when: starved needs concurrency (the bound it applies while the "
                              "learner waits for samples); set both, or neither")
-        if self.answer_on != "runtime" and self.temperature != 0:
-            raise ValueError(f"answer_on: {self.answer_on} answers greedily on the trainer; set temperature: 0, "
-                             "or answer_on: runtime")
+        if self.answer_on == "trainer" and self.temperature != 0:
+            raise ValueError("answer_on: trainer answers greedily; set temperature: 0, or answer_on: runtime")
         return self
 
 

@@ -377,16 +377,15 @@ def test_the_training_process_answers_the_tasks_as_the_serving_runtime_does(tiny
                                                                             tmp_path: Path) -> None:
     """`answer_on: trainer`: the worker's greedy answers are the embedded runtime's, text for text,
     under the base and under an adapter, so a verdict is the same wherever the tasks are answered;
-    on the trainer the gate never touches the serving runtime. `auto` answers on the trainer a
-    verdict begun while the learner waits for samples, on the runtime one begun while it does not."""
+    on the trainer the gate never touches the serving runtime."""
     tasks = twelve_tasks(tmp_path)
     adapter = lora_files(tiny_model_dir, tmp_path / "adapter", seed=3)
     requests = [ChatRequest(model="m", messages=(Message("user", f"Tell me about {i}."),), dialect="openai",
                             max_tokens=8, temperature=0.0, seed=i) for i in range(12)]
 
-    async def run() -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, Any], dict[str, int], int]:
+    async def run() -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, Any], int]:
         worker = TrainingWorker(tiny_model_dir, threads=1)
-        runtime = CountingRuntime(EmbeddedRuntime(tiny_model_dir, threads=1, default_max_tokens=8))
+        runtime = EmbeddedRuntime(tiny_model_dir, threads=1, default_max_tokens=8)
         await worker.start()
         await runtime.start()
         try:
@@ -394,51 +393,29 @@ def test_the_training_process_answers_the_tasks_as_the_serving_runtime_does(tiny
             served = {name: [await served_text(runtime, load, r) for r in requests] for name, load in loads.items()}
             trained = {"base": await worker.generate(None, requests, 8), "adapter": await worker.generate(adapter, requests, 8)}
             current = ReleaseRef("r", "sha256:base", loads["base"])
-            verdicts, on_runtime = {}, {}
-            for answer_on, starved in (("runtime", False), ("trainer", False), ("auto", True), ("auto", False)):
+            verdicts = {}
+            for answer_on in ("runtime", "trainer"):
                 config = GateConfig(tasks=str(tasks), scorer="tests.test_gate:length_scorer", looks=1, max_tokens=8,
                                     answer_on=answer_on)
-                gate = WeightsGate(config, None if answer_on == "trainer" else runtime, worker)  # type: ignore[arg-type]
-                name, before = f"{answer_on}, starved" if starved else answer_on, runtime.generated
-                if answer_on != "runtime":
-                    gate.know_files(current, {})
+                gate = WeightsGate(config, runtime if answer_on == "runtime" else None, worker)  # type: ignore[arg-type]
                 if answer_on == "trainer":
+                    gate.know_files(current, {})
                     warmed = await gate.warm(current)  # the serving release's answers ahead, from its files
-                verdicts[name] = (await gate.judge(current, {}, "sha256:a", adapter, [], starved=starved)).metrics
-                on_runtime[name] = runtime.generated - before
+                verdicts[answer_on] = (await gate.judge(current, {}, "sha256:a", adapter, [])).metrics
         finally:
             await runtime.close()
             await worker.close()
-        return served, trained, verdicts, on_runtime, warmed
+        return served, trained, verdicts, warmed
 
-    served, trained, verdicts, on_runtime, warmed = asyncio.run(run())
+    served, trained, verdicts, warmed = asyncio.run(run())
     assert served["base"] != served["adapter"]  # the adapter changes the answers, so parity means something
     assert trained == served
-    assert {name: v["per_task"] for name, v in verdicts.items()} == dict.fromkeys(verdicts, verdicts["runtime"]["per_task"])
-    assert warmed == 8
-    assert {name: v["answered_on"] for name, v in verdicts.items()} == {
-        "runtime": "runtime", "trainer": "trainer", "auto, starved": "trainer", "auto": "runtime"}
-    assert on_runtime == {"runtime": 24, "trainer": 0, "auto, starved": 0, "auto": 24}
-
-
-class CountingRuntime:
-    """A real runtime that counts the answers asked of it."""
-
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime, self.generated = runtime, 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.runtime, name)
-
-    def generate(self, request: ChatRequest, release: ReleaseRef) -> AsyncIterator[Delta]:
-        self.generated += 1
-        return self.runtime.generate(request, release)
+    assert verdicts["trainer"]["per_task"] == verdicts["runtime"]["per_task"] and warmed == 8
 
 
 def test_answering_on_the_trainer_is_greedy_only() -> None:
-    for answer_on in ("trainer", "auto"):
-        with pytest.raises(ValueError, match="answers greedily"):
-            GateConfig(answer_on=answer_on, temperature=0.7)
+    with pytest.raises(ValueError, match="answers greedily"):
+        GateConfig(answer_on="trainer", temperature=0.7)
 
 
 def text_scorer(task: dict, text: str) -> float:
@@ -477,7 +454,7 @@ def test_the_publisher_hands_the_gate_the_serving_releases_files_to_answer_on_th
     assert base["ties"] < 12  # a gate told the serving release is the base answers differently
 
 
-@pytest.mark.parametrize("answer_on", ["runtime", "trainer", "auto"])
+@pytest.mark.parametrize("answer_on", ["runtime", "trainer"])
 def test_a_gate_task_longer_than_the_context_idles_the_learner_with_the_reason(tiny_model_dir: Path, tmp_path: Path,
                                                                               answer_on: str) -> None:
     """A task whose prompt fills the 2,048-token context would fail every verdict, so every

@@ -28,11 +28,7 @@ learner hands over the live scores of the candidate's line and of the serving re
 side by side; each look's sign test is then one test of both (`reef.core.live_evidence`).
 With `answer_on: trainer` the tasks are answered greedily in the training process (the worker's
 `generate`, from each release's adapter files) instead of on the serving runtime: a verdict then
-takes no turns from live traffic, and uses the time the trainer waits for samples. With `auto`,
-each verdict and each chunk answered ahead goes where there is room as it starts: to the trainer
-while the learner waits for samples (the traffic is what learning lacks, so the runtime should
-serve only it), else to the runtime (the trainer is what learning lacks). The answers are the same
-text on either side, so a release's kept answers serve both.
+takes no turns from live traffic, and uses the time the trainer waits for samples.
 """
 
 from __future__ import annotations
@@ -96,8 +92,7 @@ class WeightsGate:
             if live is not None and live.serving_release_id != current.release_id:
                 live = None
             self.know_files(current, current_files)
-            return await self._on_tasks(current, candidate_id, candidate_files, bounded, live,
-                                        on_trainer=self.on_trainer(starved))
+            return await self._on_tasks(current, candidate_id, candidate_files, bounded, live)
         return await self._offline(current_files, candidate_files, holdout)
 
     def remember(self, releases: Sequence[Release]) -> None:
@@ -109,26 +104,17 @@ class WeightsGate:
 
     @property
     def answers_from_files(self) -> bool:
-        """Whether the tasks may be answered from a release's files (in the training process), so
+        """Whether the tasks are answered from a release's files (in the training process), so
         `warm` needs the serving release's files (`know_files`) as well as its runtime load."""
-        return bool(self.tasks) and self.config.answer_on in ("trainer", "auto")
-
-    def on_trainer(self, starved: bool) -> bool:
-        """Whether answers begun now go to the training process: always with `answer_on: trainer`,
-        with `auto` while the learner waits for samples (`starved`), never with `runtime`."""
-        return self.config.answer_on == "trainer" or (self.config.answer_on == "auto" and starved)
+        return bool(self.tasks) and self.config.answer_on == "trainer"
 
     async def check_lengths(self) -> None:
         """Refuse (InvalidInput) a task whose prompt fills the context it is answered in: the
-        training process's with `answer_on: trainer`, the runtime's where it has one with `runtime`,
-        the shorter of the two with `auto`. Every verdict would otherwise fail on it, and every
-        candidate be abandoned."""
-        contexts = [c for c in (MAX_CONTEXT if self.answers_from_files else None,
-                                None if self.config.answer_on == "trainer" else getattr(self.runtime, "max_context", None))
-                    if isinstance(c, int)]
-        if not self.tasks or not contexts:
+        training process's with `answer_on: trainer`, else the runtime's where it has one. Every
+        verdict would otherwise fail on it, and every candidate be abandoned."""
+        context = MAX_CONTEXT if self.answers_from_files else getattr(self.runtime, "max_context", None)
+        if not self.tasks or not isinstance(context, int):
             return
-        context = min(contexts)
         for index in range(len(self.tasks)):
             tokens = await self.runtime.count_tokens(self._request(index))
             if tokens >= context:
@@ -171,28 +157,28 @@ class WeightsGate:
         todo = [i for i in self.judged_on(current)[1] if i not in known][:limit]
         bounded = self.config.concurrency_when == "always" or starved
         known.update(zip(todo, await self._answer(current.runtime_load_id, self._files.get(current.content_id), todo,
-                                                  bounded, self.on_trainer(starved))))
+                                                  bounded)))
         return len(todo)
 
     # -- evaluation tasks ------------------------------------------------------------------------
 
     async def _on_tasks(self, current: ReleaseRef, candidate_id: str, files: Mapping[str, bytes],
-                        bounded: bool, live: LiveEvidence | None, on_trainer: bool) -> Verdict:
+                        bounded: bool, live: LiveEvidence | None) -> Verdict:
         known = self._scores.setdefault(current.content_id, {})
         before: list[float] = []
         after: list[float] = []
         asked: list[int] = []  # task indices, in the order before and after hold them
         mine = self._scores.setdefault(candidate_id, {})  # kept: once published, it is the current release
         half, tasks = self.judged_on(current)
-        load_id = None if on_trainer else await self.runtime.load(candidate_id, files)
+        load_id = None if self.answers_from_files else await self.runtime.load(candidate_id, files)
         current_files = self._files.get(current.content_id)
         try:
             parts = look_parts(tasks, self.config.looks, candidate_id)
             for look, part in enumerate(parts, 1):
                 todo = [i for i in part if i not in known]
                 current_answers, candidate_answers = await asyncio.gather(
-                    self._answer(current.runtime_load_id, current_files, todo, bounded, on_trainer),
-                    self._answer(load_id, files, part, bounded, on_trainer))
+                    self._answer(current.runtime_load_id, current_files, todo, bounded),
+                    self._answer(load_id, files, part, bounded))
                 known.update(zip(todo, current_answers))
                 mine.update(zip(part, candidate_answers))
                 before += [known[i] for i in part]
@@ -201,8 +187,7 @@ class WeightsGate:
                 verdict = sequential_verdict(before, after, self.config, look, len(parts), asked,
                                              overtaken=candidate_id in self._overtaken, live=live)
                 if verdict is not None:
-                    verdict.metrics["in_flight_bound"] = self.config.concurrency if bounded and not on_trainer else None
-                    verdict.metrics["answered_on"] = "trainer" if on_trainer else "runtime"
+                    verdict.metrics["in_flight_bound"] = self.config.concurrency if bounded else None
                     if half is not None:
                         verdict.metrics["half"] = half
                         if verdict.decision == "select":
@@ -215,12 +200,12 @@ class WeightsGate:
         raise AssertionError("the last look always decides")  # pragma: no cover
 
     async def _answer(self, load_id: str | None, files: Mapping[str, bytes] | None, indices: list[int],
-                      bounded: bool, on_trainer: bool) -> list[float]:
+                      bounded: bool) -> list[float]:
         """The scores of these tasks' answers from one runtime load (seeded by task index), or,
-        `on_trainer`, from the release's `files` in jobs of the training process; `bounded`: at
-        most `concurrency` of the gate's requests in flight on the runtime."""
+        answering on the trainer, from the release's `files` in one job of the training process;
+        `bounded`: at most `concurrency` of the gate's requests in flight on the runtime."""
         assert self.scorer is not None
-        if on_trainer:
+        if self.answers_from_files:
             if not indices:
                 return []
             adapter, texts = adapter_part(files), []
