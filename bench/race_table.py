@@ -41,6 +41,8 @@ GAIN = 30
 TIME_WORDS = {True: "met", False: "missed", None: "neither"}
 HELD = 0.5  # a kind of question an arm answers this share of at minute 15 or more is one it learned
 ONE_SIDED = 0.95
+STUCK_GAIN = 10  # an arm under this many points over the base at minute 15 never learned, or fell back
+FALL = 20  # points an arm lost from its best so far: a fall
 STEPS_PER_CANDIDATE = 2  # the demo's learner.sao.steps_per_candidate since 2026-12-01 (records before it lack the field)
 
 
@@ -92,7 +94,7 @@ def row(run: dict[str, Any]) -> dict[str, Any]:
     return {"label": run["label"], "task": run["task"], "seed": run["seed"], "reach": reach, "ratio": ratio,
             "final": final, "late": summary["late_mean"], "end_gap": final["reef"] - final["bare"],
             "time_met": time_met(reach), "end_met": final["reef"] >= final["bare"] - 1e-9,
-            "kinds_held": kinds_held(run["arms"]), "per_step": per_step(run),
+            "kinds_held": kinds_held(run["arms"]), "per_step": per_step(run), "falls": falls(run),
             "samples": reef_arm.get("reports"), "published": reef_arm.get("published"),
             "rejected": reef_arm.get("rejected"), "errors": reef_arm.get("errors")}
 
@@ -102,6 +104,18 @@ def time_met(reach: dict[str, float | None]) -> bool | None:
     if reach["reef"] is None:
         return None if reach["bare"] is None else False
     return reach["bare"] is None or reach["reef"] <= TIME_RATIO * reach["bare"] + 1e-9
+
+
+def falls(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per arm: whether it ended under STUCK_GAIN points over the base (never learned the task, or
+    lost it again), and the most points it ever stood under its best so far (its deepest fall)."""
+    out = {}
+    for name, arm in run["arms"].items():
+        curve = [100 * snap["success"] for snap in arm["snapshots"]]
+        best = [max(curve[:i + 1]) for i in range(len(curve))]
+        out[name] = {"stuck": curve[-1] < 100 * run["base"] + STUCK_GAIN - 1e-9,
+                     "deepest_fall": max(b - c for b, c in zip(best, curve))}
+    return out
 
 
 def per_step(run: dict[str, Any]) -> dict[str, Any] | None:
@@ -181,6 +195,17 @@ def bare_against_bare(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "reef_end": spread([100 * r["final"]["reef"] for r in rows])}
 
 
+def falls_reading(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """How often each arm ended stuck under STUCK_GAIN points over the base, and how often it fell
+    FALL points or more from its best: the bare loop each seed once (runs of a seed share it),
+    Reef and its line each run."""
+    bare_by_seed = {(r["task"], r["seed"]): r["falls"]["bare"] for r in rows}
+    arms = {"bare": list(bare_by_seed.values()), "reef": [r["falls"]["reef"] for r in rows],
+            "line": [r["falls"]["line"] for r in rows if "line" in r["falls"]]}
+    return {name: {"of": len(runs), "stuck": sum(f["stuck"] for f in runs),
+                   "fell": sum(f["deepest_fall"] >= FALL - 1e-9 for f in runs)} for name, runs in arms.items() if runs}
+
+
 def by_seed(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Reef's end minus the bare loop's with each seed counted once (its Reef runs averaged): runs of one
     seed share its bare loop, so they are not independent draws of the difference. `lower_95`: the mean
@@ -231,7 +256,7 @@ def reading(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                "above": above, "below": below, "level": len(gaps) - above - below,
                                "p_reef_lower": sign_test_p(below, above), "p_reef_higher": sign_test_p(above, below)},
             "by_seed": by_seed(rows), "kinds": kinds_reading(rows), "bare_against_bare": bare_against_bare(rows),
-            "per_step": per_step_reading(rows), "by_rank": ends_by_rank(rows)}
+            "per_step": per_step_reading(rows), "by_rank": ends_by_rank(rows), "falls": falls_reading(rows)}
 
 
 def readings(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -257,7 +282,7 @@ def reading_text(name: str, summary: dict[str, Any]) -> list[str]:
             f"(sign test over runs: p {gap['p_reef_lower']:.2f} that Reef ends lower, {gap['p_reef_higher']:.2f} higher)",
             *by_seed_text(summary["by_seed"]), *kinds_text(summary["kinds"]),
             *noise_floor_text(summary["bare_against_bare"]), *by_rank_text(summary["by_rank"]),
-            *per_step_text(summary["per_step"])]
+            *per_step_text(summary["per_step"]), *falls_text(summary["falls"])]
 
 
 def by_seed_text(seeds: dict[str, Any]) -> list[str]:
@@ -305,6 +330,13 @@ def per_step_text(steps: dict[str, Any] | None) -> list[str]:
             f"(median {steps['steps_median']:.0f}) the line minus the bare loop, points: mean {steps['mean']:+.1f} "
             f"(standard error {se}), median {steps['median']:+.1f}; ahead in {steps['above']}, behind in "
             f"{steps['below']} (sign test: p {steps['p_line_lower']:.2f} that the line learns less a step)"]
+
+
+def falls_text(falls: dict[str, dict[str, Any]]) -> list[str]:
+    names = {"bare": "the bare loop", "reef": "Reef", "line": "Reef's line"}
+    counts = lambda key: ", ".join(f"{names[arm]} {f[key]} of {f['of']}" for arm, f in falls.items())  # noqa: E731
+    return [f"  Ended under +{STUCK_GAIN} over the base (never learned, or fell back), the bare loop each seed once: "
+            f"{counts('stuck')}; fell {FALL} points or more from its best: {counts('fell')}"]
 
 
 def text(rows: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> str:

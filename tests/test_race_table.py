@@ -127,3 +127,22 @@ def test_the_ends_ranked_compare_the_arms_without_pairing_seeds(tmp_path: Path) 
     seed3_line = (final["ds3"]["line"] + final["ls3"]["line"]) / 2
     assert ranks["ends"]["line"] == sorted([seed3_line, final["ds4"]["line"], final["hs5"]["line"]], reverse=True)
     assert "over the better 1 seeds" in done.stdout
+
+
+def test_arms_that_never_learned_or_fell_back(tmp_path: Path) -> None:
+    """hs6: neither arm left the base; hs11: the bare loop never did, Reef did; ds2: the bare loop
+    fell 28.6 points from its best; as12 (Reef alone, read against hs12's bare loop): its line fell
+    from 29.7% to 3.3% and learned again. The bare loop of seed 12 is counted once."""
+    done = table(tmp_path, str(RACES / "hs6.json"), str(RACES / "hs11.json"), str(RACES / "ds2.json"),
+                 str(RACES / "hs12.json"), f"{RACES / 'as12.json'}@{RACES / 'hs12.json'}")
+    assert done.returncode == 0, done.stderr
+    out = json.loads((tmp_path / "t.json").read_text())
+    rows = {r["label"]: r for r in out["rows"]}
+    assert rows["hs6"]["falls"]["bare"]["stuck"] and rows["hs6"]["falls"]["line"]["stuck"]
+    assert rows["hs11"]["falls"]["bare"]["stuck"] and not rows["hs11"]["falls"]["reef"]["stuck"]
+    assert round(rows["ds2"]["falls"]["bare"]["deepest_fall"], 1) == 28.6
+    assert rows["as12"]["falls"]["line"]["deepest_fall"] >= 20 and not rows["as12"]["falls"]["line"]["stuck"]
+    falls = out["readings"]["all"]["falls"]
+    assert falls["bare"] == {"of": 4, "stuck": 2, "fell": 1}
+    assert falls["line"] == {"of": 5, "stuck": 1, "fell": 1}
+    assert "Ended under +10 over the base" in done.stdout

@@ -213,6 +213,26 @@ def test_the_gates_answers_on_the_trainer_stop_where_the_context_ends(trainer: L
         trainer.generate(None, [request(3), request(words + 3)], 8)
 
 
+def test_the_gates_answers_on_the_trainer_run_their_shared_prefix_once(trainer: LoRATrainer) -> None:
+    """The gate's prompts share a worked example: it runs once for the batch, and the greedy
+    answers are the ones every row's whole prompt gives, prompts of different lengths included."""
+    example = [Message("user", "What is the opposite of hot? Answer with one word."), Message("assistant", "Cold")]
+    requests = [ChatRequest(model="m", messages=(*example, Message("user", question)), dialect="openai",
+                            max_tokens=6, temperature=0.0)
+                for question in ("What is the capital of France? Answer with one word.", "And of Peru?",
+                                 "What is the plural of mouse? Answer with one word, please, and nothing else.")]
+    before, minimum = trainer.shared_prefix_tokens, trainer.min_shared_prefix
+    shared = trainer.generate(None, requests, 6)
+    ran_once = trainer.shared_prefix_tokens - before
+    trainer.min_shared_prefix = 0
+    try:
+        whole = trainer.generate(None, requests, 6)
+    finally:
+        trainer.min_shared_prefix = minimum
+    assert ran_once >= 2 * 16  # two rows did not run the prefix again
+    assert shared == whole and any(shared)
+
+
 def test_trained_adapters_serve_and_stay_on_policy(tiny_model_dir: Path, trainer: LoRATrainer,
                                                    rollouts: list[Rollout]) -> None:
     samples = samples_of(rollouts[:8], [1.0 if i % 2 else -1.0 for i in range(8)])

@@ -300,14 +300,24 @@ class LoRATrainer:
 
     def _greedy(self, prompts: list[list[int]], max_tokens: list[int], stops: frozenset[int]) -> list[list[int]]:
         """The argmax continuation of each prompt, up to its first stop token (left out) or its
-        row's `max_tokens`: left padding and position ids `cumsum(mask) - 1`, a key-value cache."""
-        width = max(len(p) for p in prompts)
-        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=self.device)
-        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        row's `max_tokens`: left padding and position ids `cumsum(mask) - 1`, a key-value cache.
+        The prompts' shared prefix (the gate's worked example and instructions) runs once, as in
+        the embedded runtime's prefill, and only the last position's logits are computed."""
+        shared = shared_prefix_length(prompts, self.min_shared_prefix)
+        suffixes = [p[shared:] for p in prompts]
+        width = max(len(s) for s in suffixes)
+        ids = torch.tensor([[self.pad_id] * (width - len(s)) + s for s in suffixes], device=self.device)
+        attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in suffixes], device=self.device)
+        positions = shared + (attention.cumsum(-1) - 1).clamp(min=0)
+        cache = None
+        if shared:
+            cache = self._prefix_cache(prompts[0][:shared], len(prompts))
+            attention = torch.cat([torch.ones_like(attention[:, :1]).expand(-1, shared), attention], dim=1)
+            self.shared_prefix_tokens += shared * (len(prompts) - 1)
         out: list[list[int]] = [[] for _ in prompts]
         live = list(range(len(prompts)))
-        step = self.base(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        step = self.base(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
         for _ in range(max(max_tokens)):
             chosen = step.logits[:, -1, :].float().argmax(-1)
             for row in list(live):
@@ -321,7 +331,7 @@ class LoRATrainer:
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
             positions = positions[:, -1:] + 1
             step = self.base(input_ids=chosen.unsqueeze(-1), attention_mask=attention, position_ids=positions,
-                             past_key_values=step.past_key_values, use_cache=True)
+                             past_key_values=step.past_key_values, use_cache=True, logits_to_keep=1)
         return out
 
     def _tokenizer(self) -> Any:
