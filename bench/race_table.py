@@ -17,7 +17,8 @@ question each arm learned (a kind flips whole), the same target read between bar
 different seeds (its noise floor), each arm's ends ranked (the two spreads compared without
 pairing seeds, which share little), and, for runs with the line (`--line`), the line against the
 bare loop per optimiser step: how much of Reef's end is its steps a minute and how much what a
-step buys. Reads files only: no model, seconds.
+step buys, and how often each arm ended under +10 over the base (never learned, or lost it) or fell
+20 points from its best. Reads files only: no model, seconds.
 """
 
 from __future__ import annotations
