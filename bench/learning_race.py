@@ -191,6 +191,7 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
     return {"snapshots": [{**s, "weights": weights.get(s["release_id"])} for s in serving],
             "requests": stats.requests, "reports": stats.reports, "errors": stats.errors,
             "published": published, "rejected": rejected, "last_error": stats.last_error,
+            "verdicts": _verdicts(workdir / "state", serving[0]["wall"] - serving[0]["second"]),
             **({"line": _line_snapshots(line_dir, serving)} if arm.line else {})}
 
 
@@ -265,6 +266,18 @@ def _release_weights(state_dir: Path, release_ids: set[str]) -> dict[str, dict[s
                 assert (config["r"], config["lora_alpha"]) == (bare_loop.LORA.r, bare_loop.LORA.alpha), config
             out[release_id] = None if files is None else load(files[ADAPTER_WEIGHTS])
     return out
+
+
+def _verdicts(state_dir: Path, started_wall: float) -> list[dict[str, Any]]:
+    """Each verdict of the run's chain: its minute (since the traffic began), its decision, the
+    gate's tasks won, lost and tied."""
+    from reef.commit.state import ReefState
+
+    with ReefState.open(state_dir) as state:
+        entries = [e for scenario in state.scenarios() for e in state.chain(scenario).history()]
+    return [{"minute": round((e.recorded_at - started_wall) / 60, 2), "decision": e.verdict.decision,
+             **{k: e.verdict.metrics.get(k) for k in ("wins", "losses", "ties") if k in e.verdict.metrics}}
+            for e in sorted(entries, key=lambda e: e.recorded_at) if e.verdict is not None]
 
 
 # -- evaluation (off the clock, one function for both arms) ------------------------------------
