@@ -304,16 +304,7 @@ class LoRATrainer:
         The prompts' shared prefix (the gate's worked example and instructions) runs once, as in
         the embedded runtime's prefill, and only the last position's logits are computed."""
         shared = shared_prefix_length(prompts, self.min_shared_prefix)
-        suffixes = [p[shared:] for p in prompts]
-        width = max(len(s) for s in suffixes)
-        ids = torch.tensor([[self.pad_id] * (width - len(s)) + s for s in suffixes], device=self.device)
-        attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in suffixes], device=self.device)
-        positions = shared + (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = None
-        if shared:
-            cache = self._prefix_cache(prompts[0][:shared], len(prompts))
-            attention = torch.cat([torch.ones_like(attention[:, :1]).expand(-1, shared), attention], dim=1)
-            self.shared_prefix_tokens += shared * (len(prompts) - 1)
+        ids, attention, positions, cache = self._after_prefix(prompts[0][:shared], [p[shared:] for p in prompts])
         out: list[list[int]] = [[] for _ in prompts]
         live = list(range(len(prompts)))
         step = self.base(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
@@ -352,17 +343,9 @@ class LoRATrainer:
         prompt plus the completion) attend to, left-padded after it. The numbers are the same;
         with gradients on they flow back through the cache into the adapter on the prefix."""
         shared = shared_prefix_length([p for p, _ in seqs], self.min_shared_prefix)
-        rows = [p[shared:] + c for p, c in seqs]
-        width = max(len(r) for r in rows)
         longest = max(len(c) for _, c in seqs)
-        ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in rows], device=self.device)
-        attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
-        positions = shared + (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = None
-        if shared:
-            cache = self._prefix_cache(seqs[0][0][:shared], len(seqs))
-            attention = torch.cat([torch.ones_like(attention[:, :1]).expand(-1, shared), attention], dim=1)
-            self.shared_prefix_tokens += shared * (len(seqs) - 1)
+        ids, attention, positions, cache = self._after_prefix(seqs[0][0][:shared], [p[shared:] + c for p, c in seqs])
+        width = ids.shape[1]
         logits = self.base(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
                            use_cache=cache is not None, logits_to_keep=longest + 1).logits[:, :-1, :].float()
         scale = torch.tensor([t if t > 0 else 1.0 for t in temps], dtype=torch.float32, device=self.device).view(-1, 1, 1)
@@ -372,6 +355,22 @@ class LoRATrainer:
         lengths = torch.tensor([len(c) for _, c in seqs], device=self.device).unsqueeze(1)
         mask = torch.arange(longest, device=self.device).unsqueeze(0) >= (longest - lengths)
         return picked, mask
+
+    def _after_prefix(self, prefix: list[int], rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        """Rows that all follow `prefix` (empty: none shared), as one batch: the rows' ids left
+        padded, the attention mask over prefix and row, the rows' position ids counting on from the
+        prefix, and the prefix's key/value cache repeated to the batch (None without a prefix)."""
+        shared = len(prefix)
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in rows], device=self.device)
+        attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
+        positions = shared + (attention.cumsum(-1) - 1).clamp(min=0)
+        cache = None
+        if shared:
+            cache = self._prefix_cache(prefix, len(rows))
+            attention = torch.cat([torch.ones_like(attention[:, :1]).expand(-1, shared), attention], dim=1)
+            self.shared_prefix_tokens += shared * (len(rows) - 1)
+        return ids, attention, positions, cache
 
     def _prefix_cache(self, prefix: list[int], batch: int) -> Any:
         """The key/value cache of `prefix` (positions 0..P-1), run once and repeated `batch` times
