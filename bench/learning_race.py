@@ -21,7 +21,7 @@ and nothing asks the other half (bench/race_gate_split.py, bench/gate_curse.py).
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
         [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--gate-from-train N | --gate-half]
         [--batching static|continuous] [--turn-steps N] [--serve-threads N] [--train-threads N]
-        [--gate-answer-on runtime|trainer] [--baseline running|prompt] [--out PATH.json]
+        [--gate-answer-on runtime|trainer] [--baseline running|prompt] [--steps-per-candidate K] [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
 reach +10, +20 and +30 points over the base and the ratio reef/bare, the final values and the
@@ -98,6 +98,7 @@ class ReefArm:
     train_threads: int | None = None  # learner.train_threads; None: Reef's default, the other half
     gate_answer_on: str = "runtime"  # learner.gate.answer_on: the serving runtime, or the training process
     baseline: str = "running"  # learner.sao.baseline: one running average of the scores, or each prompt's own
+    steps_per_candidate: int = STEPS_PER_CANDIDATE  # learner.sao.steps_per_candidate
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,7 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
     settings["learner"]["gate"]["live_split"] = arm.live_split or None
     settings["learner"]["gate"]["answer_on"] = arm.gate_answer_on
     settings["learner"]["sao"]["baseline"] = arm.baseline
+    settings["learner"]["sao"]["steps_per_candidate"] = arm.steps_per_candidate
     if arm.batching is not None:
         settings["embedded"]["continuous_batching"] = arm.batching == "continuous"
     if arm.turn_steps is not None:
@@ -485,6 +487,9 @@ def main() -> None:
                         help="reef: learner.sao.baseline, what a sample's score is measured against: one running "
                              "average of every score (as the bare loop), or the average its own prompt earned before "
                              "[default: %(default)s]")
+    parser.add_argument("--steps-per-candidate", type=int, default=STEPS_PER_CANDIDATE, metavar="K",
+                        help="reef: learner.sao.steps_per_candidate, optimiser steps a candidate (fewer: samples "
+                             "fewer steps behind the weights they train)  [default: the demo's, %(default)s]")
     parser.add_argument("--live-split", type=float, default=LIVE_SPLIT, metavar="F",
                         help="reef: learner.gate.live_split, once three verdicts in a row run to their last look "
                              "undecided the canary serves F of the requests and the line's live scores join later "
@@ -517,7 +522,7 @@ def main() -> None:
                               args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
                               args.gate_half, args.gate_halves, args.gate_overtake, args.batching,
                               args.turn_steps, args.live_split, args.flip_scores, args.serve_threads,
-                              args.train_threads, args.gate_answer_on, args.baseline)
+                              args.train_threads, args.gate_answer_on, args.baseline, args.steps_per_candidate)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
@@ -539,7 +544,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "turn_steps": args.turn_steps, "live_split": args.live_split,
                 "serve_threads": args.serve_threads, "train_threads": args.train_threads,
                 "gate_answer_on": args.gate_answer_on, "baseline": args.baseline,
-                "lr": LEARNING_RATE, "batch": BATCH, "steps_per_candidate": STEPS_PER_CANDIDATE,
+                "lr": LEARNING_RATE, "batch": BATCH, "steps_per_candidate": args.steps_per_candidate,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,
                 "lora": {"r": bare_loop.LORA.r, "alpha": bare_loop.LORA.alpha,
