@@ -21,7 +21,7 @@ and nothing asks the other half (bench/race_gate_split.py, bench/gate_curse.py).
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
         [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--gate-from-train N | --gate-half]
         [--batching static|continuous] [--turn-steps N] [--serve-threads N] [--train-threads N]
-        [--gate-answer-on runtime|trainer] [--baseline running|prompt] [--steps-per-candidate K] [--out PATH.json]
+        [--gate-answer-on runtime|trainer] [--steps-per-candidate K] [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
 reach +10, +20 and +30 points over the base and the ratio reef/bare, the final values and the
@@ -97,7 +97,6 @@ class ReefArm:
     serve_threads: int | None = None  # embedded.threads; None: Reef's default, half the cores
     train_threads: int | None = None  # learner.train_threads; None: Reef's default, the other half
     gate_answer_on: str = "runtime"  # learner.gate.answer_on: the serving runtime, or the training process
-    baseline: str = "running"  # learner.sao.baseline: one running average of the scores, or each prompt's own
     steps_per_candidate: int = STEPS_PER_CANDIDATE  # learner.sao.steps_per_candidate
 
 
@@ -164,7 +163,6 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
     settings["learner"]["gate"]["overtake_after"] = arm.gate_overtake
     settings["learner"]["gate"]["live_split"] = arm.live_split or None
     settings["learner"]["gate"]["answer_on"] = arm.gate_answer_on
-    settings["learner"]["sao"]["baseline"] = arm.baseline
     settings["learner"]["sao"]["steps_per_candidate"] = arm.steps_per_candidate
     if arm.batching is not None:
         settings["embedded"]["continuous_batching"] = arm.batching == "continuous"
@@ -483,10 +481,6 @@ def main() -> None:
                         help="reef: learner.gate.answer_on, where the gate's tasks are answered: the serving runtime "
                              "(beside the traffic) or the training process (while it waits for samples)  "
                              "[default: %(default)s]")
-    parser.add_argument("--baseline", choices=["running", "prompt"], default="running",
-                        help="reef: learner.sao.baseline, what a sample's score is measured against: one running "
-                             "average of every score (as the bare loop), or the average its own prompt earned before "
-                             "[default: %(default)s]")
     parser.add_argument("--steps-per-candidate", type=int, default=STEPS_PER_CANDIDATE, metavar="K",
                         help="reef: learner.sao.steps_per_candidate, optimiser steps a candidate (fewer: samples "
                              "fewer steps behind the weights they train)  [default: the demo's, %(default)s]")
@@ -522,7 +516,7 @@ def main() -> None:
                               args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
                               args.gate_half, args.gate_halves, args.gate_overtake, args.batching,
                               args.turn_steps, args.live_split, args.flip_scores, args.serve_threads,
-                              args.train_threads, args.gate_answer_on, args.baseline, args.steps_per_candidate)
+                              args.train_threads, args.gate_answer_on, args.steps_per_candidate)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
@@ -543,7 +537,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "gate_overtake": args.gate_overtake, "batching": args.batching or REEF_BATCHING,
                 "turn_steps": args.turn_steps, "live_split": args.live_split,
                 "serve_threads": args.serve_threads, "train_threads": args.train_threads,
-                "gate_answer_on": args.gate_answer_on, "baseline": args.baseline,
+                "gate_answer_on": args.gate_answer_on,
                 "lr": LEARNING_RATE, "batch": BATCH, "steps_per_candidate": args.steps_per_candidate,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,

@@ -2,11 +2,7 @@
 
 Each scored record is one sample as soon as its report arrives: no sibling groups, no barrier.
 Its advantage is the score minus a running baseline (an exponential moving average kept in the
-commit log's algorithm state, so a restart resumes it), or with `baseline: prompt` minus the
-moving average of the scores the same prompt earned before (superseded samples' scores count
-too), which starts at the running baseline the first time a prompt is seen: traffic that asks
-the same tasks again (a pipeline with a verifier) then learns where a task's answers vary,
-instead of pushing up every answer to an easy task and down every answer to a hard one. `batch_size` samples make one
+commit log's algorithm state, so a restart resumes it). `batch_size` samples make one
 optimiser step of the `cispo` loss: a token-level policy gradient with importance ratios
 against the recorded rollout log-probs, each token's gradient weighted by its ratio truncated at
 `1 + eps_clip_high`, with an optional KL penalty to the base model; `steps_per_candidate` steps
@@ -26,10 +22,8 @@ hash-chosen fraction of records is held out of training for the gate's offline c
 
 from __future__ import annotations
 
-import hashlib
 import time
-from array import array
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
@@ -42,7 +36,6 @@ from reef.grow.rollouts import rollout_problem, sample_of, staleness_problem
 
 NAME = "sao"
 HOLDOUT_KEEP = 64
-PROMPTS_KEPT = 4096  # `baseline: prompt`: the prompts whose averages are kept (in memory), the least recent dropped
 
 
 class SAOConfig(BaseModel):
@@ -64,13 +57,6 @@ class SAOConfig(BaseModel):
     eps_clip_high: float = Field(0.28, gt=0)
     kl_coef: float = Field(0.0, ge=0)
     baseline_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of the running score baseline")
-    baseline: Literal["running", "prompt"] = Field(
-        "running", description="What a sample's score is measured against: running, one moving average of every "
-        "score; prompt, the moving average of the scores its own prompt earned before (`prompt_baseline_decay`), "
-        "started at the running baseline the first time a prompt is seen, kept in memory for the newest "
-        f"{PROMPTS_KEPT} prompts: for traffic that asks the same tasks again")
-    prompt_baseline_decay: float = Field(0.5, ge=0, lt=1, description="baseline: prompt: EMA decay of each "
-                                         "prompt's scores")
     max_staleness: int = Field(2, ge=0, description="Oldest producing release a sample may come from, in releases")
 
 
@@ -111,8 +97,6 @@ class SAORecipe:
         self.pending: list[ScoredSample] = []
         self.holdout: deque[ScoredSample] = deque(maxlen=HOLDOUT_KEEP)
         self.last_train_seconds: float | None = None
-        self.prompt_baselines: OrderedDict[bytes, float] = OrderedDict()  # baseline: prompt
-        self.unseen: list[ScoredSample] = []  # superseded samples whose scores the prompt baselines have yet to take
 
     def train_config(self) -> TrainConfig:
         c = self.config
@@ -154,8 +138,6 @@ class SAORecipe:
         # policy being trained, so what waited behind them is superseded, not trained later.
         batch, superseded, self.pending = self.pending[-size:], self.pending[:-size], []
         view.drop("superseded", len(superseded))
-        if self.config.baseline == "prompt":
-            self.unseen.extend(superseded)  # not trained on, but what they scored says what their prompts earn
         return SAOBatch(batch)
 
     def resume(self, items: Sequence[ReportedRecords]) -> SAOBatch:
@@ -183,42 +165,24 @@ class SAORecipe:
         return Made(files, metrics={"training": metrics}, held_out=[(s.score, s.sample) for s in self.holdout])
 
     def with_advantages(self, batch: list[ScoredSample], state: dict[str, Any] | None) -> tuple[list[Sample], dict[str, Any]]:
-        """Advantage = score - baseline: the running one, updated sample by sample, or with
-        `baseline: prompt` the sample's prompt's average before it (the superseded samples' scores
-        taken in first, in the order they came)."""
+        """Advantage = score - running baseline, the baseline updated sample by sample."""
         state = dict(state or {})
         baseline = state.get("baseline")
         if baseline is None:
             baseline = sum(s.score for s in batch) / len(batch)
-        for item in self.unseen:
-            self._prompt_baseline(item, baseline)
-        self.unseen = []
         decay = self.config.baseline_decay
         samples = []
         for item in batch:
-            expected = self._prompt_baseline(item, baseline) if self.config.baseline == "prompt" else baseline
             samples.append(Sample(item.sample.prompt_ids, item.sample.completion_ids, item.sample.rollout_logprobs,
-                                  advantage=item.score - expected, temperature=item.sample.temperature))
+                                  advantage=item.score - baseline, temperature=item.sample.temperature))
             baseline = decay * baseline + (1 - decay) * item.score
         state.update(baseline=baseline, samples_seen=int(state.get("samples_seen", 0)) + len(batch),
                      candidates=int(state.get("candidates", 0)) + 1)
         return samples, state
 
-    def _prompt_baseline(self, item: ScoredSample, running: float) -> float:
-        """The average score of `item`'s prompt before it (`running` for a prompt not seen yet),
-        then `item`'s score taken into that average."""
-        key = hashlib.blake2b(array("q", item.sample.prompt_ids).tobytes(), digest_size=12).digest()
-        before = self.prompt_baselines.pop(key, running)
-        decay = self.config.prompt_baseline_decay
-        self.prompt_baselines[key] = decay * before + (1 - decay) * item.score
-        while len(self.prompt_baselines) > PROMPTS_KEPT:
-            self.prompt_baselines.popitem(last=False)
-        return before
-
     def status(self) -> JSON:
         return {"pending_samples": len(self.pending), "held_out": len(self.holdout),
-                "last_train_seconds": self.last_train_seconds,
-                **({"prompt_baselines": len(self.prompt_baselines)} if self.config.baseline == "prompt" else {})}
+                "last_train_seconds": self.last_train_seconds}
 
     async def close(self) -> None:
         return None
