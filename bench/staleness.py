@@ -12,7 +12,7 @@ every token's gradient by its ratio truncated at the clip's top (`cispo`). Test 
 (bench/learning_race.py's evaluation) after 24, 48, 72... steps. K=1 L=0 is the bare loop.
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/staleness.py [--task sentence] [--steps 72]
-        [--variants 1:0:mask,6:1:mask,6:1:nomask] [--seeds 1]
+        [--variants 1:0:mask,6:1:mask,6:1:nomask] [--seeds 1] [--first-seed 0]
 
 `--seeds N` runs each variant N times (seed k seeds the questions and the sampling); a
 variant's take-off varies by tens of steps from run to run, so one seed shows large differences
@@ -92,8 +92,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=72, help="optimiser steps per variant")
     parser.add_argument("--variants", default="1:0:mask,6:1:mask,6:1:nomask",
                         help="K:L:mask|nomask|cispo, comma-separated (K steps per candidate, samples L candidates old)")
-    parser.add_argument("--seeds", type=int, default=1, help="runs of each variant (seeds 0..N-1), interleaved")
+    parser.add_argument("--seeds", type=int, default=1, help="runs of each variant (seeds F..F+N-1), interleaved")
+    parser.add_argument("--first-seed", type=int, default=0, metavar="F", help="the first seed  [default: 0]")
     args = parser.parse_args()
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     task = race_task(args.task)
     tokenizer, model = bare_loop.load_model()
     fresh = bare_loop.adapter_weights(model)
@@ -103,7 +105,7 @@ def main() -> None:
             parser.error(f"{variant}: expected K:L:mask, K:L:nomask or K:L:cispo")
     results: dict[str, list[dict[int, float]]] = {v: [] for v in variants}
     by_kind: dict[str, list[dict[int, dict[str, float]]]] = {v: [] for v in variants}
-    for seed in range(args.seeds):  # seed by seed, so a slower machine late in the run hits every variant alike
+    for seed in seeds:  # seed by seed, so a slower machine late in the run hits every variant alike
         for variant in variants:
             k, lag, loss = variant.split(":")
             curve, kinds = run_variant(model, tokenizer, task, fresh, int(k), int(lag), loss, args.steps, seed)
@@ -112,11 +114,11 @@ def main() -> None:
     out = ROOT / "bench" / "results" / f"staleness_{task.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "staleness", "task": task.name, "lr": LEARNING_RATE, "batch": BATCH,
-                               "test_success_by_step": results, "by_kind_by_step": by_kind}, indent=1))
+                               "seeds": list(seeds), "test_success_by_step": results, "by_kind_by_step": by_kind}, indent=1))
     at = range(24, args.steps + 1, 24)
     print(f"{'variant':>16} " + " ".join(f"{s:>7}" for s in at))
     for variant, curves in results.items():
-        for seed, curve in enumerate(curves):
+        for seed, curve in zip(seeds, curves):
             print(f"{variant + ' s' + str(seed):>16} " + " ".join(f"{100 * curve.get(s, float('nan')):6.1f}%" for s in at))
         if len(curves) > 1:
             print(f"{variant + ' mean':>16} " + " ".join(
