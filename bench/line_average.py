@@ -59,6 +59,7 @@ def parents(line: list[dict[str, torch.Tensor]], releases: list[dict[str, torch.
 
 
 def newest_of_line(i: int, parent: list[int | None], k: int) -> list[int]:
+    """Candidate `i` and its ancestors in its own line, newest first, at most `k`."""
     chain = [i]
     while len(chain) < k and parent[chain[-1]] is not None:
         chain.append(parent[chain[-1]])  # type: ignore[arg-type]
@@ -81,11 +82,9 @@ def measure_run(name: str, race_path: Path, workdir: Path, ks: list[int], minute
     rows = []
     for reef_snap, line_snap in zip(race["arms"]["reef"]["snapshots"], race["arms"]["line"]["snapshots"]):
         newest = [i for i, (second, _) in enumerate(made) if second <= reef_snap["wall"]]
-        if not newest:
+        if round(reef_snap["minute"]) not in minutes or not newest:
             continue
         i = newest[-1]
-        if round(reef_snap["minute"]) not in minutes:
-            continue
         row = {"minute": reef_snap["minute"], "recorded": line_snap["success"],
                "newest": evaluate(model, tokenizer, line[i], task) if check else line_snap["success"]}
         for k in ks:
