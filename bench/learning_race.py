@@ -21,7 +21,7 @@ and nothing asks the other half (bench/race_gate_split.py, bench/gate_curse.py).
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
         [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--gate-from-train N | --gate-half]
         [--batching static|continuous] [--turn-steps N] [--serve-threads N] [--train-threads N]
-        [--gate-answer-on runtime|trainer] [--steps-per-candidate K] [--out PATH.json]
+        [--gate-answer-on runtime|trainer] [--steps-per-candidate K] [--line [--fresh N]] [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
 reach +10, +20 and +30 points over the base and the ratio reef/bare, the final values and the
@@ -98,6 +98,7 @@ class ReefArm:
     train_threads: int | None = None  # learner.train_threads; None: Reef's default, the other half
     gate_answer_on: str = "runtime"  # learner.gate.answer_on: the serving runtime, or the training process
     steps_per_candidate: int = STEPS_PER_CANDIDATE  # learner.sao.steps_per_candidate
+    fresh: int = 0  # with `line`: a batch waits for this many samples of the newest candidate (bench/race_line.py)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,8 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
     if arm.line:
         shutil.rmtree(line_dir, ignore_errors=True)
         settings["recipes"] = {"default": LINE_RECIPE}
-        settings["learner"][LINE_RECIPE] = {**settings["learner"].pop("sao"), "line_dir": str(line_dir.resolve())}
+        settings["learner"][LINE_RECIPE] = {**settings["learner"].pop("sao"), "line_dir": str(line_dir.resolve()),
+                                            "fresh": arm.fresh}
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     server = DemoServer(config, port, workdir / "serve.log", pythonpath=(str(BENCH),))
     log(f"reef: starting reef serve on {server.url} (log {server.log_path})")
@@ -484,6 +486,9 @@ def main() -> None:
     parser.add_argument("--steps-per-candidate", type=int, default=STEPS_PER_CANDIDATE, metavar="K",
                         help="reef: learner.sao.steps_per_candidate, optimiser steps a candidate (fewer: samples "
                              "fewer steps behind the weights they train)  [default: the demo's, %(default)s]")
+    parser.add_argument("--fresh", type=int, default=0, metavar="N",
+                        help="reef, with --line: a batch waits until N of its samples were served by the newest "
+                             "candidate's canary, the one the next trains on from (bench/race_line.py)  [default: 0]")
     parser.add_argument("--live-split", type=float, default=LIVE_SPLIT, metavar="F",
                         help="reef: learner.gate.live_split, once three verdicts in a row run to their last look "
                              "undecided the canary serves F of the requests and the line's live scores join later "
@@ -499,6 +504,8 @@ def main() -> None:
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     if not names or set(names) - {"bare", "reef"}:
         parser.error("--arms takes bare, reef or both")
+    if args.fresh and not args.line:
+        parser.error("--fresh waits in the line's recipe (bench/race_line.py): add --line")
     if args.gate_half and args.gate_from_train:
         parser.error("--gate-half and --gate-from-train are two different splits: choose one")
     out = args.out or BENCH / "results" / f"learning_race_{task.name}.json"
@@ -516,7 +523,7 @@ def main() -> None:
                               args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
                               args.gate_half, args.gate_halves, args.gate_overtake, args.batching,
                               args.turn_steps, args.live_split, args.flip_scores, args.serve_threads,
-                              args.train_threads, args.gate_answer_on, args.steps_per_candidate)
+                              args.train_threads, args.gate_answer_on, args.steps_per_candidate, args.fresh)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
@@ -538,7 +545,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "turn_steps": args.turn_steps, "live_split": args.live_split,
                 "serve_threads": args.serve_threads, "train_threads": args.train_threads,
                 "gate_answer_on": args.gate_answer_on,
-                "lr": LEARNING_RATE, "batch": BATCH, "steps_per_candidate": args.steps_per_candidate,
+                "lr": LEARNING_RATE, "batch": BATCH, "steps_per_candidate": args.steps_per_candidate, "fresh": args.fresh,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,
                 "lora": {"r": bare_loop.LORA.r, "alpha": bare_loop.LORA.alpha,
