@@ -12,11 +12,18 @@ demo's two optimiser steps, before the ones it trains on from, so its two steps 
 and three steps old). Prints, for each stretch of `--every` minutes of the run, the share of the
 trained records at each lag, those served by a release (the head: off the line altogether, as
 with `gate.live_split`), and by a canary of a batch not in the log (gone). No model, seconds.
+
+With `--fresh-wait N`: how much longer each batch would have waited for N samples of its own
+line's newest candidate (the canary of the batch before it, the one it trains on from): the
+seconds from when the batch was logged until the N-th record that canary served was reported (0
+where they were there already), beside the seconds between batches. What bench/race_line.py's
+`fresh` costs a candidate, read off a run that did not wait.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections import Counter
 from pathlib import Path
@@ -78,6 +85,41 @@ def lags(workdir: Path, every_minutes: float) -> dict[int, Counter[str]]:
     return out
 
 
+def fresh_waits(workdir: Path, count: int) -> tuple[list[float], list[float]]:
+    """(for each batch after the first whose previous batch's canary served `count` reported
+    records: how much longer it would have waited for them; the seconds between batches)."""
+    logged = batches(workdir / "state")
+    reported: dict[str, list[float]] = {}  # canary release id -> when its records were reported
+    store = SQLiteStore(workdir / "state" / "experience.db")
+    try:
+        for scenario in {entry.scenario for entry in commit_entries(workdir / "state")}:
+            cursor = 0
+            while items := store.reported_since(scenario, cursor, limit=1000):
+                for item in items:
+                    for record in item.records:
+                        if record.release is not None and record.release.release_id.startswith(CANARY_PREFIX):
+                            reported.setdefault(record.release.release_id, []).append(item.report.created_at or 0.0)
+                cursor = items[-1].cursor
+    finally:
+        store.close()
+    waits = []
+    for (_, previous, _), (at, _, _) in zip(logged, logged[1:]):
+        times = sorted(reported.get(f"{CANARY_PREFIX}{previous}", []))
+        if len(times) >= count:
+            waits.append(max(0.0, times[count - 1] - at))
+    return waits, [at - before for (before, _, _), (at, _, _) in zip(logged, logged[1:])]
+
+
+def fresh_wait_text(workdir: Path, count: int) -> str:
+    waits, gaps = fresh_waits(workdir, count)
+    if not waits:
+        return f"{workdir}: no batch's previous canary served {count} reported records"
+    quartiles = statistics.quantiles(waits, n=4) if len(waits) > 1 else [waits[0]] * 3
+    return (f"{workdir}: waiting for {count} samples of the newest candidate, {len(waits)} of {len(gaps)} batches "
+            f"would have waited {statistics.median(waits):.1f} s more (quartiles {quartiles[0]:.1f}-{quartiles[2]:.1f}); "
+            f"the batches came {statistics.median(gaps):.1f} s apart")
+
+
 def text(workdir: Path, by_stretch: dict[int, Counter[str]], every_minutes: float) -> list[str]:
     order = [f"{k}" for k in range(MOST_LAG + 1)] + [f"{MOST_LAG + 1}+", "gone", "release"]
     lines = [f"{workdir}: candidates back, share of the records trained on"]
@@ -93,9 +135,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("workdirs", nargs="+", type=Path)
     parser.add_argument("--every", type=float, default=2.0, help="minutes a line of the table covers")
+    parser.add_argument("--fresh-wait", type=int, default=0, metavar="N",
+                        help="also: how much longer each batch would have waited for N samples of the newest candidate")
     args = parser.parse_args()
     for workdir in args.workdirs:
         print("\n".join(text(workdir, lags(workdir, args.every), args.every)))
+        if args.fresh_wait:
+            print(fresh_wait_text(workdir, args.fresh_wait))
 
 
 if __name__ == "__main__":

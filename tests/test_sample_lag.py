@@ -9,7 +9,7 @@ from pathlib import Path
 
 from reef.commit.state import ReefState
 from reef.core.types import ReleaseRef
-from reef.observe.store import Record
+from reef.observe.store import Record, Report
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,3 +34,24 @@ def test_how_many_candidates_back_each_trained_record_was_served(tmp_path: Path)
     # b1's two from the head; b2's two from b1's canary (1 back); b3's from b1's (2 back),
     # b2's (1 back) and a canary of a batch not in the log
     assert "(7 records)  1:  43%  2:  14%  gone:  14%  release:  29%" in done.stdout, done.stdout
+
+
+def test_how_much_longer_a_batch_would_have_waited_for_the_newest_candidates_samples(tmp_path: Path) -> None:
+    with ReefState.open(tmp_path / "state") as state:
+        chain = state.create("demo", "sao")
+
+        def served(record_ids: list[str], batch_id: str) -> None:
+            for record_id in record_ids:
+                state.store.put_record(Record(id=record_id, scenario="demo", release=canary(batch_id),
+                                              request={"messages": []}))
+                state.store.put_report(Report(f"rep-{record_id}", "demo", (record_id,), 1.0))
+
+        chain.begin_batch("b1", [], [], high_water=0, expected_step=chain.last_step())
+        served(["r1", "r2"], "b1")  # b1's canary served two before b2 was logged
+        chain.begin_batch("b2", ["r1"], [], high_water=0, expected_step=chain.last_step(), max_open=3)
+        served(["r3"], "b2")  # b2's canary served only one: b3 is left out
+        chain.begin_batch("b3", ["r3"], [], high_water=0, expected_step=chain.last_step(), max_open=3)
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "sample_lag.py"), str(tmp_path), "--fresh-wait", "2"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "1 of 2 batches would have waited 0.0 s more" in done.stdout, done.stdout
