@@ -15,24 +15,26 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from pydantic import Field
+
 from reef.core.training import ADAPTER_WEIGHTS
 from reef.core.types import ReportedRecords
 from reef.grow.canary import canary_release_id
-from reef.grow.recipe import Job, LearnerView, Made
+from reef.grow.recipe import Job, LearnerView, Made, RecipeContext
 from reef.recipes.sao import SAOBatch, SAOConfig, SAORecipe
 
 
 class LineConfig(SAOConfig):
     line_dir: str
-    fresh: int = 0  # samples of the newest candidate's canary a batch waits for (0: none)
-    fresh_max_wait: float = 15.0  # seconds after that candidate was made
+    fresh: int = Field(0, ge=0, description="Samples of the newest candidate's canary a batch waits for (0: none)")
+    fresh_max_wait: float = Field(15.0, gt=0, description="Seconds after that candidate was made")
 
 
 class LineSAO(SAORecipe):
     Settings = LineConfig
     config: LineConfig
 
-    def __init__(self, config: LineConfig, context=None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, config: LineConfig, context: RecipeContext | None = None) -> None:
         super().__init__(config, context)
         self.served_by: dict[str, str] = {}  # pending record id -> the release that served it
         self.newest: tuple[str, float] | None = None  # (canary release id, made at) of the last candidate
