@@ -1,7 +1,7 @@
 """How old were the samples a race's learner trained on? After a race run with `--line` and
 `--workdir`:
 
-    .venv/bin/python bench/sample_lag.py WORKDIR [WORKDIR ...] [--every 2]
+    .venv/bin/python bench/sample_lag.py WORKDIR [WORKDIR ...] [--every 2] [--fresh-wait N] [--cycle]
 
 For each batch the learner logged, in the order it logged them, every record it trains on is
 named by what served it: a canary (`canary-<batch id>`, a candidate of the line) or a release.
@@ -18,6 +18,11 @@ line's newest candidate (the canary of the batch before it, the one it trains on
 seconds from when the batch was logged until the N-th record that canary served was reported (0
 where they were there already), beside the seconds between batches. What bench/race_line.py's
 `fresh` costs a candidate, read off a run that did not wait.
+
+With `--cycle`: per candidate of the line, the seconds from its batch's log entry to its adapter
+in the workdir's `line/` (bench/race_line.py writes each one there, named by the second it was
+made: training it, the gate's jobs in the trainer included) and from then to the next batch's
+entry (the learner waiting for samples, or for its turn in the trainer), medians and quartiles.
 """
 
 from __future__ import annotations
@@ -114,10 +119,37 @@ def fresh_wait_text(workdir: Path, count: int) -> str:
     waits, gaps = fresh_waits(workdir, count)
     if not waits:
         return f"{workdir}: no batch's previous canary served {count} reported records"
-    quartiles = statistics.quantiles(waits, n=4) if len(waits) > 1 else [waits[0]] * 3
     return (f"{workdir}: waiting for {count} samples of the newest candidate, {len(waits)} of {len(gaps)} batches "
-            f"would have waited {statistics.median(waits):.1f} s more (quartiles {quartiles[0]:.1f}-{quartiles[2]:.1f}); "
+            f"would have waited {spread(waits, ' more')}; "
             f"the batches came {statistics.median(gaps):.1f} s apart")
+
+
+def cycles(workdir: Path) -> list[tuple[float, float]]:
+    """(seconds training, seconds until the next batch) for each logged batch but the last whose
+    candidate is in `line/`: the first adapter made after the batch was logged and before the next."""
+    made = sorted(float(path.stem) for path in (workdir / "line").glob("*.safetensors"))
+    logged = [at for at, _, _ in batches(workdir / "state")]
+    out = []
+    for at, following in zip(logged, logged[1:]):
+        candidate = next((t for t in made if at <= t <= following), None)
+        if candidate is not None:
+            out.append((candidate - at, following - candidate))
+    return out
+
+
+def spread(values: list[float], after: str = "") -> str:
+    quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return f"{statistics.median(values):.1f} s{after} (quartiles {quartiles[0]:.1f}-{quartiles[2]:.1f})"
+
+
+def cycle_text(workdir: Path) -> str:
+    if not (workdir / "line").is_dir():
+        return f"{workdir}: no line/ there (a race run with --line writes each candidate to it)"
+    found = cycles(workdir)
+    if not found:
+        return f"{workdir}: no candidate in line/ between two logged batches"
+    return (f"{workdir}: {len(found)} candidates: training {spread([t for t, _ in found])}, "
+            f"then until the next batch {spread([w for _, w in found])}")
 
 
 def text(workdir: Path, by_stretch: dict[int, Counter[str]], every_minutes: float) -> list[str]:
@@ -137,11 +169,15 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=2.0, help="minutes a line of the table covers")
     parser.add_argument("--fresh-wait", type=int, default=0, metavar="N",
                         help="also: how much longer each batch would have waited for N samples of the newest candidate")
+    parser.add_argument("--cycle", action="store_true",
+                        help="also: per candidate, the seconds training it and then until the next batch (needs line/)")
     args = parser.parse_args()
     for workdir in args.workdirs:
         print("\n".join(text(workdir, lags(workdir, args.every), args.every)))
         if args.fresh_wait:
             print(fresh_wait_text(workdir, args.fresh_wait))
+        if args.cycle:
+            print(cycle_text(workdir))
 
 
 if __name__ == "__main__":

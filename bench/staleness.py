@@ -38,11 +38,12 @@ import bare_loop  # noqa: E402
 from learning_race import LEARNING_RATE, evaluate_by_kind, kinds_text, log, race_task  # noqa: E402
 
 BATCH = 8
+EPS_CLIP, EPS_CLIP_HIGH = 0.2, 0.28  # the sao recipe's defaults
 
 
 def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: int, loss: str,  # type: ignore[no-untyped-def]
                 total_steps: int, seed: int = 0,
-                temperature: float = 1.0) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
+                temperature: float = 1.0, eps_clip_high: float = EPS_CLIP_HIGH) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
     from peft import set_peft_model_state_dict
 
     set_peft_model_state_dict(model, fresh)
@@ -70,7 +71,8 @@ def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: in
             for s in scores:  # bare_loop's EMA baseline, as Reef's sao keeps it
                 advantages.append(s - baseline)
                 baseline = 0.9 * baseline + 0.1 * s
-            step = bare_loop.pg_step(model, opt, prompts, comps, old, advantages, temperature, loss=loss)
+            step = bare_loop.pg_step(model, opt, prompts, comps, old, advantages, temperature,
+                                     eps=(EPS_CLIP, eps_clip_high), loss=loss)
             outside.append(step["outside_clip"])
             steps += 1
             if steps in eval_at:
@@ -78,7 +80,7 @@ def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: in
                 by_kind = evaluate_by_kind(model, tokenizer, weights, task)
                 curve[steps], kinds[steps] = by_kind["all"], by_kind
                 set_peft_model_state_dict(model, weights)
-                log(f"K={steps_per_candidate} L={lag} {loss} seed {seed}: step {steps}: test {100 * curve[steps]:.1f}% "
+                log(f"K={steps_per_candidate} L={lag} {loss} eps_clip_high {eps_clip_high} seed {seed}: step {steps}: test {100 * curve[steps]:.1f}% "
                     f"({kinds_text(by_kind)}) "
                     f"(tokens outside the clip range, last 24 steps: {100 * sum(outside[-24:]) / 24:.1f}%; "
                     f"{time.monotonic() - started:.0f} s)")
@@ -86,12 +88,24 @@ def run_variant(model, tokenizer, task, fresh, steps_per_candidate: int, lag: in
     return curve, kinds
 
 
+def parse_variant(variant: str) -> tuple[int, int, str, float]:
+    """"K:L:loss[:E]" -> (K, L, loss, eps_clip_high); ValueError if it is not one."""
+    parts = variant.split(":")
+    if len(parts) not in (3, 4) or parts[2] not in ("mask", "nomask", "cispo"):
+        raise ValueError(variant)
+    eps_high = float(parts[3]) if len(parts) == 4 else EPS_CLIP_HIGH
+    if int(parts[0]) < 1 or int(parts[1]) < 0 or eps_high <= 0:
+        raise ValueError(variant)
+    return int(parts[0]), int(parts[1]), parts[2], eps_high
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=["demo", "sentence"], default="sentence")
     parser.add_argument("--steps", type=int, default=72, help="optimiser steps per variant")
     parser.add_argument("--variants", default="1:0:mask,6:1:mask,6:1:nomask",
-                        help="K:L:mask|nomask|cispo, comma-separated (K steps per candidate, samples L candidates old)")
+                        help="K:L:mask|nomask|cispo[:E], comma-separated (K steps per candidate, samples L candidates "
+                             "old, E the clip's top: eps_clip_high, default 0.28)")
     parser.add_argument("--seeds", type=int, default=1, help="runs of each variant (seeds F..F+N-1), interleaved")
     parser.add_argument("--first-seed", type=int, default=0, metavar="F", help="the first seed  [default: 0]")
     args = parser.parse_args()
@@ -101,14 +115,17 @@ def main() -> None:
     fresh = bare_loop.adapter_weights(model)
     variants = args.variants.split(",")
     for variant in variants:
-        if len(variant.split(":")) != 3 or variant.split(":")[2] not in ("mask", "nomask", "cispo"):
-            parser.error(f"{variant}: expected K:L:mask, K:L:nomask or K:L:cispo")
+        try:
+            parse_variant(variant)
+        except ValueError:
+            parser.error(f"{variant}: expected K:L:mask, K:L:nomask or K:L:cispo, optionally :E (eps_clip_high)")
     results: dict[str, list[dict[int, float]]] = {v: [] for v in variants}
     by_kind: dict[str, list[dict[int, dict[str, float]]]] = {v: [] for v in variants}
     for seed in seeds:  # seed by seed, so a slower machine late in the run hits every variant alike
         for variant in variants:
-            k, lag, loss = variant.split(":")
-            curve, kinds = run_variant(model, tokenizer, task, fresh, int(k), int(lag), loss, args.steps, seed)
+            k, lag, loss, eps_high = parse_variant(variant)
+            curve, kinds = run_variant(model, tokenizer, task, fresh, k, lag, loss, args.steps, seed,
+                                       eps_clip_high=eps_high)
             results[variant].append(curve)
             by_kind[variant].append(kinds)
     out = ROOT / "bench" / "results" / f"staleness_{task.name}.json"

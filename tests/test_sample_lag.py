@@ -7,11 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from reef.commit.state import ReefState
 from reef.core.types import ReleaseRef
 from reef.observe.store import Record, Report
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import sample_lag  # noqa: E402
 
 
 def canary(batch_id: str) -> ReleaseRef:
@@ -55,3 +60,30 @@ def test_how_much_longer_a_batch_would_have_waited_for_the_newest_candidates_sam
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "1 of 2 batches would have waited 0.0 s more" in done.stdout, done.stdout
+
+
+def test_how_long_each_candidate_trained_and_then_waited_for_the_next_batch(tmp_path: Path) -> None:
+    with ReefState.open(tmp_path / "state") as state:
+        chain = state.create("demo", "sao")
+        for batch_id in ("b1", "b2", "b3"):
+            chain.begin_batch(batch_id, [], [], high_water=0, expected_step=chain.last_step(), max_open=3)
+    logged = [at for at, _, _ in sample_lag.batches(tmp_path / "state")]
+    line = tmp_path / "line"
+    line.mkdir()
+    # b1's candidate made at a quarter of the way to b2; b2's candidate never written; b3 is the last
+    (line / f"{logged[0] + 0.25 * (logged[1] - logged[0]):.6f}.safetensors").write_bytes(b"")
+    (line / "1.0.part").write_bytes(b"")  # a candidate half written is not one
+    assert sample_lag.cycles(tmp_path) == [(pytest.approx(0.25 * (logged[1] - logged[0]), abs=1e-5),
+                                            pytest.approx(0.75 * (logged[1] - logged[0]), abs=1e-5))]
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "sample_lag.py"), str(tmp_path), "--cycle"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert f"{tmp_path}: 1 candidates: training" in done.stdout, done.stdout
+
+
+def test_the_cycle_reading_says_what_it_lacks(tmp_path: Path) -> None:
+    with ReefState.open(tmp_path / "state") as state:
+        state.create("demo", "sao")
+    assert "no line/ there" in sample_lag.cycle_text(tmp_path)
+    (tmp_path / "line").mkdir()
+    assert "no candidate in line/" in sample_lag.cycle_text(tmp_path)
