@@ -21,7 +21,8 @@ and nothing asks the other half (bench/race_gate_split.py, bench/gate_curse.py).
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
         [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--gate-from-train N | --gate-half]
         [--batching static|continuous] [--turn-steps N] [--serve-threads N] [--train-threads N]
-        [--gate-answer-on runtime|trainer] [--steps-per-candidate K] [--line [--fresh N]] [--out PATH.json]
+        [--gate-answer-on runtime|trainer] [--steps-per-candidate K] [--eps-clip-high E] [--line [--fresh N]]
+        [--out PATH.json]
 
 Prints a table of test success at each snapshot minute for each arm, the minutes each took to
 reach +10, +20 and +30 points over the base and the ratio reef/bare, the final values and the
@@ -99,6 +100,7 @@ class ReefArm:
     gate_answer_on: str = "runtime"  # learner.gate.answer_on: the serving runtime, or the training process
     steps_per_candidate: int = STEPS_PER_CANDIDATE  # learner.sao.steps_per_candidate
     fresh: int = 0  # with `line`: a batch waits for this many samples of the newest candidate (bench/race_line.py)
+    eps_clip_high: float | None = None  # learner.sao.eps_clip_high (cispo: the ratio's cap); None: the recipe's
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,8 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
     settings["learner"]["gate"]["live_split"] = arm.live_split or None
     settings["learner"]["gate"]["answer_on"] = arm.gate_answer_on
     settings["learner"]["sao"]["steps_per_candidate"] = arm.steps_per_candidate
+    if arm.eps_clip_high is not None:
+        settings["learner"]["sao"]["eps_clip_high"] = arm.eps_clip_high
     if arm.batching is not None:
         settings["embedded"]["continuous_batching"] = arm.batching == "continuous"
     if arm.turn_steps is not None:
@@ -489,6 +493,9 @@ def main() -> None:
     parser.add_argument("--fresh", type=int, default=0, metavar="N",
                         help="reef, with --line: a batch waits until N of its samples were served by the newest "
                              "candidate's canary, the one the next trains on from (bench/race_line.py)  [default: 0]")
+    parser.add_argument("--eps-clip-high", type=float, default=None, metavar="E",
+                        help="reef: learner.sao.eps_clip_high, with cispo the cap on a token's importance ratio is "
+                             "1 + E  [default: the sao recipe's, 0.28]")
     parser.add_argument("--live-split", type=float, default=LIVE_SPLIT, metavar="F",
                         help="reef: learner.gate.live_split, once three verdicts in a row run to their last look "
                              "undecided the canary serves F of the requests and the line's live scores join later "
@@ -523,7 +530,8 @@ def main() -> None:
                               args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
                               args.gate_half, args.gate_halves, args.gate_overtake, args.batching,
                               args.turn_steps, args.live_split, args.flip_scores, args.serve_threads,
-                              args.train_threads, args.gate_answer_on, args.steps_per_candidate, args.fresh)
+                              args.train_threads, args.gate_answer_on, args.steps_per_candidate, args.fresh,
+                              args.eps_clip_high)
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
@@ -546,6 +554,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "serve_threads": args.serve_threads, "train_threads": args.train_threads,
                 "gate_answer_on": args.gate_answer_on,
                 "lr": LEARNING_RATE, "batch": BATCH, "steps_per_candidate": args.steps_per_candidate, "fresh": args.fresh,
+                "eps_clip_high": args.eps_clip_high,
                 "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
                 "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,
                 "lora": {"r": bare_loop.LORA.r, "alpha": bare_loop.LORA.alpha,
