@@ -28,6 +28,7 @@ import torch  # noqa: E402
 
 import race_tasks as sentence  # noqa: E402
 from reef.commit.gate import TRAINER_JOB  # noqa: E402
+from reef.core.chat import ChatRequest  # noqa: E402
 from reef.demo import tasks as demo  # noqa: E402
 from reef.grow.trainer import GENERATE_BATCH, LoRATrainer  # noqa: E402
 from reef.runtimes.model_files import ensure_embedded_model  # noqa: E402
@@ -37,7 +38,7 @@ OUT = ROOT / "bench" / "results" / "gate_jobs.json"
 JOB_SIZES = (8, 16, 32)
 
 
-def answer_in_jobs(trainer: LoRATrainer, requests: list, job: int, max_tokens: int) -> tuple[float, list[str]]:  # type: ignore[type-arg]
+def answer_in_jobs(trainer: LoRATrainer, requests: list[ChatRequest], job: int, max_tokens: int) -> tuple[float, list[str]]:
     started = time.perf_counter()
     texts = [text for start in range(0, len(requests), job)
              for text in trainer.generate(None, requests[start:start + job], max_tokens)]
