@@ -10,7 +10,8 @@ the question: ~66 tokens, ~50 of them common to a batch):
   on-policy log-probs, from the same fresh adapter, with the feature off and on;
 - the gate's answers on the trainer (`gate.answer_on: trainer`, `LoRATrainer.generate`): 64
   held-out questions of the demo (at most 8 tokens) and of the race's sentence task (20 tokens),
-  in jobs of 8 as the gate sends them (`WARM_CHUNK`), off and on alternately, `--rounds` times
+  in jobs of 8 (`WARM_CHUNK`; the gate's jobs on the trainer were of 8 until 2026-12-06, now
+  `TRAINER_JOB`: bench/gate_jobs.py), off and on alternately, `--rounds` times
   each; the answers must be the same text.
 Prints seconds and the ratio off/on for each; writes bench/results/shared_prefix.json.
 
