@@ -163,7 +163,7 @@ class WeightsGate:
         if self.answers_from_files and not self.knows_files(current) and files is not None:
             self.know_files(current, await files())
         known = self._scores.setdefault(current.content_id, {})
-        todo = [i for i in self.judged_on(current)[1] if i not in known][:limit or self.chunk]
+        todo = [i for i in self.judged_on(current)[1] if i not in known][:self.chunk if limit is None else limit]
         bounded = self.config.concurrency_when == "always" or starved
         known.update(zip(todo, await self._answer(current.runtime_load_id, self._files.get(current.content_id), todo,
                                                   bounded)))
@@ -218,8 +218,8 @@ class WeightsGate:
             if not indices:
                 return []
             adapter, texts = adapter_part(files), []
-            for start in range(0, len(indices), self.chunk):  # short jobs: training waits for one at most
-                chunk = indices[start:start + self.chunk]
+            for start in range(0, len(indices), TRAINER_JOB):  # short jobs: training waits for one at most
+                chunk = indices[start:start + TRAINER_JOB]
                 texts += await self.worker.generate(adapter, [self._request(i) for i in chunk], self.config.max_tokens)
             return [float(self.scorer(self.tasks[i], text)) for i, text in zip(indices, texts)]  # type: ignore[misc]
         release = ReleaseRef("gate", "gate", load_id)
