@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from reef.commit.gate import (TRAINER_JOB, WeightsGate, load_scorer, load_tasks, look_parts, paired_verdict, sequential_verdict,
-                              sign_test_p, split_halves)
+from reef.commit.gate import (TRAINER_JOB, WARM_CHUNK, WeightsGate, load_scorer, load_tasks, look_parts, paired_verdict,
+                              sequential_verdict, sign_test_p, split_halves)
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
 from reef.config import GateConfig
@@ -412,6 +412,18 @@ def test_the_training_process_answers_the_tasks_as_the_serving_runtime_does(tiny
     assert trained == served
     assert verdicts["trainer"]["per_task"] == verdicts["runtime"]["per_task"]
     assert warmed == min(TRAINER_JOB, len(requests))  # one job's worth ahead
+
+
+def test_a_job_of_the_trainer_is_the_rows_it_decodes_together(tmp_path: Path) -> None:
+    """On the trainer the gate's chunk is one batch of the trainer's decoding (bench/gate_jobs.py:
+    fewer rows a job decode slower, more wait for the next batch); on the runtime it stays small."""
+    from reef.grow.trainer import GENERATE_BATCH
+
+    tasks, scorer = str(twelve_tasks(tmp_path)), "tests.test_gate:length_scorer"
+    on_trainer = WeightsGate(GateConfig(tasks=tasks, scorer=scorer, answer_on="trainer"), None, None)  # type: ignore[arg-type]
+    on_runtime = WeightsGate(GateConfig(tasks=tasks, scorer=scorer), None, None)  # type: ignore[arg-type]
+    assert on_trainer.chunk == TRAINER_JOB == GENERATE_BATCH
+    assert on_runtime.chunk == WARM_CHUNK < TRAINER_JOB
 
 
 def test_answering_on_the_trainer_is_greedy_only() -> None:
