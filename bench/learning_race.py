@@ -485,8 +485,8 @@ def main() -> None:
                              "[default: Reef's, the other half of the cores]")
     parser.add_argument("--gate-answer-on", choices=["runtime", "trainer"], default="runtime",
                         help="reef: learner.gate.answer_on, where the gate's tasks are answered: the serving runtime "
-                             "(beside the traffic) or the training process (while it waits for samples)  "
-                             "[default: %(default)s]")
+                             "(beside the traffic) or the training process (whenever it waits for samples, and a "
+                             "quarter of its time while it trains)  [default: %(default)s]")
     parser.add_argument("--steps-per-candidate", type=int, default=STEPS_PER_CANDIDATE, metavar="K",
                         help="reef: learner.sao.steps_per_candidate, optimiser steps a candidate (fewer: samples "
                              "fewer steps behind the weights they train)  [default: the demo's, %(default)s]")
