@@ -257,7 +257,7 @@ def test_warming_answers_the_serving_releases_tasks_once_ahead_of_a_verdict(tiny
     async def run() -> tuple[list[int], int, list[int], list[int], dict[str, Any]]:
         async with observed_runtime(tiny_model_dir) as (runtime, current, sizes):
             gate = WeightsGate(config, runtime, worker=None)  # type: ignore[arg-type]
-            first = [await gate.warm(current, limit=5), await gate.warm(current)]
+            first = [await gate.warm(current, limit=0), await gate.warm(current, limit=5), await gate.warm(current)]
             warmed = list(sizes)
             again = await gate.warm(current)
             sizes.clear()
@@ -265,7 +265,7 @@ def test_warming_answers_the_serving_releases_tasks_once_ahead_of_a_verdict(tiny
         return first, again, warmed, sizes, verdict.metrics
 
     first, again, warmed, judged, metrics = asyncio.run(run())
-    assert (first, again) == ([5, 7], 0)
+    assert (first, again) == ([0, 5, 7], 0)  # a limit of 0 answers none; no limit, a chunk (8: the rest)
     assert sum(warmed) == 12 and max(warmed) <= 2  # the bound holds for warming too
     assert sum(judged) == 12 and metrics["n"] == 12  # the candidate's answers only
     assert metrics["ties"] == 12  # the same weights, so the warmed answers are the candidate's too
