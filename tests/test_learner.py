@@ -109,7 +109,8 @@ class Rig:
         return ids
 
     def learner(self, gate: ScriptedGate, canary: Any = None, gate_after: int = 1,
-                overtake_after: int | None = None, live_split: float | None = None) -> Learner:
+                overtake_after: int | None = None, live_split: float | None = None,
+                warm_at_start: bool = False) -> Learner:
         async def serve_release(chain: Any, release: Any) -> None:
             chain.advance(chain.serving().release_id, release.ref)  # no runtime here: nothing to load
 
@@ -119,7 +120,7 @@ class Rig:
                        TrainingClient(self.worker, "s"), poll_interval=0.05, canary=canary,
                        gate_after=gate_after, warm=publisher.warm,
                        overtake=publisher.overtake if overtake_after else None, overtake_after=overtake_after or 1,
-                       live_split=live_split)
+                       live_split=live_split, warm_at_start=warm_at_start)
 
     def closers(self) -> list[tuple[str, str]]:
         """(operation, batch id) of every step that closed a batch, in order."""
@@ -255,6 +256,27 @@ def test_a_candidate_made_while_the_gate_answers_ahead_waits_for_one_chunk_not_e
         assert gate.chunks_left > 9_000  # judged between two chunks, not after them all
         gate.chunks_left = 0
         await until(lambda: learner._gate_idle(), "the gate's turns to end")
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+def test_the_gate_answers_ahead_from_the_start_only_where_it_takes_idle_time(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """With `warm_at_start` (the gate answers in the training process, idle until the first batch)
+    the gate answers its tasks for the serving release before any sample has come; without it (on
+    the serving runtime, which the first batch's samples need) only once a candidate is made."""
+    async def body(rig: Rig) -> None:
+        early, late = ChunkedWarmGate(3), ChunkedWarmGate(3)
+        learners = [rig.learner(early, warm_at_start=True), rig.learner(late)]
+        runs = [asyncio.get_running_loop().create_task(learner.run()) for learner in learners]
+        try:
+            await until(lambda: early.chunks_left == 0 and learners[0]._gate_idle(), "the tasks answered ahead")
+            assert early.warmed[0] == rig.chain.serving().content_id and early.judged == []
+            assert rig.batches() == [] and late.warmed == [] and late.chunks_left == 3
+        finally:
+            for run in runs:
+                run.cancel()
+            await asyncio.gather(*runs, return_exceptions=True)
 
     run_with_rig(tmp_path, tiny_model_dir, body)
 
