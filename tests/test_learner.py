@@ -109,8 +109,7 @@ class Rig:
         return ids
 
     def learner(self, gate: ScriptedGate, canary: Any = None, gate_after: int = 1,
-                overtake_after: int | None = None, live_split: float | None = None,
-                warm_at_start: bool = False) -> Learner:
+                overtake_after: int | None = None, live_split: float | None = None) -> Learner:
         async def serve_release(chain: Any, release: Any) -> None:
             chain.advance(chain.serving().release_id, release.ref)  # no runtime here: nothing to load
 
@@ -120,7 +119,7 @@ class Rig:
                        TrainingClient(self.worker, "s"), poll_interval=0.05, canary=canary,
                        gate_after=gate_after, warm=publisher.warm,
                        overtake=publisher.overtake if overtake_after else None, overtake_after=overtake_after or 1,
-                       live_split=live_split, warm_at_start=warm_at_start)
+                       live_split=live_split)
 
     def closers(self) -> list[tuple[str, str]]:
         """(operation, batch id) of every step that closed a batch, in order."""
@@ -260,23 +259,21 @@ def test_a_candidate_made_while_the_gate_answers_ahead_waits_for_one_chunk_not_e
     run_with_rig(tmp_path, tiny_model_dir, body)
 
 
-def test_the_gate_answers_ahead_from_the_start_only_where_it_takes_idle_time(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
-    """With `warm_at_start` (the gate answers in the training process, idle until the first batch)
-    the gate answers its tasks for the serving release before any sample has come; without it (on
-    the serving runtime, which the first batch's samples need) only once a candidate is made."""
+def test_the_gate_answers_ahead_from_the_start_before_any_sample(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The wait for the first batch leaves the gate's side idle: it answers its tasks for the
+    serving release then, so the first verdict asks only its candidate."""
     async def body(rig: Rig) -> None:
-        early, late = ChunkedWarmGate(3), ChunkedWarmGate(3)
-        learners = [rig.learner(early, warm_at_start=True), rig.learner(late)]
-        runs = [asyncio.get_running_loop().create_task(learner.run()) for learner in learners]
+        gate = ChunkedWarmGate(3, ("select", PROMISING))
+        learner = rig.learner(gate)
+        run = asyncio.get_running_loop().create_task(learner.run())
         try:
-            await until(lambda: early.chunks_left == 0 and learners[0]._gate_idle(), "the tasks answered ahead")
-            assert early.warmed[0] == rig.chain.serving().content_id and early.judged == []
-            assert rig.batches() == [] and late.warmed == [] and late.chunks_left == 3
+            await until(lambda: gate.chunks_left == 0 and learner._gate_idle(), "the tasks answered ahead")
+            assert gate.warmed[0] == rig.chain.serving().content_id and gate.judged == [] and rig.batches() == []
+            await rig.feed(4)
+            await until(lambda: gate.judged, "the first candidate judged")
         finally:
-            for run in runs:
-                run.cancel()
-            await asyncio.gather(*runs, return_exceptions=True)
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
 
     run_with_rig(tmp_path, tiny_model_dir, body)
 

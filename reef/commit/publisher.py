@@ -54,12 +54,6 @@ class CandidatePublisher:
         if self.gate is not None:
             self.gate.overtake(content_id_of(candidate.files))
 
-    @property
-    def warms_on_trainer(self) -> bool:
-        """Whether `warm` answers in the training process, which waits idle for the first batch:
-        the learner then lets it begin at once."""
-        return self.gate is not None and self.gate.answers_from_files
-
     async def warm(self, starved: bool = False) -> int:
         """Let the gate answer its tasks for the serving release ahead of the next candidate."""
         if self.gate is None:

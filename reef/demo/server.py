@@ -105,11 +105,13 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
 
 
 class DemoServer:
-    def __init__(self, config_path: Path, port: int, log_path: Path, pythonpath: Sequence[str] = ()) -> None:
+    def __init__(self, config_path: Path, port: int, log_path: Path, pythonpath: Sequence[str] = (),
+                 checkout: Path | None = None) -> None:
         self.config_path = config_path
         self.port = port
         self.log_path = log_path
         self.pythonpath = tuple(pythonpath)  # more import roots for the server (a bench's scorer module)
+        self.checkout = checkout  # the source tree whose `reef` the server runs (a bench's baseline); None: this one
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -119,7 +121,7 @@ class DemoServer:
     def start(self, timeout: float = 900.0) -> None:
         """Start and wait for /healthz (the first start converts SmolLM2's weights, ~1 minute)."""
         env = {k: v for k, v in os.environ.items() if k not in OVERRIDING_ENV}
-        package_root = str(Path(reef.__file__).resolve().parents[1])
+        package_root = str(self.checkout.resolve() if self.checkout else Path(reef.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, *self.pythonpath, env.get("PYTHONPATH")) if p)
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

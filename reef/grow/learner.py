@@ -9,8 +9,8 @@ as abandoned, with its reason.
 
 Weights candidates are pipelined: the gate judges one in the background while training goes
 on from it, so the training process never waits for an evaluation; while none is ready, the
-gate answers its tasks for the serving release ahead (from the first candidate on, or from the
-start where it answers in the training process, which waits idle for the first batch). A candidate finished while
+gate answers its tasks for the serving release ahead, from the learner's start (the wait for the
+first batch leaves the gate's side idle). A candidate finished while
 the gate is busy waits for it; a newer one, trained on from it, takes its place (the one it
 replaces is logged as abandoned, `superseded`: its steps live on in the newer one), so the gate
 always judges the newest, and hears whether the learner has been waiting for samples (then
@@ -88,7 +88,7 @@ class Learner:
                  trainer: TrainingClient | None = None, poll_interval: float = 0.5,
                  canary: CanaryServing | None = None, gate_after: int = 1, warm: Warm | None = None,
                  overtake: Overtake | None = None, overtake_after: int = 1,
-                 live_split: float | None = None, warm_at_start: bool = False) -> None:
+                 live_split: float | None = None) -> None:
         self.chain = chain
         self.scenario = chain.scenario
         self.store = store
@@ -98,10 +98,10 @@ class Learner:
         self.trainer = trainer
         self.poll_interval = poll_interval
         self.gate_after = gate_after  # batches a weights line takes past the serving release before it is judged
-        self.warm = warm  # the gate answers its tasks for the serving release while no candidate is ready
-        # ...from the start, not from the first candidate on: where its answers take only what the first
-        # batch leaves idle (the training process, `gate.answer_on: trainer`)
-        self.warm_at_start = warm_at_start and warm is not None
+        # the gate answers its tasks for the serving release while no candidate is ready, from the start:
+        # the first batch's wait leaves it idle (minutes with an agent's traffic), and the first verdict
+        # then asks only its candidate
+        self.warm = warm
         self.overtake = overtake  # None: a verdict always runs to its decision
         self.overtake_after = overtake_after  # batches a waiting candidate is past the judged one to overtake it
         self.pipelined = recipe.surface == "weights"
@@ -136,7 +136,7 @@ class Learner:
     async def run(self) -> None:
         try:
             await self.recover()
-            if self.warm_at_start and self._gate_idle():
+            if self.warm is not None and self._gate_idle():
                 await self._start_gate_turns()
             await keep_stepping(f"learner {self.scenario}", self.step, self.stats, self.poll_interval)
         finally:

@@ -140,8 +140,7 @@ class Learning:
                           gate_after=self.config.gate.after_batches,
                           warm=publisher.warm if recipe_class.surface == "weights" else None,
                           overtake=publisher.overtake if recipe_class.surface == "weights" and overtake_after else None,
-                          overtake_after=overtake_after or 1, live_split=self.config.gate.live_split,
-                          warm_at_start=recipe_class.surface == "weights" and publisher.warms_on_trainer)
+                          overtake_after=overtake_after or 1, live_split=self.config.gate.live_split)
         self.learners[scenario] = learner
         self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"learner:{scenario}")
         log.info("learner started", extra={"reef": {"event": "learner_started", "scenario": scenario, "recipe": name,
