@@ -6,7 +6,8 @@ once, no canary) and `--agents` clients that each ask a training question, repor
 score on the receipt, and wait `--pause` seconds before the next, as an agent's turns come. Each
 run stops at the first verdict. From the server's log and chain: when the learner started, when
 the first batch was logged, how long the first verdict took (`seconds` of the `gate verdict`
-line) and when it came, counted from the first request.
+line) and per look of the gate it took (`look_s`: a verdict may stop at any look, so its seconds
+alone compare candidates, not the gate), and when it came, counted from the first request.
 
 With `--baseline REV` the same runs are made, interleaved, with the server running the `reef` of
 that git revision (a temporary worktree), and the ratios this checkout / baseline are printed:
@@ -74,8 +75,10 @@ def run_once(task: RaceTask, workdir: Path, agents: int, pause: float, limit_s: 
                            "learner_started_s": _since(learner, started_wall),
                            "first_batch_s": _first_batch(workdir / "state", started_wall)}
     if verdict is not None:
-        out.update(verdict_s=verdict["seconds"], first_verdict_s=_since(verdict, started_wall),
-                   decision=verdict["decision"], wins=verdict.get("gate_wins"), losses=verdict.get("gate_losses"))
+        look = verdict.get("gate_look") or 1
+        out.update(verdict_s=verdict["seconds"], look=look, look_s=round(verdict["seconds"] / look, 2),
+                   first_verdict_s=_since(verdict, started_wall), decision=verdict["decision"],
+                   wins=verdict.get("gate_wins"), losses=verdict.get("gate_losses"), ties=verdict.get("gate_ties"))
     return out
 
 
@@ -182,7 +185,7 @@ def main() -> None:
                                       checkout=checkout)
                 arms[arm].append(result)
                 print(f"{arm} run {run}: {json.dumps(result)}", flush=True)
-    keys = ("first_batch_s", "verdict_s", "first_verdict_s")
+    keys = ("first_batch_s", "look_s", "verdict_s", "first_verdict_s")
     summary = {arm: {key: median(runs, key) for key in keys} for arm, runs in arms.items()}
     if "baseline" in arms:
         summary["ratio"] = {key: (round(summary["this"][key] / summary["baseline"][key], 2)
