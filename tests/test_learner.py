@@ -109,7 +109,8 @@ class Rig:
         return ids
 
     def learner(self, gate: ScriptedGate, canary: Any = None, gate_after: int = 1,
-                overtake_after: int | None = None, live_split: float | None = None) -> Learner:
+                overtake_after: int | None = None, live_split: float | None = None,
+                answer_ahead_after: float = 60.0) -> Learner:
         async def serve_release(chain: Any, release: Any) -> None:
             chain.advance(chain.serving().release_id, release.ref)  # no runtime here: nothing to load
 
@@ -119,7 +120,7 @@ class Rig:
                        TrainingClient(self.worker, "s"), poll_interval=0.05, canary=canary,
                        gate_after=gate_after, warm=publisher.warm,
                        overtake=publisher.overtake if overtake_after else None, overtake_after=overtake_after or 1,
-                       live_split=live_split)
+                       live_split=live_split, answer_ahead_after=answer_ahead_after)
 
     def closers(self) -> list[tuple[str, str]]:
         """(operation, batch id) of every step that closed a batch, in order."""
@@ -259,14 +260,18 @@ def test_a_candidate_made_while_the_gate_answers_ahead_waits_for_one_chunk_not_e
     run_with_rig(tmp_path, tiny_model_dir, body)
 
 
-def test_the_gate_answers_ahead_from_the_start_before_any_sample(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The wait for the first batch leaves the gate's side idle: it answers its tasks for the
-    serving release then, so the first verdict asks only its candidate."""
+def test_the_gate_answers_ahead_before_the_first_candidate_once_the_traffic_shows_thin(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Thin traffic (no first batch after `answer_ahead_after` seconds) leaves the gate's side idle:
+    it answers its tasks for the serving release then, so the first verdict asks only its
+    candidate. Before that it waits, so as not to slow the first batches of busy traffic."""
     async def body(rig: Rig) -> None:
         gate = ChunkedWarmGate(3, ("select", PROMISING))
-        learner = rig.learner(gate)
+        learner = rig.learner(gate, answer_ahead_after=1.0)
         run = asyncio.get_running_loop().create_task(learner.run())
         try:
+            await asyncio.sleep(0.5)  # ten polls, under the threshold
+            assert gate.warmed == []
             await until(lambda: gate.chunks_left == 0 and learner._gate_idle(), "the tasks answered ahead")
             assert gate.warmed[0] == rig.chain.serving().content_id and gate.judged == [] and rig.batches() == []
             await rig.feed(4)

@@ -60,3 +60,11 @@ def test_sample_wait_says_when_the_learner_waits_for_traffic() -> None:
     assert wait.fraction == pytest.approx(0.5 * 0.6) and wait.starved()
     wait.made(18.0, 22.0)
     assert wait.fraction == pytest.approx(0.15) and not wait.starved()  # starved: a fifth of its time or more
+
+
+def test_the_first_wait_counts_until_the_first_candidate() -> None:
+    wait = SampleWait(idle_since=100.0)
+    assert wait.first_wait(112.5) == 12.5  # no candidate yet: waiting since the start
+    wait.made(112.5, 116.0)
+    assert wait.first_wait(130.0) is None  # one made: the first wait is over
+    assert SampleWait().first_wait(5.0) is None  # not counted

@@ -9,8 +9,8 @@ as abandoned, with its reason.
 
 Weights candidates are pipelined: the gate judges one in the background while training goes
 on from it, so the training process never waits for an evaluation; while none is ready, the
-gate answers its tasks for the serving release ahead, from the learner's start (the wait for the
-first batch leaves the gate's side idle). A candidate finished while
+gate answers its tasks for the serving release ahead (from the first candidate on, or earlier
+once the wait for the first batch shows the traffic is thin). A candidate finished while
 the gate is busy waits for it; a newer one, trained on from it, takes its place (the one it
 replaces is logged as abandoned, `superseded`: its steps live on in the newer one), so the gate
 always judges the newest, and hears whether the learner has been waiting for samples (then
@@ -81,6 +81,13 @@ Decide = Callable[[LearnedCandidate], Awaitable[Verdict]]
 HeadFiles = Callable[[], Awaitable[dict[str, bytes]]]
 Overtake = Callable[[LearnedCandidate], None]  # the gate may stop judging this one undecided
 Warm = Callable[[bool], Awaitable[int]]  # (whether the learner waits for samples) -> tasks answered, 0: none left
+# The gate answers its tasks for the serving release ahead of the first candidate once the learner
+# has waited this long for its samples: traffic that thin (an agent's turns: a batch in a minute or
+# more) leaves the gate's side idle, and the first verdict then asks only its candidate (0.55x its
+# seconds at one agent's pace, bench/first_verdict.py). Faster traffic brings the first batch in a
+# few seconds (the race's 8 clients: 5-8 s on one CPU core), and answering at once would slow the
+# first batches instead: in two demo races the first release came 10-20 s later (docs/learning_race.md).
+ANSWER_AHEAD_AFTER_S = 15.0
 
 
 class Learner:
@@ -88,7 +95,7 @@ class Learner:
                  trainer: TrainingClient | None = None, poll_interval: float = 0.5,
                  canary: CanaryServing | None = None, gate_after: int = 1, warm: Warm | None = None,
                  overtake: Overtake | None = None, overtake_after: int = 1,
-                 live_split: float | None = None) -> None:
+                 live_split: float | None = None, answer_ahead_after: float = ANSWER_AHEAD_AFTER_S) -> None:
         self.chain = chain
         self.scenario = chain.scenario
         self.store = store
@@ -98,10 +105,9 @@ class Learner:
         self.trainer = trainer
         self.poll_interval = poll_interval
         self.gate_after = gate_after  # batches a weights line takes past the serving release before it is judged
-        # the gate answers its tasks for the serving release while no candidate is ready, from the start:
-        # the first batch's wait leaves it idle (minutes with an agent's traffic), and the first verdict
-        # then asks only its candidate
-        self.warm = warm
+        self.warm = warm  # the gate answers its tasks for the serving release while no candidate is ready
+        self.answer_ahead_after = answer_ahead_after
+        self.answered_ahead = False  # whether the gate began answering ahead before the first candidate
         self.overtake = overtake  # None: a verdict always runs to its decision
         self.overtake_after = overtake_after  # batches a waiting candidate is past the judged one to overtake it
         self.pipelined = recipe.surface == "weights"
@@ -136,8 +142,6 @@ class Learner:
     async def run(self) -> None:
         try:
             await self.recover()
-            if self.warm is not None and self._gate_idle():
-                await self._start_gate_turns()
             await keep_stepping(f"learner {self.scenario}", self.step, self.stats, self.poll_interval)
         finally:
             if self.judging is not None:
@@ -172,6 +176,7 @@ class Learner:
         batch = await self.recipe.next_batch(self.view)
         if batch is None:
             await self._unhold_when_traffic_lags()
+            await self._answer_ahead_while_traffic_is_thin()
             self.stats.state = "collecting" if self._gate_idle() else "evaluating"
             return bool(items)
         started = time.monotonic()
@@ -253,6 +258,17 @@ class Learner:
             return
         if self.wait.longer_than_making(time.monotonic()):
             self.unheld = self.waiting[0].batch_id
+            await self._start_gate_turns()
+
+    async def _answer_ahead_while_traffic_is_thin(self) -> None:
+        """Before the first candidate, once the learner has waited `answer_ahead_after` seconds for
+        samples, the gate answers its tasks for the serving release (otherwise it begins at the
+        first candidate)."""
+        if self.warm is None or self.answered_ahead or not self._gate_idle() or self.waiting is not None:
+            return
+        waited = self.wait.first_wait(time.monotonic())
+        if waited is not None and waited >= self.answer_ahead_after:
+            self.answered_ahead = True
             await self._start_gate_turns()
 
     async def _start_gate_turns(self) -> None:

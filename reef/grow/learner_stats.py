@@ -119,5 +119,9 @@ class SampleWait:
         """Whether the learner has now waited for samples longer than its last candidate took to make."""
         return self.idle_since is not None and self.making is not None and now - self.idle_since > self.making
 
+    def first_wait(self, now: float) -> float | None:
+        """How long the learner has waited for the samples of its first candidate (None: it has made one)."""
+        return now - self.idle_since if self.making is None and self.idle_since is not None else None
+
     def starved(self, threshold: float = STARVED_FRACTION) -> bool:
         return self.fraction is not None and self.fraction >= threshold
