@@ -47,7 +47,7 @@ import httpx  # noqa: E402
 import yaml  # noqa: E402
 
 from learning_race import RaceTask, race_task  # noqa: E402
-from reef.demo.run import DemoStats, _one_request  # noqa: E402
+from reef.demo.run import DemoStats, _worker  # noqa: E402
 from reef.demo.server import DemoServer, demo_settings, free_port  # noqa: E402
 
 
@@ -86,26 +86,16 @@ async def _drive(server: DemoServer, task: RaceTask, agents: int, pause: float, 
                  seed: int) -> tuple[float, DemoStats]:
     stats = DemoStats(minutes=limit_s / 60, examples=task.examples, tasks=task.module,
                       max_tokens=task.traffic_max_tokens)
-    rng, train = random.Random(seed), task.module.train_tasks()
-
-    async def agent(client: httpx.AsyncClient) -> None:
-        while True:
-            stats.requests += 1
-            try:
-                await _one_request(client, rng.choice(train), stats)
-            except (httpx.HTTPError, KeyError, ValueError) as exc:
-                stats.errors += 1
-                stats.last_error = f"{type(exc).__name__}: {exc}"[:200]
-                server.check_alive()
-            await asyncio.sleep(pause)
+    rng, stop = random.Random(seed), asyncio.Event()
 
     async with httpx.AsyncClient(base_url=server.url, timeout=300.0) as client:
         started_wall, deadline = time.time(), time.monotonic() + limit_s
-        workers = [asyncio.create_task(agent(client)) for _ in range(agents)]
+        workers = [asyncio.create_task(_worker(client, stats, rng, stop, server, pause)) for _ in range(agents)]
         try:
             while time.monotonic() < deadline and not _has_verdict(server.log_path):
                 await asyncio.sleep(1.0)
         finally:
+            stop.set()
             for worker in workers:
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)

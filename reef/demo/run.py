@@ -158,7 +158,8 @@ async def _one_request(client: httpx.AsyncClient, task: dict[str, Any], stats: D
 
 
 async def _worker(client: httpx.AsyncClient, stats: DemoStats, rng: random.Random, stop: asyncio.Event,
-                  server: DemoServer) -> None:
+                  server: DemoServer, pause: float = 0.0) -> None:
+    """One client: a question, its score reported, the next (after `pause` seconds: an agent's turns)."""
     train = stats.tasks.train_tasks()
     while not stop.is_set():
         stats.requests += 1
@@ -172,6 +173,8 @@ async def _worker(client: httpx.AsyncClient, stats: DemoStats, rng: random.Rando
             await asyncio.sleep(0.5)
         finally:
             stats.in_flight -= 1
+        if pause:
+            await asyncio.sleep(pause)
 
 
 async def poll_learning(client: httpx.AsyncClient, stats: DemoStats) -> None:
