@@ -266,12 +266,15 @@ def test_the_gate_answers_ahead_before_the_first_candidate_once_the_traffic_show
     it answers its tasks for the serving release then, so the first verdict asks only its
     candidate. Before that it waits, so as not to slow the first batches of busy traffic."""
     async def body(rig: Rig) -> None:
-        gate = ChunkedWarmGate(3, ("select", PROMISING))
+        gate = ChunkedWarmGate(30, ("select", PROMISING))  # 1.5 s of answers
         learner = rig.learner(gate, answer_ahead_after=1.0)
         run = asyncio.get_running_loop().create_task(learner.run())
         try:
             await asyncio.sleep(0.5)  # ten polls, under the threshold
             assert gate.warmed == []
+            await until(lambda: gate.chunks_left < 30, "the gate answering ahead")
+            await asyncio.sleep(0.3)  # a few polls while it answers
+            assert not learner._gate_idle() and learner.status()["state"] == "collecting"  # no candidate judged
             await until(lambda: gate.chunks_left == 0 and learner._gate_idle(), "the tasks answered ahead")
             assert gate.warmed[0] == rig.chain.serving().content_id and gate.judged == [] and rig.batches() == []
             await rig.feed(4)

@@ -177,7 +177,7 @@ class Learner:
         if batch is None:
             await self._unhold_when_traffic_lags()
             await self._answer_ahead_while_traffic_is_thin()
-            self.stats.state = "collecting" if self._gate_idle() else "evaluating"
+            self.stats.state = "collecting" if self.at_gate is None else "evaluating"  # answering ahead is not judging
             return bool(items)
         started = time.monotonic()
         await self._make(batch, new_id(), self.recipe.high_water(self.cursor), logged=False)
