@@ -84,8 +84,8 @@ Warm = Callable[[bool], Awaitable[int]]  # (whether the learner waits for sample
 # The gate answers its tasks for the serving release ahead of the first candidate once the learner
 # has waited this long for its samples: traffic that thin (an agent's turns: a batch in a minute or
 # more) leaves the gate's side idle, and the first verdict then asks only its candidate (0.52x its
-# seconds at one agent's pace, bench/first_verdict.py). Faster traffic brings the first batch in a
-# few seconds (the race's 8 clients: 5-8 s on one CPU core), and answering at once would slow the
+# seconds at one agent's pace, bench/first_verdict.py). Faster traffic brings the first batch sooner
+# (the race's 8 clients: within about 10 s on one CPU core), and answering at once would slow its
 # first batches instead: in two demo races the first release came 10-20 s later (docs/learning_race.md).
 ANSWER_AHEAD_AFTER_S = 15.0
 
