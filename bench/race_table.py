@@ -17,8 +17,9 @@ question each arm learned (a kind flips whole), the same target read between bar
 different seeds (its noise floor), each arm's ends ranked (the two spreads compared without
 pairing seeds, which share little), and, for runs with the line (`--line`), the line against the
 bare loop per optimiser step: how much of Reef's end is its steps a minute and how much what a
-step buys, and how often each arm ended under +10 over the base (never learned, or lost it) or fell
-20 points from its best. Reads files only: no model, seconds.
+step buys, and how often each arm ended under +10 over the base (never learned, or lost it), fell
+20 points from its best, or stalled at the base's answers (first +10 at minute 8 or later, or
+never). Reads files only: no model, seconds.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ HELD = 0.5  # a kind of question an arm answers this share of at minute 15 or mo
 ONE_SIDED = 0.95
 STUCK_GAIN = 10  # an arm under this many points over the base at minute 15 never learned, or fell back
 FALL = 20  # points an arm lost from its best so far: a fall
+STALL_MINUTES = 8  # an arm first STUCK_GAIN points over the base this late, or never, stalled at the base's answers
 STEPS_PER_CANDIDATE = 2  # the demo's learner.sao.steps_per_candidate since 2026-12-01 (records before it lack the field)
 
 
@@ -109,13 +111,17 @@ def time_met(reach: dict[str, float | None]) -> bool | None:
 
 def falls(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per arm: whether it ended under STUCK_GAIN points over the base (never learned the task, or
-    lost it again), and the most points it ever stood under its best so far (its deepest fall)."""
+    lost it again), the most points it ever stood under its best so far (its deepest fall), and the
+    minute it first stood STUCK_GAIN points over the base (None: never), how long it stayed at the
+    base's answers."""
     out = {}
     for name, arm in run["arms"].items():
         curve = [100 * snap["success"] for snap in arm["snapshots"]]
         best = [max(curve[:i + 1]) for i in range(len(curve))]
+        learned = [snap["minute"] for snap, c in zip(arm["snapshots"], curve) if c >= 100 * run["base"] + STUCK_GAIN - 1e-9]
         out[name] = {"stuck": curve[-1] < 100 * run["base"] + STUCK_GAIN - 1e-9,
-                     "deepest_fall": max(b - c for b, c in zip(best, curve))}
+                     "deepest_fall": max(b - c for b, c in zip(best, curve)),
+                     "first_gain_minute": learned[0] if learned else None}
     return out
 
 
@@ -197,14 +203,20 @@ def bare_against_bare(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def falls_reading(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """How often each arm ended stuck under STUCK_GAIN points over the base, and how often it fell
-    FALL points or more from its best: the bare loop each seed once (runs of a seed share it),
-    Reef and its line each run."""
+    """How often each arm ended stuck under STUCK_GAIN points over the base, how often it fell
+    FALL points or more from its best, and how often it stalled (first STUCK_GAIN over the base at
+    STALL_MINUTES or later, or never) with the median of that first minute (never: past the end):
+    the bare loop each seed once (runs of a seed share it), Reef and its line each run."""
     bare_by_seed = {(r["task"], r["seed"]): r["falls"]["bare"] for r in rows}
     arms = {"bare": list(bare_by_seed.values()), "reef": [r["falls"]["reef"] for r in rows],
             "line": [r["falls"]["line"] for r in rows if "line" in r["falls"]]}
+    first = lambda f: math.inf if f.get("first_gain_minute") is None else f["first_gain_minute"]  # noqa: E731
+    median = lambda runs: statistics.median(first(f) for f in runs)  # noqa: E731
     return {name: {"of": len(runs), "stuck": sum(f["stuck"] for f in runs),
-                   "fell": sum(f["deepest_fall"] >= FALL - 1e-9 for f in runs)} for name, runs in arms.items() if runs}
+                   "fell": sum(f["deepest_fall"] >= FALL - 1e-9 for f in runs),
+                   "stalled": sum(first(f) >= STALL_MINUTES - 1e-9 for f in runs),
+                   "first_gain_minute_median": None if math.isinf(median(runs)) else median(runs)}
+            for name, runs in arms.items() if runs}
 
 
 def by_seed(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -336,8 +348,12 @@ def per_step_text(steps: dict[str, Any] | None) -> list[str]:
 def falls_text(falls: dict[str, dict[str, Any]]) -> list[str]:
     names = {"bare": "the bare loop", "reef": "Reef", "line": "Reef's line"}
     counts = lambda key: ", ".join(f"{names[arm]} {f[key]} of {f['of']}" for arm, f in falls.items())  # noqa: E731
+    minute = lambda v: "never" if v is None else f"{v:.1f}"  # noqa: E731
+    medians = ", ".join(f"{names[arm]} {minute(f['first_gain_minute_median'])}" for arm, f in falls.items())
     return [f"  Ended under +{STUCK_GAIN} over the base (never learned, or fell back), the bare loop each seed once: "
-            f"{counts('stuck')}; fell {FALL} points or more from its best: {counts('fell')}"]
+            f"{counts('stuck')}; fell {FALL} points or more from its best: {counts('fell')}",
+            f"  First +{STUCK_GAIN} over the base, median minute: {medians}; stalled at the base's answers "
+            f"(first +{STUCK_GAIN} at minute {STALL_MINUTES} or later, or never): {counts('stalled')}"]
 
 
 def text(rows: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> str:
