@@ -200,6 +200,7 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
             "requests": stats.requests, "reports": stats.reports, "errors": stats.errors,
             "published": published, "rejected": rejected, "last_error": stats.last_error,
             "verdicts": _verdicts(workdir / "state", serving[0]["wall"] - serving[0]["second"]),
+            "traffic": _traffic(workdir / "state", serving[0]["wall"] - serving[0]["second"]),
             **({"line": _line_snapshots(line_dir, serving)} if arm.line else {})}
 
 
@@ -286,6 +287,22 @@ def _verdicts(state_dir: Path, started_wall: float) -> list[dict[str, Any]]:
     return [{"minute": round((e.recorded_at - started_wall) / 60, 2), "decision": e.verdict.decision,
              **{k: e.verdict.metrics.get(k) for k in ("wins", "losses", "ties") if k in e.verdict.metrics}}
             for e in sorted(entries, key=lambda e: e.recorded_at) if e.verdict is not None]
+
+
+def _traffic(state_dir: Path, started_wall: float) -> list[dict[str, Any]]:
+    """The clients' reported scores, a minute of the run each (by when the report came): how many,
+    their mean, and the share scored 1 (an exact answer). Whatever served them (the head, a canary),
+    these are what the line trains on: a line held at the base's answers by their partial credit
+    shows as a mean that climbs while the exact share stays at the base's."""
+    from reef.commit.state import ReefState
+
+    scores: dict[int, list[float]] = {}
+    with ReefState.open(state_dir) as state:
+        for item in state.store.reported_since(SCENARIO, 0, -1):
+            minute = int((item.report.created_at or started_wall) - started_wall) // 60
+            scores.setdefault(minute, []).extend(item.report.score for _ in item.records)
+    return [{"minute": minute, "samples": len(s), "mean_score": round(sum(s) / len(s), 4),
+             "exact": round(sum(x == 1.0 for x in s) / len(s), 4)} for minute, s in sorted(scores.items()) if s]
 
 
 # -- evaluation (off the clock, one function for both arms) ------------------------------------
