@@ -296,11 +296,16 @@ def _traffic(state_dir: Path, started_wall: float) -> list[dict[str, Any]]:
     shows as a mean that climbs while the exact share stays at the base's."""
     from reef.commit.state import ReefState
 
-    scores: dict[int, list[float]] = {}
     with ReefState.open(state_dir) as state:
-        for item in state.store.reported_since(SCENARIO, 0, -1):
-            minute = int((item.report.created_at or started_wall) - started_wall) // 60
-            scores.setdefault(minute, []).extend(item.report.score for _ in item.records)
+        return traffic_by_minute(state.store, started_wall)
+
+
+def traffic_by_minute(store: Any, started_wall: float) -> list[dict[str, Any]]:
+    """`_traffic` from an experience store (`reef.observe.store.ExperienceStore`)."""
+    scores: dict[int, list[float]] = {}
+    for item in store.reported_since(SCENARIO, 0, -1):
+        minute = int((item.report.created_at or started_wall) - started_wall) // 60
+        scores.setdefault(minute, []).extend(item.report.score for _ in item.records)
     return [{"minute": minute, "samples": len(s), "mean_score": round(sum(s) / len(s), 4),
              "exact": round(sum(x == 1.0 for x in s) / len(s), 4)} for minute, s in sorted(scores.items()) if s]
 
