@@ -119,9 +119,13 @@ def falls(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
         curve = [100 * snap["success"] for snap in arm["snapshots"]]
         best = [max(curve[:i + 1]) for i in range(len(curve))]
         learned = [snap["minute"] for snap, c in zip(arm["snapshots"], curve) if c >= 100 * run["base"] + STUCK_GAIN - 1e-9]
+        first = learned[0] if learned else None
         out[name] = {"stuck": curve[-1] < 100 * run["base"] + STUCK_GAIN - 1e-9,
                      "deepest_fall": max(b - c for b, c in zip(best, curve)),
-                     "first_gain_minute": learned[0] if learned else None}
+                     "first_gain_minute": first,
+                     # None: a run shorter than STALL_MINUTES that had not learned yet cannot tell
+                     "stalled": (first >= STALL_MINUTES - 1e-9 if first is not None
+                                 else None if arm["snapshots"][-1]["minute"] < STALL_MINUTES else True)}
     return out
 
 
@@ -214,7 +218,8 @@ def falls_reading(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     median = lambda runs: statistics.median(first(f) for f in runs)  # noqa: E731
     return {name: {"of": len(runs), "stuck": sum(f["stuck"] for f in runs),
                    "fell": sum(f["deepest_fall"] >= FALL - 1e-9 for f in runs),
-                   "stalled": sum(first(f) >= STALL_MINUTES - 1e-9 for f in runs),
+                   "stalled": sum(f.get("stalled") is True for f in runs),
+                   "stall_told": sum(f.get("stalled") is not None for f in runs),
                    "first_gain_minute_median": None if math.isinf(median(runs)) else median(runs)}
             for name, runs in arms.items() if runs}
 
@@ -353,7 +358,9 @@ def falls_text(falls: dict[str, dict[str, Any]]) -> list[str]:
     return [f"  Ended under +{STUCK_GAIN} over the base (never learned, or fell back), the bare loop each seed once: "
             f"{counts('stuck')}; fell {FALL} points or more from its best: {counts('fell')}",
             f"  First +{STUCK_GAIN} over the base, median minute: {medians}; stalled at the base's answers "
-            f"(first +{STUCK_GAIN} at minute {STALL_MINUTES} or later, or never): {counts('stalled')}"]
+            f"(first +{STUCK_GAIN} at minute {STALL_MINUTES} or later, or never; a shorter run that had not "
+            f"learned yet is not counted): " + ", ".join(f"{names[arm]} {f['stalled']} of {f['stall_told']}"
+                                                         for arm, f in falls.items())]
 
 
 def text(rows: list[dict[str, Any]], summaries: dict[str, dict[str, Any]]) -> str:

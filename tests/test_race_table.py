@@ -150,4 +150,20 @@ def test_arms_that_never_learned_or_fell_back(tmp_path: Path) -> None:
     assert (falls["bare"]["stalled"], falls["bare"]["first_gain_minute_median"]) == (2, None)
     assert (falls["line"]["stalled"], falls["line"]["first_gain_minute_median"]) == (1, 4.0)
     assert "stalled at the base's answers" in done.stdout
+
+
+def test_a_run_too_short_to_tell_is_not_counted_as_stalled(tmp_path: Path) -> None:
+    """hq5 ran 6 minutes and its line first stood +10 over the base at minute 6: not stalled.
+    Cut at minute 5, it had not learned yet, and 5 minutes cannot tell a stall (minute 8) apart."""
+    race = json.loads((RACES / "hq5.json").read_text())
+    for arm in race["arms"].values():
+        arm["snapshots"] = arm["snapshots"][:6]  # minutes 0-5
+    (tmp_path / "cut.json").write_text(json.dumps(race))
+    done = table(tmp_path, f"full={RACES / 'hq5.json'}@{RACES / 'hs5.json'}", f"cut={tmp_path / 'cut.json'}@{RACES / 'hs5.json'}")
+    assert done.returncode == 0, done.stderr
+    out = json.loads((tmp_path / "t.json").read_text())
+    rows = {r["label"]: r for r in out["rows"]}
+    assert rows["full"]["falls"]["line"]["stalled"] is False and rows["cut"]["falls"]["line"]["stalled"] is None
+    line = out["readings"]["all"]["falls"]["line"]
+    assert (line["stalled"], line["stall_told"]) == (0, 1)
     assert "Ended under +10 over the base" in done.stdout
