@@ -83,11 +83,12 @@ def same_score(task: dict, text: str) -> float:
     return 0.5
 
 
-def test_live_scores_that_lie_never_carry_a_line_whose_tasks_tie(model_dir: Path, tmp_path: Path) -> None:
+def test_live_scores_that_lie_never_carry_a_line_whose_tasks_tie(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # every task ties whatever the weights answer, so the tiny model stands in for the real one here
     gate_tasks = tmp_path / "gate.jsonl"
     gate_tasks.write_text("".join(f"{line}\n" for line in
                                   demo_tasks.write_heldout_jsonl(tmp_path / "all.jsonl").read_text().splitlines()[:6]))
-    settings = {"embedded": {"model_dir": str(model_dir), "default_max_tokens": 16},
+    settings = {"embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 16},
                 "learner": {"poll_interval": 0.2,
                             "sao": {"batch_size": 8, "steps_per_candidate": 1, "lr": LEARNING_RATE},
                             "gate": {"tasks": str(gate_tasks), "scorer": f"{__name__}:same_score",
