@@ -1,18 +1,19 @@
 """A sabotaged learner is never published: the gate stands between bad training and users.
 
-The real model (SmolLM2-135M-Instruct, which answers some of the demo's questions: 16% of the
-held-out ones greedily) served by `reef serve` with the demo's gate (held-out questions, the
-strict verifier), and a learner sabotaged two ways at once: a learning rate 100x the demo's, and
-a client that reports every score flipped (a right answer 0, a wrong one 1). Every candidate it
-makes is judged and rejected; the chain holds the base release only, and serving never moved.
-The same with the demo's canary and `gate.live_split`: the canary serves the sabotaged candidates
-to live traffic, whose flipped scores favour them (so it is never withdrawn), and the gate still
-rejects them on its tasks. (A sabotaged line is worse on its tasks at once, so its verdicts are
-not undecided and the split seldom begins here.) And the split's whole path with a client whose
-live scores lie: the gate's tasks all tie, so the split begins; the client scores every answer of
-the line 1 and every answer of the serving release 0; the live scores alone would carry the line,
-and the gate still rejects it, because the tasks bring none of the evidence (the rule's arithmetic
-is tests/test_live_evidence.py's).
+The real model (SmolLM2-135M-Instruct, which answers some of the demo's questions: 16% of the held-
+out ones greedily) served by `reef serve` with the demo's gate (held-out questions, the strict
+verifier), and a learner sabotaged two ways at once: a learning rate 100x the demo's, and a client
+that reports every score flipped (a right answer 0, a wrong one 1). Every candidate it makes is
+judged and rejected; the chain holds the base release only, and serving never moved. The same with
+the demo's canary and `gate.live_split`: the canary serves the sabotaged candidates to live traffic,
+whose flipped scores favour them (so it is never withdrawn), and the gate still rejects them on its
+tasks. (A sabotaged line is worse on its tasks at once, so its verdicts are not undecided and the
+split seldom begins here.) And the split's whole path with a client whose live scores lie (on the
+tiny model: a scorer that scores every answer alike makes the weights moot): the gate's tasks all
+tie, so the split begins; the client scores every answer of the line 1 and every answer of the
+serving release 0; the live scores alone would carry the line, and the gate still rejects it,
+because the tasks bring none of the evidence (the rule's arithmetic is
+tests/test_live_evidence.py's).
 """
 
 from __future__ import annotations
