@@ -1,7 +1,7 @@
 """A sabotaged learner is never published: the gate stands between bad training and users.
 
-The real model (SmolLM2-135M-Instruct, which answers some of the demo's questions: 16% of the held-
-out ones greedily) served by `reef serve` with the demo's gate (held-out questions, the strict
+The real model (SmolLM2-135M-Instruct, which answers some of the demo's questions: 16% of the
+held-out ones greedily) served by `reef serve` with the demo's gate (held-out questions, the strict
 verifier), and a learner sabotaged two ways at once: a learning rate 100x the demo's, and a client
 that reports every score flipped (a right answer 0, a wrong one 1). Every candidate it makes is
 judged and rejected; the chain holds the base release only, and serving never moved. The same with
