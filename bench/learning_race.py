@@ -89,7 +89,7 @@ class ReefArm:
     line: bool = False  # also measure the newest candidate at each snapshot (bench/race_line.py)
     gate_from_train: int = 0  # also give the gate one in N training questions (bench/race_gate_split.py)
     gate_half: bool = False  # the gate judges on half its questions (bench/race_gate_split.py)
-    gate_halves: bool = False  # learner.gate.halves: each head's successors judged on the other half
+    gate_halves: bool | str = False  # learner.gate.halves: each head's successors judged on the other half
     gate_overtake: int | None = None  # learner.gate.overtake_after: a verdict stops once a line is this far on
     batching: str | None = None  # embedded.continuous_batching: "static", "continuous"; None: Reef's default
     turn_steps: int | None = None  # embedded.turn_steps; None: Reef's default
@@ -488,9 +488,11 @@ def main() -> None:
     parser.add_argument("--gate-half", action="store_true",
                         help="reef: the gate judges on half its questions and nothing asks the other half, which "
                              "bench/gate_curse.py measures after the run")
-    parser.add_argument("--gate-halves", action="store_true",
+    parser.add_argument("--gate-halves", nargs="?", const=True, default=False, choices=["after_first"],
+                        metavar="after_first",
                         help="reef: learner.gate.halves, each candidate judged on the half of the gate's questions "
-                             "its serving release was not selected on")
+                             "its serving release was not selected on; `--gate-halves after_first`: the base's "
+                             "candidates on every question")
     parser.add_argument("--gate-overtake", type=int, default=None, metavar="N",
                         help="reef: learner.gate.overtake_after, a verdict still undecided after a look stops once a "
                              "candidate N batches further along its line waits  [default: off]")

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from reef.commit.gate import (TRAINER_JOB, WARM_CHUNK, WeightsGate, load_scorer, load_tasks, look_parts, paired_verdict,
+from reef.commit.gate import (EVERY_TASK, TRAINER_JOB, WARM_CHUNK, WeightsGate, load_scorer, load_tasks, look_parts, paired_verdict,
                               sequential_verdict, sign_test_p, split_halves)
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
@@ -334,6 +334,57 @@ def test_with_halves_each_head_is_judged_on_the_half_it_was_not_selected_on(tmp_
     restarted.remember([Release("s", 1, Operation.TRAINING, good, "r0", Verdict("select", selected), False, {}, 0.0)])
     assert restarted.judged_on(good) == (1, second)
     assert gate.judged_on(good) == (1, second) and GateConfig().halves is False
+
+
+class Ranks(Grader):
+    """Answers "best" from the load of content "sha256:best", else as Grader does."""
+
+    async def generate(self, request: ChatRequest, release: ReleaseRef) -> AsyncIterator[Delta]:
+        if release.runtime_load_id != "load:sha256:best":
+            async for delta in super().generate(request, release):
+                yield delta
+            return
+        self.asked.setdefault(release.runtime_load_id, []).append(request.seed or 0)
+        yield TextDelta("best")
+        yield Finish("stop")
+
+
+def rank_scorer(task: dict, text: str) -> float:
+    return {"right": 0.5, "best": 1.0}.get(text, 0.0)
+
+
+def test_with_halves_after_first_the_base_is_judged_on_every_task_and_later_heads_on_the_other_half(
+        tmp_path: Path) -> None:
+    """`halves: after_first`: the base's candidate is judged on every task (the start needs no more
+    margin than without halves); the head it selected has its successors judged on the first half,
+    and the head selected there on the second. A restarted gate reads the same from the chain."""
+    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:rank_scorer", looks=1,
+                        halves="after_first")
+    first, second = split_halves(12)
+    base, good = ReleaseRef("r0", "sha256:base", "load:sha256:base"), ReleaseRef("r1", "sha256:good", "load:sha256:good")
+    best = ReleaseRef("r2", "sha256:best", "load:sha256:best")
+
+    async def run() -> tuple[Ranks, list[Verdict], WeightsGate]:
+        runtime = Ranks()
+        gate = WeightsGate(config, runtime, worker=None)  # type: ignore[arg-type]
+        verdicts = [await gate.judge(base, {}, "sha256:good", {}, []), await gate.judge(good, {}, "sha256:best", {}, []),
+                    await gate.judge(best, {}, "sha256:next", {}, [])]
+        return runtime, verdicts, gate
+
+    runtime, (on_every, on_first, on_second), gate = asyncio.run(run())
+    assert on_every.decision == "select" and on_every.metrics["half"] == EVERY_TASK and on_every.metrics["n"] == 12
+    assert on_first.decision == "select" and on_first.metrics["half"] == 0
+    chose, then = runtime.asked["load:sha256:best"][:len(first)], runtime.asked["load:sha256:best"][len(first):]
+    assert (sorted(chose), sorted(then)) == (first, second)  # selected on the first half, then the head of the second
+    assert on_second.decision == "reject" and on_second.metrics["half"] == 1
+    assert sorted(runtime.asked["load:sha256:next"]) == second  # never the tasks that chose its head
+    assert gate.judged_on(base) == (EVERY_TASK, list(range(12)))
+
+    restarted = WeightsGate(config, Ranks(), worker=None)  # type: ignore[arg-type]
+    assert restarted.judged_on(good) == (EVERY_TASK, list(range(12)))  # before it reads the chain: as the base
+    restarted.remember([Release("s", 1, Operation.TRAINING, good, "r0", on_every, False, {}, 0.0),
+                        Release("s", 2, Operation.TRAINING, best, "r1", on_first, False, {}, 0.0)])
+    assert (restarted.judged_on(good), restarted.judged_on(best)) == ((0, first), (1, second))
 
 
 def test_halves_need_two_tasks(tmp_path: Path) -> None:

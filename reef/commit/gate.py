@@ -21,6 +21,9 @@ answers the rest of them while the gate waits for a candidate. With `halves`, th
 in two fixed halves and a candidate is judged on the half its serving release was not selected
 on (the base: the first half), so no head is measured again on the tasks that picked it; each
 verdict records its `half`, and the publisher hands the chain's verdicts back after a restart.
+With `halves: after_first` a release no half chose (the base) is judged on every task, as
+without halves, so the first selection needs no more margin; its successors are then judged on
+the first half, and from the next selection on each head on the half that did not choose it.
 `overtake(candidate_id)`: the learner says a candidate far enough along the same line of training
 waits; a verdict still undecided after a look then stops, a reject marked `overtaken` (never
 evidence of being worse), and the gate turns to the newer one. `live`: with `live_split`, the
@@ -61,6 +64,8 @@ WARM_CHUNK = 8
 # 8 (the same text; bench/gate_jobs.py), in the same share of the trainer's time.
 TRAINER_JOB = 16
 FUTILE_P = 0.25  # an early look rejects a candidate whose losses are this significant (the sign test reversed)
+# `halves: after_first`: a verdict against a release no half chose asks every task (its `half`)
+EVERY_TASK = -1
 
 
 class TrainingProcess(Protocol):  # the training process's scoring and answers (`reef.grow.worker.TrainingWorker`)
@@ -139,10 +144,14 @@ class WeightsGate:
         self._overtaken.add(candidate_id)
 
     def judged_on(self, current: ReleaseRef) -> tuple[int | None, list[int]]:
-        """The half (None: no halves) and the task indices a candidate against `current` answers."""
+        """The half (None: no halves; EVERY_TASK: every task) and the task indices a candidate
+        against `current` answers."""
         if not self.config.halves:
             return None, list(range(len(self.tasks)))
-        half = 1 - self._selected_on.get(current.content_id, 1)
+        chose = self._selected_on.get(current.content_id)
+        if chose is None and self.config.halves == "after_first":
+            return EVERY_TASK, list(range(len(self.tasks)))  # no half chose it: a full verdict, a fast start
+        half = 1 if chose == 0 else 0
         return half, self.halves[half]
 
     @property
