@@ -65,7 +65,7 @@ from race_sabotage import FlippedScores  # noqa: E402
 from reef.config import EmbeddedConfig  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
 from reef.demo.server import (CANARY, GATE_AFTER_BATCHES, GATE_CONCURRENCY, GATE_CONCURRENCY_WHEN,  # noqa: E402
-                              GATE_MAX_TOKENS, LEARNING_RATE, LIVE_SPLIT, LOSS, STEPS_PER_CANDIDATE,
+                              GATE_HALVES, GATE_MAX_TOKENS, LEARNING_RATE, LIVE_SPLIT, LOSS, STEPS_PER_CANDIDATE,
                               TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer, demo_settings, free_port)
 
 BATCH = 8  # the demo's learner.sao.batch_size
@@ -89,7 +89,7 @@ class ReefArm:
     line: bool = False  # also measure the newest candidate at each snapshot (bench/race_line.py)
     gate_from_train: int = 0  # also give the gate one in N training questions (bench/race_gate_split.py)
     gate_half: bool = False  # the gate judges on half its questions (bench/race_gate_split.py)
-    gate_halves: bool | str = False  # learner.gate.halves: each head's successors judged on the other half
+    gate_halves: bool | str = GATE_HALVES  # learner.gate.halves: each head's successors judged on the other half
     gate_overtake: int | None = None  # learner.gate.overtake_after: a verdict stops once a line is this far on
     batching: str | None = None  # embedded.continuous_batching: "static", "continuous"; None: Reef's default
     turn_steps: int | None = None  # embedded.turn_steps; None: Reef's default
@@ -488,11 +488,11 @@ def main() -> None:
     parser.add_argument("--gate-half", action="store_true",
                         help="reef: the gate judges on half its questions and nothing asks the other half, which "
                              "bench/gate_curse.py measures after the run")
-    parser.add_argument("--gate-halves", nargs="?", const=True, default=False, choices=["after_first"],
-                        metavar="after_first",
+    parser.add_argument("--gate-halves", nargs="?", const=True, default=GATE_HALVES, choices=["after_first", "off"],
+                        metavar="after_first|off",
                         help="reef: learner.gate.halves, each candidate judged on the half of the gate's questions "
-                             "its serving release was not selected on; `--gate-halves after_first`: the base's "
-                             "candidates on every question")
+                             "its serving release was not selected on; after_first: the base's candidates on every "
+                             f"question; off: every candidate on every question  [default: the demo's, {GATE_HALVES}]")
     parser.add_argument("--gate-overtake", type=int, default=None, metavar="N",
                         help="reef: learner.gate.overtake_after, a verdict still undecided after a look stops once a "
                              "candidate N batches further along its line waits  [default: off]")
@@ -531,6 +531,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
     args = parser.parse_args()
+    args.gate_halves = False if args.gate_halves == "off" else args.gate_halves
     task, seconds = race_task(args.task), args.minutes * 60
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     if not names or set(names) - {"bare", "reef"}:

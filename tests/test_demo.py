@@ -245,6 +245,7 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     assert config["learner"]["sao"]["lr"] == 1e-4 and config["learner"]["canary"] == {"demo": 1.0}
     assert config["learner"]["sao"]["loss"] == "cispo"  # the demo's loss (the race's measure; sao's default too since 2026-12-02)
     assert config["learner"]["gate"]["live_split"] == 0.5  # with its canary, live scores as evidence (the race's measure)
+    assert config["learner"]["gate"]["halves"] == "after_first"  # later heads judged on the half that did not choose them
     with SQLiteStore(tmp_path / "work" / "state" / "experience.db") as store:
         reported = [r for batch in store.reported_since("demo") for r in batch.records]
     assert reported and {r.request["temperature"] for r in reported} == {0.5}

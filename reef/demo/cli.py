@@ -50,7 +50,9 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
     on held-out questions that traffic never asks. The demo's scenario opts in to a canary:
     its requests go to the newest candidate under test while the gate judges (--canary); once the
     gate's questions stop telling candidates apart, the candidates and the serving release share the
-    requests and the live scores join the gate's test (learner.gate.live_split). Before the traffic and after it, the
+    requests and the live scores join the gate's test (learner.gate.live_split); after the first
+    publication each candidate is judged on the half of the questions that did not choose the
+    serving release (learner.gate.halves: after_first). Before the traffic and after it, the
     starting and the final release answer test questions that nothing is trained or selected
     on; both figures are in the summary. Ctrl-C (or SIGTERM) stops early and still writes the
     curve.
