@@ -157,12 +157,9 @@ class GateConfig(Strict):
     confidence: float = Field(0.8, gt=0, lt=1, description="One-sided confidence of the paired sign test")
     looks: int = Field(3, ge=1, description="Parts the tasks are answered in, with an early decision possible "
                                             "after each (1: all tasks, then decide)")
-    halves: bool | Literal["after_first"] = Field(
-        False, description="Split the tasks in two fixed halves and judge each candidate on the half its serving "
-        "release was not selected on: a release's score on the tasks that chose it is high by luck as well as merit, "
-        "so its successors look worse there than they are. Each verdict asks half the tasks. after_first: a release "
-        "no half chose (the base) is judged on every task, so the first selection needs no more margin than without "
-        "halves")
+    halves: bool | Literal["after_first"] = Field(False, description="Judge each candidate on the fixed half of the "
+        "tasks its serving release was not selected on (that release scores high there by luck as well as merit). "
+        "after_first: a release no half chose (the base) on every task, so the first selection needs no more margin")
     concurrency: int | None = Field(None, ge=1, description="The gate's requests in flight at once (null: a look's "
                                     "tasks all at once); fewer leave more of the serving runtime to live traffic")
     concurrency_when: Literal["always", "starved"] = Field(
