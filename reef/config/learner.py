@@ -1,0 +1,191 @@
+"""Settings of learning: which recipe a scenario is bound to, how the gates judge candidates,
+the canary, and each recipe's own section (checked by that recipe's `Settings` model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from reef.config.strict import Strict, explain_errors
+from reef.core.dotted import load_dotted
+from reef.core.errors import InvalidInput
+
+
+# The built-in recipes by name; any other recipe is named by its dotted path (docs/recipes.md).
+RECIPES = {"sao": "reef.recipes.sao:SAORecipe", "skills": "reef.recipes.skills:SkillsRecipe",
+           "ttt_discover": "reef.recipes.ttt_discover:TTTDiscoverRecipe",
+           "openclaw_rl": "reef.recipes.openclaw_rl:OpenClawRLRecipe"}
+RECIPE_PARTS = ("name", "surface", "Settings", "intake", "next_batch", "resume", "high_water", "candidate",
+                "status", "close")
+
+
+def find_recipe(name: str) -> Any:
+    """The recipe class a binding names: a built-in by name, or any class by its dotted path
+    `package.module:Class` (imported now, so a bad name fails when the config loads)."""
+    path = RECIPES.get(name, name)
+    if ":" not in path:
+        raise InvalidInput(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}, "
+                           "or a dotted path package.module:Class")
+    recipe = load_dotted(path, "recipe", "package.module:Class")
+    missing = [part for part in RECIPE_PARTS if not hasattr(recipe, part)]
+    if missing:
+        raise InvalidInput(f"recipe {name!r} lacks {', '.join(missing)} (see docs/recipes.md)")
+    if recipe.surface not in ("weights", "harness"):
+        raise InvalidInput(f"recipe {name!r}: surface must be 'weights' or 'harness', not {recipe.surface!r}")
+    return recipe
+
+
+def _known_recipe(name: str) -> str:
+    try:
+        find_recipe(name)
+    except InvalidInput as exc:
+        raise ValueError(str(exc)) from None
+    return name
+
+
+class RecipeConfig(Strict):
+    default: str = Field("sao", description="Recipe a new scenario is bound to: a name or package.module:Class")
+    scenarios: dict[str, str] = Field(default_factory=dict, description="Per-scenario recipe bindings")
+
+    @field_validator("default")
+    @classmethod
+    def _default_is_known(cls, name: str) -> str:
+        return _known_recipe(name)
+
+    @field_validator("scenarios")
+    @classmethod
+    def _bindings_are_known(cls, bindings: dict[str, str]) -> dict[str, str]:
+        for name in bindings.values():
+            _known_recipe(name)
+        return bindings
+
+    def for_scenario(self, name: str) -> str:
+        return self.scenarios.get(name, self.default)
+
+
+class GateConfig(Strict):
+    """How a weights candidate is judged against the serving release."""
+
+    tasks: Path | None = Field(None, description="JSONL of evaluation tasks: {prompt | messages, ...scorer fields}")
+    scorer: str | None = Field(None, description="module:function(task, text) -> float, for the tasks")
+    max_tokens: int = Field(48, ge=1)
+    temperature: float = Field(0.0, ge=0, description="0: greedy, the same answer every time")
+    margin: float = Field(0.0, ge=0, description="Mean score gain the candidate must show")
+    confidence: float = Field(0.8, gt=0, lt=1, description="One-sided confidence of the paired sign test")
+    looks: int = Field(3, ge=1, description="Parts the tasks are answered in, with an early decision possible "
+                                            "after each (1: all tasks, then decide)")
+    halves: bool | Literal["after_first"] = Field(False, description="Judge each candidate on the fixed half of the "
+        "tasks its serving release was not selected on (that release scores high there by luck as well as merit). "
+        "after_first: a release no half chose (the base) on every task, so the first selection needs no more margin")
+    concurrency: int | None = Field(None, ge=1, description="The gate's requests in flight at once (null: a look's "
+                                    "tasks all at once); fewer leave more of the serving runtime to live traffic")
+    concurrency_when: Literal["always", "starved"] = Field(
+        "always", description="When `concurrency` bounds the gate: always, or only while the learner waits for "
+        "samples (a fifth of its time or more: live traffic is what it lacks); otherwise a look's tasks at once")
+    after_batches: int = Field(1, ge=1, description="A candidate goes to the gate once its line of training has taken "
+                               "this many batches past the release it would replace (1: every candidate); until "
+                               "then each waits for the next, which takes its place")
+    overtake_after: int | None = Field(None, ge=1, description="A verdict still undecided after a look stops (a reject "
+                                       "marked overtaken) once a candidate this many batches further along the same "
+                                       "line waits, and the gate judges that one (null: every verdict runs to its "
+                                       "decision)")
+    live_split: float | None = Field(None, gt=0, lt=1, description="For scenarios with a canary: once three "
+                                     "verdicts in a row against one serving release run to their last look undecided, "
+                                     "their candidates not behind on the tasks, "
+                                     "the canary serves this fraction of "
+                                     "requests (in place of learner.canary's) until the head moves, so the line and "
+                                     "the serving release are served side by side, and the line's live scores since "
+                                     "then join each later verdict's sign test (one combined test at `confidence`, "
+                                     "the tasks bringing at least half the evidence; null: off)")
+    answer_on: Literal["runtime", "trainer"] = Field(
+        "runtime", description="Where the tasks are answered: the serving runtime, beside live traffic, or the "
+        "training process, which loads the base model too and waits while the learner waits for samples (greedy "
+        "answers only; the same prompt ids, stop tokens and decoding as the embedded runtime)")
+    holdout_fraction: float = Field(0.2, ge=0, lt=1, description="Offline check: reported records kept out of training")
+    offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
+
+    @model_validator(mode="after")
+    def _starved_needs_a_bound(self) -> GateConfig:
+        if self.concurrency_when == "starved" and self.concurrency is None:
+            raise ValueError("concurrency_when: starved needs concurrency (the bound it applies while the "
+                             "learner waits for samples); set both, or neither")
+        if self.answer_on == "trainer" and self.temperature != 0:
+            raise ValueError("answer_on: trainer answers greedily; set temperature: 0, or answer_on: runtime")
+        return self
+
+
+class ModelEndpointConfig(Strict):
+    """An OpenAI- or Anthropic-compatible model Reef calls itself (proposer, judge)."""
+
+    url: str | None = Field(None, description="Base URL; default: the scenario's own runtime")
+    api_key: str | None = Field(None, description="Sent to that model; never logged")
+    model: str | None = Field(None, description="Model name sent")
+    dialect: Literal["openai", "anthropic"] = "openai"
+    timeout: float = Field(120.0, gt=0)
+    max_tokens: int = Field(1024, ge=1)
+    temperature: float = Field(0.0, ge=0)
+
+
+class LLMProposerConfig(ModelEndpointConfig):
+    tries: int = Field(3, ge=1, description="Calls per batch before invalid output is skipped")
+
+
+class HarnessGateConfig(Strict):
+    """How a harness candidate is judged against the serving harness."""
+
+    tasks: Path | None = Field(None, description="JSONL of evaluation tasks; default: held-out reported prompts")
+    scorer: str | None = Field(None, description="module:function(task, text) -> float")
+    judge: ModelEndpointConfig | None = Field(None, description="A model that scores answers when no scorer is set")
+    margin: int = Field(1, ge=0, description="Wins minus losses the candidate must reach")
+    publish: Literal["auto", "review"] = Field("auto", description="review: a selected candidate waits for promote")
+    holdout_fraction: float = Field(0.25, ge=0, lt=1, description="Without tasks: reported records kept as gate tasks")
+    max_holdout: int = Field(32, ge=1, description="Without tasks: most recent held-out records used")
+    max_tokens: int = Field(128, ge=1)
+    temperature: float = Field(0.0, ge=0)
+
+
+class LearnerConfig(Strict):
+    """Learning settings; every other key is a recipe's own section (`sao:`, `skills:`, or a
+    dotted path), checked by that recipe's `Settings` model."""
+
+    model_config = ConfigDict(extra="allow")
+
+    enabled: bool = Field(True, description="Train scenarios whose recipe learns weights")
+    poll_interval: float = Field(0.5, gt=0)
+    train_threads: int | None = Field(None, ge=1, description="torch threads of the training process")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the training process trains: auto "
+                                                  "takes a CUDA GPU when torch sees one")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="The trainer's weights: auto is float32 on the CPU, the engine's dtype on a GPU")
+    gate: GateConfig = Field(default_factory=GateConfig)
+    canary: dict[str, float] = Field(default_factory=dict, description="Scenarios that opt in to a canary: the "
+                                     "fraction (0-1] of their requests the weights candidate under test serves")
+
+    @field_validator("canary")
+    @classmethod
+    def _canary_fractions(cls, value: dict[str, float]) -> dict[str, float]:
+        for scenario, fraction in value.items():
+            if not 0 < fraction <= 1:
+                raise ValueError(f"learner.canary.{scenario} must be a fraction in (0, 1], got {fraction}")
+        return value
+
+    @model_validator(mode="after")
+    def _recipe_sections(self) -> LearnerConfig:
+        for name, section in list((self.model_extra or {}).items()):
+            try:
+                settings = find_recipe(name).Settings
+            except InvalidInput as exc:
+                raise ValueError(f"unknown key 'learner.{name}' (not a learner setting: {exc})") from None
+            if isinstance(section, settings):
+                continue
+            try:
+                self.model_extra[name] = settings.model_validate(section or {})  # type: ignore[index]
+            except ValidationError as exc:
+                raise ValueError(explain_errors(exc, f"learner.{name}.")) from None
+        return self
+
+    def settings_for(self, recipe: str) -> Any:
+        """A recipe's settings: its section, else its defaults."""
+        return (self.model_extra or {}).get(recipe) or find_recipe(recipe).Settings()

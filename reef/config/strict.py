@@ -1,0 +1,25 @@
+"""The base of every settings model, and how a settings error reads."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+
+class Strict(BaseModel):
+    """Unknown keys are an error that names them, so a typo never silently falls back to a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def explain_errors(exc: ValidationError, prefix: str = "") -> str:
+    problems = []
+    for err in exc.errors():
+        loc = prefix + ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            problems.append(f"unknown key '{loc}'")
+        elif err["type"] == "value_error":  # our validators' own words; a model's name where they are
+            message = str(err["ctx"]["error"])
+            problems.append(message if message.startswith(loc) or "'" + loc in message else f"{loc}: {message}")
+        else:
+            problems.append(f"{loc}: {err['msg']}")
+    return "; ".join(problems)
