@@ -161,8 +161,7 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
                              traffic_max_tokens=task.traffic_max_tokens, gate_max_tokens=task.eval_max_tokens,
                              canary=arm.canary, loss=arm.loss, gate_concurrency=arm.gate_concurrency,
                              gate_concurrency_when=arm.gate_concurrency_when,
-                             gate_after_batches=arm.gate_after_batches)
-    settings["learner"]["gate"]["halves"] = arm.gate_halves
+                             gate_after_batches=arm.gate_after_batches, gate_halves=arm.gate_halves)
     settings["learner"]["gate"]["overtake_after"] = arm.gate_overtake
     settings["learner"]["gate"]["live_split"] = arm.live_split or None
     settings["learner"]["gate"]["answer_on"] = arm.gate_answer_on

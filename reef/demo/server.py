@@ -71,8 +71,8 @@ LIVE_SPLIT = 0.5
 # did not choose it (the base's on all of them, so the start keeps its margin): judged on the tasks
 # that chose it, a head looks better than it is, and its line lost 3-24 to 24-52 on them after the
 # last selection while the test saw the line level or above. In four demo races the head ended
-# 2.2-4.4 points higher than the same seeds' without it, no lower than the bare loop in 3 of 4
-# (bench/learning_race.py --gate-halves after_first; docs/learning_race.md).
+# 2.2-4.4 points higher than the same seeds' without it, no lower than the bare loop in 3 of 4; in
+# seven races of the sentence task, higher on 6 of 7 (bench/learning_race.py; docs/learning_race.md).
 GATE_HALVES = "after_first"
 
 
