@@ -12,6 +12,8 @@ class Strict(BaseModel):
 
 
 def explain_errors(exc: ValidationError, prefix: str = "") -> str:
+    """Every problem of `exc` on one line, each named by its dotted key (`prefix` first: the
+    section it was read under), e.g. "unknown key 'learner.gate.halvs'; serve.port: ..."."""
     problems = []
     for err in exc.errors():
         loc = prefix + ".".join(str(p) for p in err["loc"])
