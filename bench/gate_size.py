@@ -64,8 +64,9 @@ def power(n: int, untied: float, gain: float, trials: int, seed: int = 0) -> dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=4000)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gate_size.json")
+    parser.add_argument("--trials", type=int, default=4000, help="simulated verdicts a row (default 4000)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gate_size.json",
+                        help="where the rows go as JSON (default bench/results/gate_size.json)")
     args = parser.parse_args()
     rows = [power(n, untied, gain, args.trials) for untied, gain in CASES for n in SIZES]
     base = {(r["untied"], r["gain"]): r["selected"] for r in rows if r["n"] == BASELINE}

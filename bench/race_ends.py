@@ -31,8 +31,8 @@ def ranked_ends(runs: list[str]) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sets", nargs="+", help="NAME: RACE.json[@BARE.json] ...")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--title", default="")
+    parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    parser.add_argument("--title", default="", help="the plot's title")
     args = parser.parse_args()
     import matplotlib
 
