@@ -55,6 +55,7 @@ def one_verdict(n: int, untied: float, gain: float, config: GateConfig, rng: ran
 
 
 def power(n: int, untied: float, gain: float, trials: int, seed: int = 0) -> dict[str, float]:
+    """The share of `trials` simulated candidates selected on `n` tasks, and the tasks asked on average."""
     config = GateConfig()
     rng = random.Random(f"{seed}-{n}-{untied}-{gain}")
     outcomes = [one_verdict(n, untied, gain, config, rng) for _ in range(trials)]
