@@ -38,6 +38,7 @@ def main() -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for index, spec in enumerate(args.sets):
@@ -49,6 +50,7 @@ def main() -> None:
         head = ax.plot(ranks, ends["reef"], "-o", label=f"Reef's head, {name.strip()}", markersize=4)[0]
         if "line" in ends:
             ax.plot(ranks, ends["line"], ":", color=head.get_color(), label=f"its line, {name.strip()}")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # ranks, never 1.2
     ax.set_xlabel("seed's rank by its end (each arm ranked on its own, best first)")
     ax.set_ylabel("test success at the end, greedy (%)")
     ax.set_ylim(0, 100)
