@@ -95,7 +95,7 @@ def pg_step(model: Any, opt: Any, prompts: list[list[int]], comps: list[list[int
     over kept tokens), AdamW; the fraction of tokens whose ratio left the clip range. `loss`:
     `mask` leaves those tokens out (`clipped_is`); `nomask` keeps every token in PPO's surrogate
     (`ppo` without its dual clip); `cispo` weights every token's log-prob gradient by its ratio
-    truncated at 1 + eps[1] (`cispo`). bench/staleness.py compares them."""
+    truncated at 1 + eps[1] (`cispo`)."""
     ids, mask, positions = _left_pad([p + c for p, c in zip(prompts, comps)])
     longest = max(map(len, comps))
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=longest + 1).logits

@@ -12,8 +12,8 @@ for each `--batches` value, alternately, `--rounds` times. Prints seconds (best 
 answers a second and the ratio against the first value (the baseline, measured in the same run).
 
 Writes bench/results/batch_size.json. (Commit 8cd08d0 also measured rows of several loads in one
-batch, each with its own adapter, against this scheduler in the race's shape; docs/learning_race.md
-has the figures and why it was not kept.)
+batch, each with its own adapter, against this scheduler in the race's shape: no faster there,
+so not kept.)
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/batch_size.py [--batches 8,16,32] [--rounds 2]
 """

@@ -13,8 +13,8 @@ Seeded: a run prints the same table every time.
 
 The gate with `halves` judges later candidates on half the task file, so its `n` is half the
 file's. The races' gate has 92 tasks (46 a half), and the baseline column is its figure: each
-row's power over the power at n = 92. Near the sentence task's ceiling (bench/races/sa8.json's
-last seven verdicts) a line's candidate changed 4-5 answers of 46 (about 10%).
+row's power over the power at n = 92. Near the sentence task's ceiling (a race's last seven
+verdicts) a line's candidate changed 4-5 answers of 46 (about 10%).
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """Race tasks split differently between Reef's traffic and its gate (bench/learning_race.py).
 
 `--gate-from-train N` (WiderGate): the gate's sign test on the demo's 92 held-out questions cannot
-see a gain of a few points near the ceiling (docs/learning_race.md, "The line the learner trains,
-beside the head"), so the gate also takes one in N of the training questions, which Reef's
-traffic then never asks.
+see a gain of a few points near the ceiling, so the gate also takes one in N of the training
+questions, which Reef's traffic then never asks.
 
 `--gate-half` (HalfGate): the gate judges on one half of the held-out questions; the other half
-(`unjudged_tasks`) nothing asks, trains or selects on, so bench/gate_curse.py can measure after
-the run whether the head the gate chose is better on the half that chose it than on the other
+(`unjudged_tasks`) nothing asks, trains or selects on, so an evaluation on both halves can tell
+after the run whether the head the gate chose is better on the half that chose it than on the other
 (the winner's curse of one held-out set reused by every verdict).
 
 Questions are chosen by a hash of the question (the same in every run). The test questions are
