@@ -38,6 +38,8 @@ def inspect(state_dir: Path, as_json: bool) -> None:
 
     Exits 1 with the file and line when the state is damaged, or with the release id when an
     artifact the commit log names is missing (every release is checked, not only the heads).
+    Says which stale git locks (left by a git killed mid-update) recovery removed, and which
+    lock files are still there (on standard error with --json).
     """
     if not state_dir.exists():
         raise click.ClickException(f"no state directory at {state_dir}")
@@ -45,8 +47,14 @@ def inspect(state_dir: Path, as_json: bool) -> None:
         with ReefState.open(state_dir) as state:
             state.verify_artifacts()
             rows = [_scenario_row(state, name) for name in state.scenarios()]
+            cleared, left = state.artifacts.cleared_locks, state.artifacts.leftover_locks()
     except ReefError as exc:
         raise click.ClickException(str(exc)) from None
+    for lock in cleared:
+        click.echo(f"removed a stale git lock {lock.path} ({lock.age_s:.0f} s old, left by a killed git)", err=as_json)
+    for path in left:
+        click.echo(f"git lock {path} is still there: a git is running on this state directory, or was killed "
+                   "moving a ref Reef does not own; remove it once no git runs", err=as_json)
     if as_json:
         json.dump(rows, sys.stdout, indent=2)
         click.echo()

@@ -27,10 +27,20 @@ release the log names is always on the remote. A read of a release this clone la
 LFS object) fetches it first (`refs/reef/scenarios/*` into `refs/reef/fetched/*`; an LFS object
 by its ref, written into `lfs/objects/` as git-lfs would); what the remote lacks too is named in
 the `MissingArtifact` error.
+
+A git killed while it moved a ref leaves `<ref>.lock`, which would fail every later move of that
+ref: each git write first removes such a lock while holding what proves its writer dead
+(`reef/commit/git_locks.py`): a scenario's ref under its commit log (every caller of `commit`
+and `reset_scenario_head` holds it), `refs/reef/fetched/*` and the local `refs/reef/lfs/*`
+under the repository's fetch lock (`reef-fetch.flock`, a `flock` every process sharing the
+repository takes), a remote's refs (a path remote) by age alone. `cleared_locks` lists what was
+removed. Git runs in a session of its own, so a kill of Reef's process group does not reach it:
+it finishes its ref update and leaves no lock.
 """
 
 from __future__ import annotations
 
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -41,11 +51,13 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reef.commit.git_locks import OWNED_AGE_S, SHARED_AGE_S, StaleLock, clear_stale, locks_under
 from reef.core.canonical import check_scenario_name, content_id_of, new_id, scenario_key
 from reef.core.errors import Corruption, InvalidInput, MissingArtifact, StaleHead, StorageUnavailable
 from reef.core.types import ArtifactKind
@@ -57,6 +69,7 @@ LFS_VERSION = "version https://git-lfs.github.com/spec/v1"
 REF_PREFIX = "refs/reef/scenarios/"
 FETCHED_PREFIX = "refs/reef/fetched/"  # the remote's scenario refs as of the last fetch
 LFS_REF_PREFIX = "refs/reef/lfs/"  # on the remote: one ref per LFS object, at a blob of its bytes
+FETCH_LOCK_NAME = "reef-fetch.flock"  # held (flock) by every write of refs/reef/fetched/* and local refs/reef/lfs/*
 REMOTE_TIMEOUT_S = 120.0  # one push or fetch; past it, StorageUnavailable rather than a hang
 # Remote calls keep these from the environment (ssh keys, askpass); user config stays out.
 _REMOTE_ENV = ("GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS", "SSH_AUTH_SOCK")
@@ -175,6 +188,7 @@ class ArtifactStore:
         (self.root / "lfs" / "tmp").mkdir(parents=True, exist_ok=True)
         self._remote_env = {**self._env, **{k: os.environ[k] for k in _REMOTE_ENV if k in os.environ}}
         self._fetch_lock = threading.Lock()
+        self.cleared_locks: list[StaleLock] = []  # stale git locks this store removed
         self.remote: str | None = None
         if remote is not None and str(remote).strip():
             self.remote = remote_location(remote)
@@ -243,6 +257,7 @@ class ArtifactStore:
             self._raise_if_stale(scenario, expected_parent)
             raise
         ref = REF_PREFIX + scenario_key(scenario)
+        self.clear_scenario_lock(scenario)
         error = ""
         for attempt in range(5):
             r = self._run(["update-ref", "-m", "reef: commit", ref, new, expected_parent or _ZERO])
@@ -256,15 +271,80 @@ class ArtifactStore:
         raise StorageUnavailable(f"cannot move {ref}: {error}")
 
     def reset_scenario_head(self, scenario: str, release_id: str | None) -> None:
-        """Force the scenario's ref (recovery repairs git from the commit log); None deletes it."""
+        """Force the scenario's ref (recovery repairs git from the commit log); None deletes it.
+        The caller holds the scenario's commit log, as for `commit`."""
         ref = REF_PREFIX + scenario_key(check_scenario_name(scenario))
+        self.clear_scenario_lock(scenario)
         if release_id is None:
+            self._clear(self.root / "packed-refs.lock", SHARED_AGE_S)  # a deletion locks packed-refs too
             self._git("update-ref", "-m", "reef: reset", "-d", ref)
             return
         _check_sha(release_id, "release id")
         if not self._has_commit(release_id):
             raise MissingArtifact(f"release {release_id} is not in the artifact store{self._nor_remote()}")
         self._git("update-ref", "-m", "reef: reset", ref, release_id)
+
+    # -- stale git locks (reef/commit/git_locks.py) -------------------------------------------
+
+    def scenario_lock(self, scenario: str) -> Path:
+        """Where git locks the scenario's ref while it moves it."""
+        return self.root / f"{REF_PREFIX}{scenario_key(check_scenario_name(scenario))}.lock"
+
+    def clear_scenario_lock(self, scenario: str) -> None:
+        """Remove a lock a killed git left on the scenario's ref. Only with the scenario's commit
+        log held: every Reef writer of the ref holds it, so the lock can only be a dead git's."""
+        self._clear(self.scenario_lock(scenario), OWNED_AGE_S)
+
+    def leftover_locks(self) -> list[str]:
+        """Lock files in the repository now (none unless a git is running or was killed)."""
+        found = locks_under(self.root / "refs")
+        if (self.root / "packed-refs.lock").exists():
+            found.append(self.root / "packed-refs.lock")
+        return [str(p) for p in found]
+
+    def clear_fetch_locks(self) -> None:
+        """Remove locks a killed fetch left on `refs/reef/fetched/*` or the local `refs/reef/lfs/*`
+        (recovery: a fetch there would fail on them, and so would starting)."""
+        with self._fetching():
+            self._clear_fetch_locks(FETCHED_PREFIX, LFS_REF_PREFIX)
+
+    def _clear_fetch_locks(self, *prefixes: str) -> None:
+        """With the fetch lock held."""
+        for prefix in prefixes:
+            for lock in locks_under(self.root / prefix):
+                self._clear(lock, OWNED_AGE_S)
+        self._clear(self.root / "packed-refs.lock", SHARED_AGE_S)  # a fetch's --prune deletes refs
+
+    def _clear(self, lock: Path, min_age_s: float) -> None:
+        cleared = clear_stale(lock, min_age_s)
+        if cleared is not None:
+            self.cleared_locks.append(cleared)
+
+    @contextmanager
+    def _fetching(self) -> Iterator[None]:
+        """Hold the repository's fetch lock: a lock for this process's threads, a `flock` for
+        the other processes sharing the repository (`--workers` on one state directory). Every
+        write of `refs/reef/fetched/*` and of the local `refs/reef/lfs/*` happens under it, so a
+        git lock found there meanwhile is a dead git's."""
+        with self._fetch_lock:
+            try:
+                fd = os.open(self.root / FETCH_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise StorageUnavailable(f"cannot open {self.root / FETCH_LOCK_NAME}: {exc}") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # releases the flock
+
+    def _clear_remote_locks(self, refs: Iterable[str]) -> None:
+        """Before a push: locks a killed push left in a remote on a path. Other front ends push
+        there too, so only a lock `SHARED_AGE_S` old goes (a URL remote's server is its own; git
+        names such a lock in the push's error)."""
+        if self.remote is None or _is_url(self.remote):
+            return
+        for ref in refs:
+            self._clear(Path(self.remote, f"{ref}.lock"), SHARED_AGE_S)
 
     def _raise_if_stale(self, scenario: str, expected_parent: str | None) -> None:
         head = self.scenario_head(scenario)
@@ -451,10 +531,14 @@ class ArtifactStore:
         refspecs = [*self._lfs_refspecs((release_id, *lfs_of)), f"{release_id}:{ref}"]
         lease = expected_old
         for attempt in range(2):
+            self._clear_remote_locks(spec.split(":", 1)[1] for spec in refspecs)
             r = self._remote_git("push", "--porcelain", "--atomic", "--quiet",
                                  f"--force-with-lease={ref}:{lease or ''}", self.remote, *refspecs)
             if r.returncode == 0:
-                self._run(["update-ref", FETCHED_PREFIX + scenario_key(scenario), release_id])
+                fetched = FETCHED_PREFIX + scenario_key(scenario)
+                with self._fetching():
+                    self._clear(self.root / f"{fetched}.lock", OWNED_AGE_S)
+                    self._run(["update-ref", fetched, release_id])
                 return
             actual = self._remote_ref(ref)
             if actual == release_id:
@@ -482,7 +566,8 @@ class ArtifactStore:
         """Every scenario ref of the remote (into refs/reef/fetched/*) with the commits behind it."""
         if self.remote is None:
             return
-        with self._fetch_lock:
+        with self._fetching():
+            self._clear_fetch_locks(FETCHED_PREFIX)
             r = self._remote_git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--prune",
                                  self.remote, f"+{REF_PREFIX}*:{FETCHED_PREFIX}*")
         if r.returncode != 0:
@@ -508,7 +593,10 @@ class ArtifactStore:
             if obj.is_file() and obj.stat().st_size == size:
                 continue
             ref = LFS_REF_PREFIX + oid
-            r = self._remote_git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", self.remote, f"+{ref}:{ref}")
+            with self._fetching():
+                self._clear(self.root / f"{ref}.lock", OWNED_AGE_S)
+                r = self._remote_git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", self.remote,
+                                     f"+{ref}:{ref}")
             if r.returncode != 0:
                 continue
             data = self._run(["cat-file", "blob", ref]).stdout
@@ -556,7 +644,7 @@ class ArtifactStore:
     def _remote_git(self, *args: str) -> subprocess.CompletedProcess[bytes]:
         try:
             return subprocess.run(["git", *_REMOTE_FLAGS, *args], capture_output=True, env=self._remote_env,
-                                  check=False, timeout=REMOTE_TIMEOUT_S)
+                                  check=False, timeout=REMOTE_TIMEOUT_S, start_new_session=True)
         except subprocess.TimeoutExpired:
             raise StorageUnavailable(f"git {args[0]} with the artifact remote {self.remote} took over "
                                      f"{REMOTE_TIMEOUT_S:.0f} s") from None
@@ -570,7 +658,9 @@ class ArtifactStore:
     ) -> subprocess.CompletedProcess[bytes]:
         try:
             env = {**self._env, **(env or {})}
-            return subprocess.run(["git", *args], input=input, capture_output=True, env=env, check=False)
+            # its own session: a kill of Reef's process group lets it finish (no lock left behind)
+            return subprocess.run(["git", *args], input=input, capture_output=True, env=env, check=False,
+                                  start_new_session=True)
         except OSError as exc:
             raise StorageUnavailable(f"cannot run git: {exc}") from None
 

@@ -15,8 +15,10 @@ lacks it too) fails with `MissingArtifact` naming the release and the missing ob
 
 Opening it is recovery: every log is read (a torn last line truncated, other damage an error
 naming file and line), each scenario's head must have its artifact (else `MissingArtifact`
-naming it), each scenario's git ref is repaired from its log, and logged compactions are
-applied again (a crash may have come between the log line and the delete).
+naming it), a lock a killed git left on a scenario's ref is removed (under the scenario's log,
+`reef/commit/git_locks.py`; `artifacts.cleared_locks` lists them), each scenario's git ref is
+repaired from its log, and logged compactions are applied again (a crash may have come between
+the log line and the delete).
 
 Several processes may open one state directory at once and serve it together (`shared`,
 `reef serve --workers N`): each repair happens while holding what the writers hold (a log's
@@ -207,9 +209,10 @@ class ReefState:
     def _recover(self) -> None:
         self._adopt_local_logs()
         logs = self.commit_logs.recover()
-        if self.artifacts.remote is not None:
-            self.artifacts.fetch()
         try:
+            self.artifacts.clear_fetch_locks()
+            if self.artifacts.remote is not None:
+                self.artifacts.fetch()
             for log in list(logs):
                 entries = log.entries()
                 scenario = entries[0].scenario
@@ -219,6 +222,7 @@ class ReefState:
                 logged = last_artifact_release(entries)
                 for release_id in {chain.head().release_id, logged}:  # served, and mirrored by the git ref
                     self._verify(scenario, release_id)
+                self._clear_stale_lock(chain)
                 self._repair_ref(chain, logged)
                 if self.artifacts.remote is not None and logged and not self.artifacts.remote_has(scenario, logged):
                     self._publish_to_remote(chain)
@@ -228,6 +232,14 @@ class ReefState:
         finally:
             for log in logs:
                 log.close()
+
+    def _clear_stale_lock(self, chain: ReleaseChain) -> None:
+        """A lock a killed git left on the scenario's ref would fail every later move of it (every
+        publish and rollback, for ever): removed while holding the log, which every writer of the
+        ref in every process holds, so no live one is writing it."""
+        if self.artifacts.scenario_lock(chain.scenario).exists():
+            with chain.log.transaction():
+                self.artifacts.clear_scenario_lock(chain.scenario)
 
     def _repair_ref(self, chain: ReleaseChain, logged: str | None) -> None:
         """Reset the scenario's git ref to the last release its log names (a crash between the
