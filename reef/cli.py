@@ -124,7 +124,8 @@ def _scenario_row(state: ReefState, name: str) -> dict:
 @click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Processes behind the one port, sharing the state directory or a postgresql:// store "
                    "(docs/deploy.md).")
-@click.option("--worker-of", hidden=True, help="Internal: INDEX:FD, a worker of `--workers` on an inherited socket.")
+@click.option("--worker-of", hidden=True,
+              help="Internal: INDEX:SOCKET_FD:READY_FD:SUPERVISOR_PID, a worker of `--workers` (reef/serve/worker.py).")
 def serve(config_path: Path | None, host: str | None, port: int | None, state_dir: Path | None, tokens: tuple[str, ...],
           insecure: bool | None, runtime: str | None, upstream_url: str | None, upstream_model: str | None,
           upstream_dialect: str | None, model_dir: Path | None, log_level: str | None, log_format: str | None,
@@ -149,7 +150,12 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
     from reef.serve.app import create_app
     from reef.serve.connection_timeouts import timed_protocol
 
+    worker = None
     try:
+        if worker_of is not None:
+            from reef.serve.worker import become_worker
+
+            worker = become_worker(worker_of)  # first: it dies with its supervisor from here on
         config = load_config(config_path, host=host, port=port, state_dir=state_dir, tokens=list(tokens) or None,
                              insecure=insecure, runtime=runtime, upstream__url=upstream_url,
                              upstream__model=upstream_model, upstream__dialect=upstream_dialect,
@@ -161,12 +167,10 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
             from reef.serve.workers import supervise
 
             sys.exit(supervise(config, workers, say))
-        sock = None
-        if worker_of is not None:
-            from reef.serve.workers import worker_config, worker_socket
+        if worker is not None:
+            from reef.serve.workers import worker_config
 
-            index, fd = (int(part) for part in worker_of.split(":"))
-            config, sock = worker_config(config, index), worker_socket(fd)
+            config = worker_config(config, worker.index)
         _check_install(config)  # git, and the extras the settings need, before a minute of model loading
         _check_gate(config)
         built = build_runtime(config, progress=say)
@@ -175,14 +179,21 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
         raise click.ClickException(str(exc)) from None
     auth = f"{len(config.tokens)} token(s)" if config.tokens else "no token (loopback only)"
     say(f"serving {built.name} runtime on http://{config.host}:{config.port} (state {config.state_dir}, auth: {auth})")
-    server = uvicorn.Server(uvicorn.Config(
+    settings = uvicorn.Config(
         app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
         log_config=None,  # uvicorn's lines go through the handler `logs.configure` set
         http=timed_protocol(config.header_timeout, config.body_timeout, config.limits.max_header_bytes),
         ws="none",  # Reef serves no websockets, and the timed protocol hands no upgrade over
         timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # a float works
-        timeout_graceful_shutdown=config.shutdown_timeout))  # type: ignore[arg-type]
-    server.run(sockets=[sock] if sock is not None else None)  # a worker: the supervisor's listening socket
+        timeout_graceful_shutdown=config.shutdown_timeout)  # type: ignore[arg-type]
+    if worker is None:
+        server = uvicorn.Server(settings)
+        server.run()
+    else:  # the supervisor's listening socket; READY on its pipe once serving
+        from reef.serve.worker import WorkerServer
+
+        server = WorkerServer(settings, worker.ready_fd)
+        server.run(sockets=[worker.socket()])
     if not server.started:  # e.g. the port is taken (uvicorn logged why)
         sys.exit(3)
 
