@@ -1,0 +1,103 @@
+"""bench/kill_loops.py, kept from rotting: two SIGKILLs of one `reef serve` under the mixed load
+count what was acknowledged, find it all and inspect the state clean; its check does find a
+receipt, a report and a release that are not there; its options refuse what makes no sense."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import kill_loops
+
+from reef.observe.sqlite_store import SQLiteStore
+from tests.helpers.acked_check import check
+from tests.helpers.mixed_load import MESSAGES, Ledger
+from tests.helpers.reef_server import ReefServer
+from tests.scripted_upstream import ScriptedUpstream
+
+
+def test_two_kills_of_one_process_lose_nothing_and_inspect_clean(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "kill_loops.json"
+    status = kill_loops.main(
+        [
+            "--loops",
+            "one",
+            "--kills",
+            "2",
+            "--gap",
+            "0.5:1",
+            "--clients",
+            "3",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+        ]
+    )
+    (loop,) = json.loads(out.read_text())["loops"]
+    assert status == 0, loop["failures"]
+    assert loop["sigkills_total"] == 2 and loop["serve_again"]["serve"]["count"] == 2
+    final = loop["final"]
+    for kind in ("receipts", "reports"):
+        assert (
+            final[kind]["acked"] > 0 and final[kind]["present"] == final[kind]["acked"]
+        )
+        assert final[kind]["lost"] == final[kind]["duplicated"] == 0
+    assert (
+        loop["checks"] == 3 and loop["checks_failed"] == 0
+    )  # after each restart, and at the end
+    assert loop["inspections"] >= 3 and loop["inspections_clean"] == loop["inspections"]
+    assert loop["fsck"] == {"artifacts.git": "clean"}
+
+
+def test_the_check_counts_what_is_not_there_as_lost(tmp_path: Path) -> None:
+    with (
+        ScriptedUpstream(record=False) as upstream,
+        ReefServer(tmp_path, kill_loops.base_settings(upstream)) as reef,
+    ):
+        first = httpx.post(
+            f"{reef.url}/reef/scenarios", json={"name": "s"}, timeout=30
+        ).json()["head"]["release_id"]
+        answer = httpx.post(
+            f"{reef.base_url}/chat/completions",
+            headers={"x-reef-scenario": "s"},
+            timeout=30,
+            json={"model": "m", "messages": MESSAGES},
+        )
+        receipt = answer.headers["x-reef-agent-record-id"]
+        ledger = Ledger({"s": first})
+        ledger.receipt(receipt, "s", "chat")
+        ledger.receipt("never-served", "s", "chat")
+        ledger.report("never-reported", receipt)
+        ledger.release("never-released", "s", 0.1)
+        result = check(
+            ledger.snapshot(),
+            lambda: SQLiteStore(reef.state_dir / "experience.db"),
+            [reef.url],
+            random.Random(0),
+        )
+    assert (result.receipts.acked, result.receipts.present, result.receipts.lost) == (
+        2,
+        1,
+        1,
+    )
+    assert (result.reports.lost, result.releases.lost) == (1, 1)
+    assert not result.ok
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--kills", "1,2"], ["--kills", "-1"], ["--loops", "three"], ["--gap", "2:1"]],
+)
+def test_options_that_make_no_sense_are_refused(argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        kill_loops.parse_args(argv)
