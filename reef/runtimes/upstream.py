@@ -16,7 +16,11 @@ whole first. A relayed error keeps the provider's `Retry-After` (and OpenAI's
 `retry-after-ms`), so the client's SDK waits as the provider asked.
 
 The connection pool is aiohttp's (measured here: about 0.34 ms of CPU per request against
-1.9 ms for httpx's async client, which dominated Reef's added latency). `timeout` bounds each
+1.9 ms for httpx's async client, which dominated Reef's added latency), with no cap on its
+connections: each request in flight holds its own, so requests the provider holds (a stuck call,
+a long stream, a client reading slowly) never make another wait for a free one. A cap (it was
+256) queued every other request behind them without a bound; what bounds the connections is the
+requests Reef is serving, one each, and idle ones are reused or closed. `timeout` bounds each
 read, not the whole call: a stream may run longer than it, but no single wait for data
 (including the wait for the response head) may stall for longer.
 """
@@ -63,7 +67,7 @@ class UpstreamRuntime(Runtime):
 
     def __init__(self, base_url: str, *, api_key: str | None = None, model: str | None = None,
                  dialect: Literal["openai", "anthropic"] = "openai", pass_model_through: bool = False,
-                 timeout: float = 120.0, connect_timeout: float = 10.0, max_connections: int = 256,
+                 timeout: float = 120.0, connect_timeout: float = 10.0,
                  max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         if dialect not in ("openai", "anthropic"):
             raise InvalidInput(f"upstream dialect must be openai or anthropic, not {dialect!r}")
@@ -73,7 +77,6 @@ class UpstreamRuntime(Runtime):
         self.pass_model_through = pass_model_through
         self._api_key = api_key
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout)
-        self._max_connections = max_connections
         self._max_response_bytes = max_response_bytes
         self._client: aiohttp.ClientSession | None = None
         self._incarnation = uuid.uuid4().hex[:12]
@@ -91,7 +94,7 @@ class UpstreamRuntime(Runtime):
 
     async def start(self) -> None:
         if self._client is None:
-            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=self._max_connections)
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)  # no cap: see the module's docstring
             self._client = aiohttp.ClientSession(timeout=self._timeout, connector=connector, headers=self._headers,
                                                  auto_decompress=True)
 
