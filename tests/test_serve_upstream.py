@@ -155,7 +155,7 @@ def test_reports_refuse_unknown_receipts_and_non_finite_scores(reef: ReefServer,
     assert unknown.value.status == 404
     receipt = oai.chat.completions.with_raw_response.create(model="m", messages=USER).headers["x-reef-agent-record-id"]
     bad = httpx.post(f"{reef.url}/reef/report", content=b'{"references": ["%s"], "score": NaN}' % receipt.encode(),
-                     headers={"authorization": f"Bearer {TOKEN}"})
+                     headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
     assert bad.status_code == 400
     assert client.record(receipt)["reports"] == []
 

@@ -259,6 +259,21 @@ def test_a_non_finite_score_is_refused(score: float) -> None:
         report(["r1"], score=score)
 
 
+def test_a_receipt_named_many_times_is_stored_once_in_first_named_order(store: ExperienceStore) -> None:
+    for rid in ("a", "b"):
+        store.put_record(pending(rid))
+    named = ["a"] * 1000 + ["b", "a", "b"]
+    stored = store.put_report(report(named, rid="p1"))
+    assert stored.references == ("a", "b")
+    assert store.get_report("p1").references == ("a", "b")
+    [got] = store.reported_since(SCENARIO)
+    assert [r.id for r in got.records] == ["a", "b"] and got.report.references == ("a", "b")
+    assert same(store.put_report(report(named, rid="p1")), stored)  # the retry as sent is still identical
+    assert same(store.put_report(report(["a", "b"], rid="p1")), stored)
+    with pytest.raises(RecordConflict):
+        store.put_report(report(["b", "a"], rid="p1"))  # another order is another trajectory
+
+
 def test_reports_for_lists_the_reports_of_a_record(store: ExperienceStore) -> None:
     for rid in ("a", "b"):
         store.put_record(pending(rid))
@@ -389,6 +404,28 @@ def test_iter_records_pages_in_seq_order_with_reports_and_filters(store: Experie
     assert ids_of(release_id="rel-1", reported_only=True, statuses={RecordStatus.COMPLETE}) == ["z-done"]
     assert [item.record.id for item in store.iter_records(OTHER)] == ["far"]
     assert list(store.iter_records("nobody")) == []
+
+
+def test_iter_records_newest_first_walks_back_from_the_newest_with_the_same_filters(store: ExperienceStore) -> None:
+    other_release = ReleaseRef("rel-2", "content-2", "load-2")
+    for i in range(7):
+        store.put_record(replace(pending(f"r{i}"), release=other_release if i % 3 == 0 else RELEASE))
+    store.put_record(pending("far", scenario=OTHER))
+    store.put_report(report(["r5", "r2"], rid="p1"))
+
+    def ids_of(**filters: Any) -> list[str]:
+        return [item.record.id for item in store.iter_records(SCENARIO, newest_first=True, **filters)]
+
+    assert ids_of() == ["r6", "r5", "r4", "r3", "r2", "r1", "r0"]
+    assert ids_of(page_size=2) == ids_of(page_size=500)
+    assert ids_of(release_id="rel-2", page_size=2) == ["r6", "r3", "r0"]
+    assert ids_of(reported_only=True, page_size=1) == ["r5", "r2"]
+    first = next(store.iter_records(SCENARIO))
+    assert ids_of(after_seq=first.record.seq, page_size=3) == ["r6", "r5", "r4", "r3", "r2", "r1"]
+    newest = next(store.iter_records(SCENARIO, newest_first=True, page_size=1))
+    assert newest.record.id == "r6" and [r.id for r in newest.reports] == []
+    assert [r.id for r in next(iter(store.iter_records(SCENARIO, newest_first=True, reported_only=True))).reports] == ["p1"]
+    assert list(store.iter_records("nobody", newest_first=True)) == []
 
 
 def test_iter_records_holds_nothing_between_pages(store: ExperienceStore) -> None:

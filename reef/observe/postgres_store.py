@@ -249,11 +249,13 @@ class PostgresStore(ExperienceStore):
         reported_only: bool = False,
         after_seq: int = 0,
         page_size: int = 500,
+        newest_first: bool = False,
     ) -> Iterator[StoredRecord]:
         if page_size < 1:
             raise ValueError("page_size must be at least 1")
-        clauses: list[str] = ["scenario = %s", "seq > %s"]
-        params: list[Any] = []
+        # the page cursor bounds seq from the side the pages walk away from; index (scenario, seq) serves both
+        clauses: list[str] = ["scenario = %s", "seq < %s" if newest_first else "seq > %s", "seq > %s"]
+        params: list[Any] = [after_seq]
         if statuses is not None:
             clauses.append("status = ANY(%s)")
             params.append(sorted({RecordStatus(s).value for s in statuses}))
@@ -266,7 +268,7 @@ class PostgresStore(ExperienceStore):
         if reported_only:
             clauses.append("EXISTS (SELECT 1 FROM report_refs f WHERE f.record_id = records.id)")
         query = (f"SELECT body, seq, created_at, finished_at FROM records WHERE {' AND '.join(clauses)}"
-                 " ORDER BY seq LIMIT %s")
+                 f" ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT %s")
         Page = tuple[list[tuple[Record, float, float | None]], dict[str, list[Report]], int, int]
 
         def work(cur: Cursor, after: int) -> Page:
@@ -277,7 +279,7 @@ class PostgresStore(ExperienceStore):
             return page, _reports_naming(cur, [record.id for record, _, _ in page]), len(rows), (
                 int(rows[-1][1]) if rows else after)
 
-        cursor = after_seq
+        cursor = rules.NO_SEQ_ABOVE if newest_first else after_seq
         while True:  # one snapshot per page; no connection held between pages
             page, reports, fetched, cursor = self._run(lambda cur: work(cur, cursor), begin=_SNAPSHOT)
             for record, created, finished in page:
@@ -310,6 +312,7 @@ class PostgresStore(ExperienceStore):
     # -- reports -------------------------------------------------------------------------
 
     def put_report(self, report: Report) -> Report:
+        report = rules.with_distinct_references(report)
         lock_key = f"reef:{self.schema}:reports:{report.scenario}"
         stamped = replace(report, created_at=time.time())
         body = rules.report_body(stamped)  # serialised before the lock is taken

@@ -14,6 +14,8 @@ from reef.core.canonical import canonical_json, content_hash
 from reef.core.errors import InvalidInput, NotFound, RecordConflict
 from reef.core.types import Record, RecordStatus, Report, TokenSpan
 
+NO_SEQ_ABOVE = 2**63 - 1  # above every sequence number either backend hands out (a signed 64-bit integer)
+
 
 def record_content_hash(record: Record) -> str:
     return content_hash(record.content())
@@ -27,6 +29,14 @@ def record_body(record: Record) -> str:
 
 def report_identity_hash(report: Report) -> str:
     return content_hash(report.content())
+
+
+def with_distinct_references(report: Report) -> Report:
+    """The report naming each receipt once, in the order first named. A receipt named twice is
+    one step of the trajectory, not two samples: a learner would otherwise train on its copies.
+    Both backends store reports so, and read so any stored before this rule."""
+    distinct = tuple(dict.fromkeys(report.references))
+    return report if distinct == report.references else replace(report, references=distinct)
 
 
 def report_body(report: Report) -> str:
@@ -99,4 +109,4 @@ def record_from_row(body: str, seq: int) -> Record:
 def report_from_row(body: str, seq: int) -> Report:
     data: dict[str, Any] = json.loads(body)
     data["seq"] = seq
-    return Report.from_json(data)
+    return with_distinct_references(Report.from_json(data))

@@ -292,11 +292,13 @@ class SQLiteStore(ExperienceStore):
         reported_only: bool = False,
         after_seq: int = 0,
         page_size: int = 500,
+        newest_first: bool = False,
     ) -> Iterator[StoredRecord]:
         if page_size < 1:
             raise ValueError("page_size must be at least 1")
-        clauses: list[str] = ["scenario = ?", "seq > ?"]
-        params: list[Any] = []
+        # the page cursor bounds seq from the side the pages walk away from; index (scenario, seq) serves both
+        clauses: list[str] = ["scenario = ?", "seq < ?" if newest_first else "seq > ?", "seq > ?"]
+        params: list[Any] = [after_seq]
         if statuses is not None:
             values = sorted({RecordStatus(s).value for s in statuses})
             clauses.append(f"status IN ({','.join('?' * len(values))})" if values else "0")
@@ -310,8 +312,8 @@ class SQLiteStore(ExperienceStore):
         if reported_only:
             clauses.append("EXISTS (SELECT 1 FROM report_refs f WHERE f.record_id = records.id)")
         query = (f"SELECT body, seq, created_at, finished_at FROM records WHERE {' AND '.join(clauses)}"
-                 " ORDER BY seq LIMIT ?")
-        cursor = after_seq
+                 f" ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT ?")
+        cursor = rules.NO_SEQ_ABOVE if newest_first else after_seq
         while True:
             conn = self._reader()
             conn.execute("BEGIN")  # one snapshot for a page and its reports; none held between pages
@@ -359,6 +361,7 @@ class SQLiteStore(ExperienceStore):
         return await self._submit_async(self._report_write(report))
 
     def _report_write(self, report: Report) -> Write:
+        report = rules.with_distinct_references(report)
         stamped = replace(report, created_at=time.time())
         body = rules.report_body(stamped)  # serialised here, while the writer may be in fsync
 

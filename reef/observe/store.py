@@ -90,12 +90,15 @@ class ExperienceStore(ABC):
         reported_only: bool = False,
         after_seq: int = 0,
         page_size: int = 500,
+        newest_first: bool = False,
     ) -> Iterator[StoredRecord]:
-        """The live records of a scenario in sequence order, each with its reports, read a page
-        at a time (each page one snapshot), so memory stays flat however many there are.
-        Filters: the frozen release, statuses (None: any), stored at `since` <= t < `until`
-        (epoch seconds), only records some report names. A record committed while the
-        iteration runs may or may not be seen."""
+        """The live records of a scenario in sequence order (`newest_first`: the reverse), each
+        with its reports, read a page at a time (each page one snapshot) along the index on
+        (scenario, seq), so memory stays flat however many there are and the newest `n` cost
+        `n` rows read, not the whole scenario. Filters: the frozen release, statuses (None:
+        any), stored at `since` <= t < `until` (epoch seconds), only records some report names,
+        sequence above `after_seq`. A record committed while the iteration runs may or may not
+        be seen."""
 
     @abstractmethod
     def compact(self, scenario: str, record_ids: Sequence[str]) -> int:

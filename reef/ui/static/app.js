@@ -14,6 +14,9 @@
 
   let renderSeq = 0; // drops a slow render once a newer one started
   let pollTimer = null;
+  let polling = false;
+  let refreshing = null; // the refresh under way: never two at once, so a slow server never gets a pile of polls
+  let refreshAgain = false; // asked for while one was under way: runs once it ends
   let lastGood = null;
 
   // -- tiny DOM helpers ------------------------------------------------------------------
@@ -157,8 +160,14 @@
 
   // -- routing and polling ---------------------------------------------------------------
 
+  // A part of the link that is not a valid %-escape (`%E0%A4%A`) stays as written: the server
+  // then says what is wrong with it, and the page goes on (decodeURIComponent would throw).
+  function decodePart(part) {
+    try { return decodeURIComponent(part); } catch { return part; }
+  }
+
   function route() {
-    const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodeURIComponent);
+    const parts = location.hash.replace(/^#\/?/, "").split("/").filter(Boolean).map(decodePart);
     if (parts[0] === "s" && parts[1]) {
       const scenario = parts[1];
       if (parts[2] === "record" && parts[3]) return { view: "record", scenario, id: parts[3] };
@@ -172,20 +181,48 @@
     $("login").hidden = true;
     $("main").hidden = false;
     $("live").hidden = false;
+    polling = true;
     refresh();
-    stopPolling();
-    pollTimer = setInterval(() => { if (!document.hidden && !$("confirm").open) refresh(); }, POLL_MS);
   }
 
   function stopPolling() {
-    if (pollTimer) clearInterval(pollTimer);
+    polling = false;
+    clearTimeout(pollTimer);
     pollTimer = null;
   }
 
-  async function refresh() {
+  // The next poll is set POLL_MS after the last refresh ended, never on a fixed beat: a server
+  // slower than POLL_MS gets one request at a time from this page, not a growing pile.
+  function schedulePoll() {
+    clearTimeout(pollTimer);
+    pollTimer = !polling ? null : setTimeout(() => {
+      if (document.hidden || $("confirm").open) schedulePoll();
+      else refresh();
+    }, POLL_MS);
+  }
+
+  function refresh() {
+    if (refreshing) {
+      refreshAgain = true;
+      return refreshing;
+    }
+    clearTimeout(pollTimer);
+    refreshing = render().finally(() => {
+      refreshing = null;
+      if (refreshAgain) {
+        refreshAgain = false;
+        refresh();
+      } else {
+        schedulePoll();
+      }
+    });
+    return refreshing;
+  }
+
+  async function render() {
     const seq = ++renderSeq;
-    const where = route();
     try {
+      const where = route();
       const view = await VIEWS[where.view](where);
       if (seq !== renderSeq) return; // a newer render started meanwhile
       const main = $("main");
