@@ -12,6 +12,13 @@ while the reader holds the `flock`, and every writer holds it from its write to 
 tail seen there is always a dead writer's, never a live one's half-written line: several
 processes can open and repair one state directory at once, and the first to look repairs it.
 
+Descriptors: a log holds its file open only while it is locked (each read or append, or a
+transaction), and closes it when the lock is released, so an idle scenario holds no descriptor
+and a server with thousands of scenarios does not run out (before, each held one for life: past
+~1,000 scenarios every route failed). Each lock opens the file again and reads only what was
+appended since the last look (the parsed steps and their byte offset stay in memory), so the
+`flock`, the torn-line cut and the compare-and-swap of an append are exactly as before.
+
 `CommitLog` and `CommitLogs` are the interface the release chain and the state directory use;
 `JsonlCommitLog` / `JsonlCommitLogs` (here: one file per scenario in `<state>/commits/`, the
 single-node default) and `PgCommitLog` / `PgCommitLogs` (`reef/commit/pg_commit_log.py`: one
@@ -167,18 +174,17 @@ class JsonlCommitLog:
         self._depth = 0  # re-entry count of _locked in the owning thread
         self._entries: list[CommitEntry] = []
         self._offset = 0  # bytes of the file already parsed into _entries
+        self._fd = -1  # open only while locked
+        self._closed = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         created = not self.path.exists()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        if created:
-            _fsync_dir(self.path.parent)
         with self._locked():
             pass
+        if created:
+            _fsync_dir(self.path.parent)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._closed = True  # a lock held now still ends normally, closing the file
 
     # -- reading -------------------------------------------------------------------------
 
@@ -257,19 +263,29 @@ class JsonlCommitLog:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
+        """Hold the log: open its file, `flock` it, read what other processes appended; on the
+        way out close the file (which releases the `flock`)."""
         with self._lock:
-            if self._fd < 0:
+            if self._closed:
                 raise StorageUnavailable(f"{self.path}: commit log is closed")
             self._depth += 1
             try:
                 if self._depth == 1:
+                    self._fd = self._open()
                     fcntl.flock(self._fd, fcntl.LOCK_EX)
                     self._read_new_lines()
                 yield
             finally:
                 self._depth -= 1
-                if self._depth == 0:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                if self._depth == 0 and self._fd >= 0:
+                    os.close(self._fd)
+                    self._fd = -1
+
+    def _open(self) -> int:
+        try:  # O_CREAT: a file removed under a log with steps reads as shrunk (Corruption), not as absent
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:  # EMFILE, EACCES, EIO: this log cannot be read now
+            raise StorageUnavailable(f"{self.path}: cannot open the commit log: {exc}") from exc
 
     def _read_new_lines(self) -> None:
         size = os.fstat(self._fd).st_size

@@ -109,6 +109,14 @@ class ReefState:
         with self._lock:
             return sorted(self._chains)
 
+    def scenario_count(self) -> int:
+        """How many scenarios the state holds: on a shared log, those other processes or front
+        ends created and this one has not followed yet too."""
+        known = len(self.scenarios())
+        if getattr(self.commit_logs, "shared", False):
+            return max(known, len(self.commit_logs.heads()))  # type: ignore[attr-defined]
+        return known
+
     def chain(self, scenario: str) -> ReleaseChain:
         """The scenario's chain. On a shared log, one that another process or front end created
         and this one has not followed yet is found in the log (a rollback sent to one worker

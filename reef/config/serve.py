@@ -65,6 +65,8 @@ class RequestLimits(Strict):
     max_tag_bytes: int = Field(1024, ge=1, description="One x-reef-tag-* value; past it, 400")
     max_json_depth: int = Field(64, ge=8, description="Nesting of arrays and objects in a body; past it, 400")
     max_report_references: int = Field(1000, ge=1, description="Receipts one report may name; past it, 400")
+    max_scenarios: int = Field(1000, ge=1, description="Scenarios the state may hold; creating one more "
+                                                       "answers 403 and creates nothing")
     stream_send_timeout: float = Field(30.0, gt=0,
                                        description="Seconds a streaming client may read nothing before its stream is dropped")
 

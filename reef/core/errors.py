@@ -10,6 +10,7 @@
     ├── Corruption          durable state is damaged; names the file and line
     ├── StorageUnavailable  the store cannot take writes now (disk full, closed)  (HTTP 503)
     ├── PayloadTooLarge     a request body over the configured limit              (HTTP 413)
+    ├── Forbidden           refused by the server's settings (a limit reached)    (HTTP 403)
     ├── Unauthorized        no token or a wrong one                               (HTTP 401)
     └── RuntimeFailure      the model runtime or upstream provider failed        (HTTP 502, or
                             the provider's own 4xx status, relayed)
@@ -75,6 +76,13 @@ class StorageUnavailable(ReefError):
 
 class PayloadTooLarge(ReefError):
     kind = "request_too_large"
+
+
+class Forbidden(ReefError):
+    """Well-formed, but the server's settings refuse it (e.g. `limits.max_scenarios` reached);
+    a retry gets the same answer until the setting changes."""
+
+    kind = "permission_error"
 
 
 class Unauthorized(ReefError):

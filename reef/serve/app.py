@@ -27,7 +27,6 @@ from reef.runtimes.base import Runtime
 from reef.serve import routes_harness, routes_install, routes_reef, routes_v1
 from reef.serve.auth import TokenAuth
 from reef.serve.body_limit import BodyLimit
-from reef.serve.cross_site import JsonBodies, LoopbackOnly, own_hosts
 from reef.serve.hot_routes import HOT, HotRoutes
 from reef.serve.http_errors import error_response, reef_error_handler
 from reef.serve.inference import InferenceService
@@ -68,7 +67,7 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     state = ReefState.open(config.state_dir, store=open_store(config), artifacts_remote=config.artifacts.remote,
                            shared=config.shared_state_dir)
     metrics = Metrics()
-    scenarios = ScenarioDirectory(state, runtime, config.recipes, config.harness)
+    scenarios = ScenarioDirectory(state, runtime, config.recipes, config.harness, config.limits.max_scenarios)
     front_end = f"{socket.gethostname()}:{config.port} pid {os.getpid()}"  # how other front ends name this one
     learning = Learning(config.learner, state, runtime, scenarios, _leases(state, front_end), front_end)
     # a commit log others append to (PostgreSQL, a shared state directory): serve whatever head they publish
@@ -119,11 +118,8 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
 
     app.add_middleware(HotRoutes, service=reef.inference)  # innermost: after the guards below
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, max_header_bytes=config.limits.max_header_bytes)
-    app.add_middleware(JsonBodies)  # inside the token check: a request without the token still gets 401
     app.add_middleware(TokenAuth, tokens=config.tokens)
     app.add_middleware(Dashboard)  # outside the token check: /ui's static files hold no data
-    if not config.tokens:  # a browser never adds a token: without one, refuse what another site could send
-        app.add_middleware(LoopbackOnly, own_hosts=own_hosts(config), check_host=not config.insecure)
     app.add_middleware(RequestLog, hot=HOT)  # outermost: a request refused by any guard gets its line too
     return app
 

@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse
 from reef.core.errors import (
     Conflict,
     Corruption,
+    Forbidden,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
@@ -25,6 +26,7 @@ from reef.serve import anthropic_wire, openai_wire
 _STATUS: list[tuple[type[ReefError], int]] = [
     (InvalidInput, 400),
     (Unauthorized, 401),
+    (Forbidden, 403),
     (NotFound, 404),
     (Conflict, 409),
     (PayloadTooLarge, 413),
@@ -32,12 +34,12 @@ _STATUS: list[tuple[type[ReefError], int]] = [
     (Corruption, 500),
 ]
 
-_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                 409: "conflict_error", 413: "invalid_request_error", 431: "invalid_request_error",
-                 502: "upstream_error", 503: "service_unavailable"}
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                    409: "invalid_request_error", 413: "request_too_large", 431: "invalid_request_error",
-                    502: "api_error", 503: "overloaded_error"}
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                 404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
+                 431: "invalid_request_error", 502: "upstream_error", 503: "service_unavailable"}
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
+                    431: "invalid_request_error", 502: "api_error", 503: "overloaded_error"}
 
 
 def status_of(exc: ReefError) -> int:

@@ -2,9 +2,10 @@
 
 `ScenarioDirectory.admit(name, recipe, release_id)` is what a request calls first: it creates
 the scenario on first use (bound for life to the recipe the config names for it, or refuses a
-contradicting `x-reef-recipe` / `x-reef-release-id` with 409 before anything is created), makes
-sure its serving release is loaded in the runtime, and returns the release the request is
-frozen to, pinned so that a swap never unloads it while the request runs.
+contradicting `x-reef-recipe` / `x-reef-release-id` with 409 before anything is created; past
+`limits.max_scenarios` scenarios, refuses with 403 and keeps nothing of the name), makes sure its
+serving release is loaded in the runtime, and returns the release the request is frozen to,
+pinned so that a swap never unloads it while the request runs.
 
 `HeadFollower` keeps a front end on the head of a commit log it shares with others (PostgreSQL,
 or the JSONL logs of a state directory several processes serve): woken by the log's watch (a
@@ -29,7 +30,7 @@ from reef.commit.release_chain import ReleaseChain
 from reef.commit.state import ReefState
 from reef.config import HarnessConfig, RecipeConfig
 from reef.core.canonical import check_scenario_name, content_id_of
-from reef.core.errors import Conflict, NotFound, ReefError
+from reef.core.errors import Conflict, Forbidden, NotFound, ReefError
 from reef.core.types import Release, ReleaseRef
 from reef.runtimes.base import Runtime
 from reef.surfaces.inject import HarnessInjector
@@ -37,14 +38,17 @@ from reef.surfaces.seed import HarnessSeeds
 
 log = logging.getLogger("reef.follow")
 FOLLOW_INTERVAL_S = 1.0  # a follower reads the heads this often even without a notification
+DEFAULT_MAX_SCENARIOS = 1000  # limits.max_scenarios
 
 
 class ScenarioDirectory:
     def __init__(self, state: ReefState, runtime: Runtime, recipes: RecipeConfig,
-                 harness: HarnessConfig | None = None) -> None:
+                 harness: HarnessConfig | None = None, max_scenarios: int = DEFAULT_MAX_SCENARIOS) -> None:
         self.state = state
         self.runtime = runtime
         self.recipes = recipes
+        self.max_scenarios = max_scenarios
+        self._creating = asyncio.Lock()  # creations one at a time: two cannot both take the last place
         harness = harness or HarnessConfig()
         self.harness = HarnessInjector(harness, state.artifacts)
         self.seeds = HarnessSeeds(harness)
@@ -99,13 +103,17 @@ class ScenarioDirectory:
         bound_recipe = self.recipes.for_scenario(name)
         if recipe is not None and recipe != bound_recipe:
             raise Conflict(f"scenario {name!r} binds recipe {bound_recipe!r} (from the config); x-reef-recipe says {recipe!r}")
+        if not self._known(name):
+            await self._check_room(name)  # before anything of the name is kept (its lock, below)
         async with self._lock(name):
             try:
                 chain = self.state.chain(name)
                 created = False
             except NotFound:
-                seed = self.seeds.candidate_for(name) if release_id is None else None
-                chain = await asyncio.to_thread(self.state.create, name, bound_recipe, release_id, seed)
+                async with self._creating:
+                    await self._check_room(name)
+                    seed = self.seeds.candidate_for(name) if release_id is None else None
+                    chain = await asyncio.to_thread(self.state.create, name, bound_recipe, release_id, seed)
                 created = True
             _check_request_binding(name, chain.binding, recipe, release_id)
             await self._load_serving(chain)
@@ -113,6 +121,21 @@ class ScenarioDirectory:
             for hook in self.on_created:
                 await hook(name)
         return chain
+
+    def _known(self, name: str) -> bool:
+        try:
+            self.state.chain(name)
+        except NotFound:
+            return False
+        return True
+
+    async def _check_room(self, name: str) -> None:
+        """`Forbidden` (403) when the state already holds `max_scenarios` scenarios."""
+        count = await asyncio.to_thread(self.state.scenario_count)
+        if count >= self.max_scenarios:
+            raise Forbidden(f"scenario {name!r} was not created: this server already holds {count} scenarios, "
+                            f"its limit (limits.max_scenarios: {self.max_scenarios}); use an existing scenario "
+                            "or raise the limit")
 
     # -- swaps -------------------------------------------------------------------------------
 
