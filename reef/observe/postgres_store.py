@@ -11,6 +11,7 @@ become visible in sequence order and a learner's cursor never skips a report com
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -26,13 +27,14 @@ from psycopg.pq import TransactionStatus
 from reef.core.errors import InvalidInput, NotFound, RecordConflict, StorageUnavailable
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
 from reef.observe import rules
+from reef.observe.instances import PgInstances, interrupted
 from reef.observe.store import ExperienceStore, StoredRecord
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
 Connection = psycopg.Connection[Any]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Runs with search_path set to the store's schema, so the names below live there.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -69,6 +71,12 @@ CREATE TABLE IF NOT EXISTS report_refs (
 );
 CREATE INDEX IF NOT EXISTS report_refs_by_record ON report_refs (record_id);
 """
+# Version 2: each record `in_progress` names the store instance that may finish it (instances.py).
+TRACK_OWNERS = """
+ALTER TABLE records ADD COLUMN IF NOT EXISTS owner TEXT;
+CREATE INDEX IF NOT EXISTS records_in_progress ON records (owner) WHERE status = 'in_progress';
+"""
+log = logging.getLogger("reef.store")
 
 _ATTEMPTS = 3  # a dead pooled connection, a deadlock or a lost insert race is retried
 _SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -141,6 +149,12 @@ class PostgresStore(ExperienceStore):
         self._where = _describe(dsn, schema)
         self._pool = ConnectionPool(self._connect, pool_size)
         self._run(self._migrate)
+        try:
+            self.instances = PgInstances(self._connect, schema)
+        except psycopg.Error as exc:
+            self._pool.close()
+            raise StorageUnavailable(f"{self._where}: {type(exc).__name__}: {exc}") from exc
+        self._close_interrupted()
 
     # -- connections ---------------------------------------------------------------------
 
@@ -165,6 +179,9 @@ class PostgresStore(ExperienceStore):
         cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
         cur.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
         cur.execute(SCHEMA)
+        if version < 2:
+            cur.execute(TRACK_OWNERS)
+            _mark_interrupted(cur, None)  # left by a Reef before version 2: the processes this upgrade replaces
         cur.execute(
             "INSERT INTO meta (key, value) VALUES ('schema_version', %s)"
             " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
@@ -172,7 +189,27 @@ class PostgresStore(ExperienceStore):
         )
 
     def close(self) -> None:
+        if self._pool.closed:
+            return
+        self.instances.close()
         self._pool.close()
+
+    def _close_interrupted(self) -> None:
+        """Mark `incomplete` the records that store instances now gone left `in_progress`
+        (instances.py); a failure leaves them for the next open."""
+
+        def work(cur: Cursor) -> int:
+            owners = [row[0] for row in cur.execute(
+                "SELECT DISTINCT owner FROM records WHERE status = 'in_progress' AND owner IS NOT NULL")]
+            return _mark_interrupted(cur, [owner for owner in owners if not self.instances.alive(owner, cur)])
+
+        try:
+            marked = self._run(work)
+        except StorageUnavailable as exc:
+            log.warning("%s: records left in progress by a stopped server could not be closed now: %s", self._where, exc)
+            return
+        if marked:
+            log.warning("%s: %d record(s) left in progress by a stopped server marked incomplete", self._where, marked)
 
     def _run(self, work: Callable[[Cursor], T], begin: str | None = "BEGIN") -> T:
         """Run `work` in one transaction (`begin=None`: one autocommitted statement) and commit."""
@@ -194,11 +231,34 @@ class PostgresStore(ExperienceStore):
                     if tomb[0] != rules.record_content_hash(record):
                         raise RecordConflict(f"record {record.id} already existed with other content (compacted)")
                     return record
-                seq = _insert_record(cur, record, body)
+                seq = _insert_record(cur, record, body, self._owner(record))
                 if seq is not None:
                     return replace(record, seq=seq)
                 # another front end inserted this id since we looked: decide against its row
             raise StorageUnavailable(f"{self._where}: record {record.id} kept changing under the write")
+
+        return self._run(work)
+
+    def _owner(self, record: Record) -> str | None:
+        """A record `in_progress` is this instance's to finish."""
+        return self.instances.id if record.status is RecordStatus.IN_PROGRESS else None
+
+    def replace_incomplete(self, record: Record) -> Record:
+        body = rules.record_body(record)
+
+        def work(cur: Cursor) -> Record:
+            stored = _load_record(cur, record.id, lock=True)
+            if stored is None:
+                raise NotFound(f"unknown record {record.id}")
+            reported = cur.execute("SELECT 1 FROM report_refs WHERE record_id = %s LIMIT 1", (record.id,)).fetchone()
+            rules.check_replaceable(stored, record, reported=reported is not None)
+            now = time.time()
+            cur.execute(
+                "UPDATE records SET status = %s, body = %s, created_at = %s, finished_at = %s, owner = %s WHERE id = %s",
+                (record.status.value, body, now, None if record.status is RecordStatus.IN_PROGRESS else now,
+                 self._owner(record), record.id),
+            )
+            return replace(record, seq=stored.seq)
 
         return self._run(work)
 
@@ -430,16 +490,32 @@ def _load_record(cur: Cursor, record_id: str, *, lock: bool = False) -> Record |
     return rules.record_from_row(*row) if row else None
 
 
-def _insert_record(cur: Cursor, record: Record, body: str) -> int | None:
+def _insert_record(cur: Cursor, record: Record, body: str, owner: str | None) -> int | None:
     """The new row's seq, or None if a concurrent writer inserted the id first."""
     now = time.time()
     finished_at = now if record.status is not RecordStatus.IN_PROGRESS else None
     row = cur.execute(
-        "INSERT INTO records (id, scenario, session, status, body, created_at, finished_at)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING seq",
-        (record.id, record.scenario, record.session, record.status.value, body, now, finished_at),
+        "INSERT INTO records (id, scenario, session, status, body, created_at, finished_at, owner)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING seq",
+        (record.id, record.scenario, record.session, record.status.value, body, now, finished_at, owner),
     ).fetchone()
     return int(row[0]) if row else None
+
+
+def _mark_interrupted(cur: Cursor, owners: Sequence[str] | None) -> int:
+    """Mark `incomplete` the records `in_progress` of `owners` (None: of no owner); how many."""
+    if owners is None:
+        rows = cur.execute("SELECT body, seq FROM records WHERE status = 'in_progress' AND owner IS NULL"
+                           " ORDER BY id FOR UPDATE").fetchall()
+    elif owners:
+        rows = cur.execute("SELECT body, seq FROM records WHERE status = 'in_progress' AND owner = ANY(%s)"
+                           " ORDER BY id FOR UPDATE", (list(owners),)).fetchall()
+    else:
+        return 0
+    for body, seq in rows:
+        stored = rules.record_from_row(body, int(seq))
+        _finish(cur, stored, interrupted(stored))
+    return len(rows)
 
 
 def _finish(cur: Cursor, stored: Record, done: Record) -> Record:

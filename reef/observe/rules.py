@@ -87,6 +87,20 @@ def finished(
     return candidate
 
 
+def check_replaceable(stored: Record, new: Record, *, reported: bool) -> None:
+    """Whether `new`, a new attempt under the id of `stored`, may replace it: only an `incomplete`
+    record (its attempt failed: nothing was answered) of the same scenario, session and tags that
+    no report names. The caller checked that `new` asks the same as `stored` did."""
+    if (stored.scenario, stored.session, stored.tags) != (new.scenario, new.session, new.tags):
+        raise RecordConflict(f"record {new.id} already exists with other content")
+    if stored.status is RecordStatus.IN_PROGRESS:
+        raise RecordConflict(f"record {new.id} is still being answered (in_progress)")
+    if stored.status is RecordStatus.COMPLETE:
+        raise RecordConflict(f"record {new.id} is already complete; records are never overwritten")
+    if reported:
+        raise RecordConflict(f"record {new.id} is incomplete and a report names it, so it is kept as it is")
+
+
 def check_report_retry(stored: Report, new: Report) -> Report:
     if canonical_json(stored.content()) != canonical_json(new.content()):
         raise RecordConflict(f"report {new.id} already exists with other content")

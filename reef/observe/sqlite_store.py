@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import sqlite3
 import threading
@@ -26,15 +27,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, Sequence, TypeVar
 
-from reef.core.errors import NotFound, RecordConflict, StorageUnavailable
+from reef.core.errors import NotFound, RecordConflict, ReefError, StorageUnavailable
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
 from reef.observe import rules
+from reef.observe.instances import FileInstances, interrupted
 from reef.observe.store import ExperienceStore, StoredRecord
 
 T = TypeVar("T")
 Write = Callable[[sqlite3.Connection], Any]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 30.0  # a write waits this long for another process's transaction (SQLITE_BUSY)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -75,6 +77,12 @@ CREATE TRIGGER IF NOT EXISTS records_not_resurrected BEFORE INSERT ON records
 WHEN EXISTS (SELECT 1 FROM tombstones WHERE id = NEW.id)
 BEGIN SELECT RAISE(IGNORE); END;
 """
+# Version 2: each record `in_progress` names the store instance that may finish it (instances.py).
+TRACK_OWNERS = """
+ALTER TABLE records ADD COLUMN owner TEXT;
+CREATE INDEX IF NOT EXISTS records_in_progress ON records (owner) WHERE status = 'in_progress';
+"""
+log = logging.getLogger("reef.store")
 
 _STOP = object()
 
@@ -92,8 +100,10 @@ class SQLiteStore(ExperienceStore):
         self._writer_failure: BaseException | None = None
         self._writer_conn = self._connect()
         self._migrate(self._writer_conn)
+        self.instances = FileInstances(self.path)
         self._writer = threading.Thread(target=self._write_loop, name="reef-sqlite-writer", daemon=True)
         self._writer.start()
+        self._close_interrupted()
 
     # -- connections ---------------------------------------------------------------------
 
@@ -111,10 +121,29 @@ class SQLiteStore(ExperienceStore):
         if version == SCHEMA_VERSION:
             return  # opening a current store writes nothing, so it opens on a full disk too
         try:
-            conn.executescript(SCHEMA)
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            conn.execute("BEGIN IMMEDIATE")  # one migrator at a time (workers open one new store at once)
+            try:
+                _upgrade(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
         except sqlite3.Error as exc:
             raise StorageUnavailable(f"{self.path}: cannot create the store's tables: {exc}") from exc
+
+    def _close_interrupted(self) -> None:
+        """Mark `incomplete` the records that store instances now gone left `in_progress`
+        (instances.py); a failure (a full disk) leaves them for the next open."""
+        try:
+            owners = [row[0] for row in self._reader().execute(
+                "SELECT DISTINCT owner FROM records WHERE status = 'in_progress'")]
+            gone = [owner for owner in owners if not self.instances.alive(owner)]
+            if gone:
+                marked = self._submit(lambda conn: _mark_interrupted(conn, gone))
+                log.warning("%s: %d record(s) left in progress by a stopped server marked incomplete", self.path, marked)
+            self.instances.sweep()
+        except (ReefError, sqlite3.Error, OSError) as exc:
+            log.warning("%s: records left in progress by a stopped server could not be closed now: %s", self.path, exc)
 
     def _reader(self) -> sqlite3.Connection:
         if self._closed:
@@ -135,6 +164,7 @@ class SQLiteStore(ExperienceStore):
         self._queue.put(_STOP)
         self._writer.join()
         self._writer_conn.close()
+        self.instances.close()
         with self._readers_lock:
             for conn in self._readers:
                 conn.close()
@@ -221,13 +251,14 @@ class SQLiteStore(ExperienceStore):
 
     def _put_record_write(self, record: Record) -> Write:
         body = rules.record_body(record)  # serialised here, while the writer may be in fsync
-        finished_at = None if record.status is RecordStatus.IN_PROGRESS else time.time()
+        finished_at, owner = self._lifecycle(record)
 
         def write(conn: sqlite3.Connection) -> Record:
             cur = conn.execute(
-                "INSERT INTO records (id, scenario, session, status, body, created_at, finished_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-                (record.id, record.scenario, record.session, record.status.value, body, time.time(), finished_at),
+                "INSERT INTO records (id, scenario, session, status, body, created_at, finished_at, owner)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+                (record.id, record.scenario, record.session, record.status.value, body, time.time(), finished_at,
+                 owner),
             )
             if cur.rowcount == 1:
                 return replace(record, seq=cur.lastrowid)
@@ -241,6 +272,30 @@ class SQLiteStore(ExperienceStore):
             return _finish(conn, stored, resolved) if must_finish else resolved
 
         return write
+
+    def _lifecycle(self, record: Record) -> tuple[float | None, str | None]:
+        """A new row's `finished_at` and `owner`: a record `in_progress` is this instance's to finish."""
+        if record.status is RecordStatus.IN_PROGRESS:
+            return None, self.instances.id
+        return time.time(), None
+
+    def replace_incomplete(self, record: Record) -> Record:
+        body = rules.record_body(record)
+        finished_at, owner = self._lifecycle(record)
+
+        def write(conn: sqlite3.Connection) -> Record:
+            stored = _load_record(conn, record.id)
+            if stored is None:
+                raise NotFound(f"unknown record {record.id}")
+            reported = conn.execute("SELECT 1 FROM report_refs WHERE record_id = ? LIMIT 1", (record.id,)).fetchone()
+            rules.check_replaceable(stored, record, reported=reported is not None)
+            conn.execute(
+                "UPDATE records SET status = ?, body = ?, created_at = ?, finished_at = ?, owner = ? WHERE id = ?",
+                (record.status.value, body, time.time(), finished_at, owner, record.id),
+            )
+            return replace(record, seq=stored.seq)
+
+        return self._submit(write, single_statement=True)
 
     def finish_record(self, record_id: str, status: RecordStatus, **outcome: Any) -> Record:
         return self._submit(self._finish_write(record_id, status, **outcome), single_statement=True)
@@ -476,6 +531,42 @@ def _answer(future: Future[Any], ok: bool, value: Any) -> None:
 def _load_record(conn: sqlite3.Connection, record_id: str) -> Record | None:
     row = conn.execute("SELECT body, seq FROM records WHERE id = ?", (record_id,)).fetchone()
     return rules.record_from_row(*row) if row else None
+
+
+def _upgrade(conn: sqlite3.Connection) -> None:
+    """Bring the schema to `SCHEMA_VERSION`, inside the caller's transaction. The records a Reef
+    before version 2 left `in_progress` name no instance: their writers are the processes this
+    upgrade replaces, so they are marked `incomplete` with it."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]  # again, under the write lock
+    if version < 1:
+        for statement in _statements(SCHEMA):
+            conn.execute(statement)
+    if version < 2:
+        for statement in _statements(TRACK_OWNERS):
+            conn.execute(statement)
+        _mark_interrupted(conn, None)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The statements of a script one by one (`executescript` would commit the transaction)."""
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending
+            pending = ""
+
+
+def _mark_interrupted(conn: sqlite3.Connection, owners: Sequence[str] | None) -> int:
+    """Mark `incomplete` the records `in_progress` of `owners` (None: of no owner); how many."""
+    query = "SELECT body, seq FROM records WHERE status = 'in_progress' AND owner IS ?"  # IS: NULL matches NULL
+    rows = [row for owner in (owners if owners is not None else [None])
+            for row in conn.execute(query, (owner,)).fetchall()]
+    for body, seq in rows:
+        stored = rules.record_from_row(body, seq)
+        _finish(conn, stored, interrupted(stored))
+    return len(rows)
 
 
 def _finish(conn: sqlite3.Connection, stored: Record, done: Record) -> Record:

@@ -7,7 +7,11 @@ Two implementations: `SQLiteStore` (the default, one file in the state directory
   session, tags and, when given, outcome) is idempotent and returns the stored record; other
   content under the same id raises `RecordConflict`.
 - A record moves once from `in_progress` to `complete` or `incomplete` (`finish_record`), and
-  is never overwritten after that; finishing it again identically is idempotent.
+  is never overwritten after that; finishing it again identically is idempotent. The one
+  exception: a new attempt at the same request may replace an `incomplete` record that no
+  report names (`replace_incomplete`: a client's retry under its own receipt).
+- A record `in_progress` belongs to the open store that wrote it; once that store's process is
+  gone, the next store opened on the same data marks it `incomplete` (instances.py).
 - A report must reference records of its own scenario; the error names every missing one.
 - Records are deleted only by `compact`, which keeps a tombstone (id and content hash) so a
   late retry still deduplicates; the commit layer logs every compaction.
@@ -53,6 +57,14 @@ class ExperienceStore(ABC):
         timings: dict[str, float] | None = None,
     ) -> Record:
         """Move an `in_progress` record to `complete` or `incomplete`."""
+
+    @abstractmethod
+    def replace_incomplete(self, record: Record) -> Record:
+        """Store `record`, a new attempt at the same request (the caller checked), in place of the
+        `incomplete` record of its id: same seq, the new attempt's status, content and outcome
+        (a record `in_progress` again is this store's to finish). `RecordConflict` naming the
+        state if that record is not `incomplete`, or a report names it, or its scenario, session
+        or tags differ; `NotFound` if there is none."""
 
     @abstractmethod
     def get_record(self, record_id: str) -> Record:
@@ -128,6 +140,9 @@ class ExperienceStore(ABC):
 
     async def aput_report(self, report: Report) -> Report:
         return await asyncio.to_thread(self.put_report, report)
+
+    async def areplace_incomplete(self, record: Record) -> Record:
+        return await asyncio.to_thread(self.replace_incomplete, record)
 
     def __enter__(self) -> ExperienceStore:
         return self

@@ -144,10 +144,12 @@ class InferenceService:
             check_depth(tool.parameters, self.limits.max_json_depth, f"the schema of tool {tool.name!r}")
         check_depth(request.tool_choice, self.limits.max_json_depth, "tool_choice")
         admission = Admission.from_headers(headers, self.limits)
+        retrying = False  # a retry of a failed attempt under the client's receipt: it replaces that record
         if admission.record_id is not None:
-            replay = await self._replay(call, request, admission)
-            if replay is not None:
-                return replay
+            prior = await self._prior_attempt(call, request, admission)
+            if isinstance(prior, Response):
+                return prior
+            retrying = prior
         record_id = admission.record_id or new_id()
         admit = self.scenarios.admit(admission.scenario, admission.recipe, admission.release_id)
         release = await admit.__aenter__()
@@ -161,18 +163,19 @@ class InferenceService:
             call.span.admitted(request, admission.scenario, record_id, release, admission.session)
         if request.stream:
             try:
-                return await self._stream(call, body, request, record, release, admit)
+                return await self._stream(call, body, request, record, release, admit, retrying)
             except BaseException:  # once streaming starts, the stream itself releases the pin
                 await admit.__aexit__(None, None, None)
                 raise
         try:
-            return await self._plain(call, request, record, release)
+            return await self._plain(call, request, record, release, retrying)
         finally:
             await admit.__aexit__(None, None, None)
 
     # -- plain responses ---------------------------------------------------------------------
 
-    async def _plain(self, call: _Call, request: ChatRequest, record: Record, release: ReleaseRef) -> Response:
+    async def _plain(self, call: _Call, request: ChatRequest, record: Record, release: ReleaseRef,
+                     retrying: bool) -> Response:
         started = time.monotonic()
         result = ChatResult()
         self.metrics.in_flight.inc()
@@ -180,26 +183,26 @@ class InferenceService:
             async for delta in self.runtime.generate(request, release):
                 result.add(delta)
         except RuntimeFailure as exc:  # the model could not answer, or refused (a context overflow): reportable
-            await self._save(_finished(record, result, release, self.runtime, started, error=str(exc)))
+            await self._save(_finished(record, result, release, self.runtime, started, error=str(exc)), retrying)
             self._count(call, record, exc.status, started, result, error=exc.error_type)
             raise exc.with_headers(_receipt(record, release))
         finally:
             self.metrics.in_flight.dec()
         done = _finished(record, result, release, self.runtime, started)
-        await self._save(done)
+        await self._save(done, retrying)
         self._count(call, done, 200, started, result)
         return JSONResponse(_body(call.dialect, result, done, request.model), headers=_receipt(record, release))
 
     # -- streams -----------------------------------------------------------------------------
 
     async def _stream(self, call: _Call, body: Any, request: ChatRequest, record: Record,
-                      release: ReleaseRef, admit: Any) -> Response:
+                      release: ReleaseRef, admit: Any, retrying: bool) -> Response:
         dialect = call.dialect
         started = time.monotonic()
         deltas = self.runtime.generate(request, release)
         # The runtime starts on the first delta while the in_progress record reaches the disk:
         # the fsync hides behind the time to first token, and no byte goes out before both.
-        durable = asyncio.ensure_future(self.store.aput_record(record))
+        durable = asyncio.ensure_future(self._write(record, retrying))
         counted = asyncio.ensure_future(self._input_tokens(request) if dialect.counts_input_tokens else _zero())
         try:
             first: Delta | RuntimeFailure | None = await _first_delta(deltas)
@@ -289,22 +292,29 @@ class InferenceService:
 
     # -- retries with a client-chosen receipt ----------------------------------------------
 
-    async def _replay(self, call: _Call, request: ChatRequest, admission: Admission) -> Response | None:
-        """A retry of a finished record answers what was recorded; other content is a 409."""
+    async def _prior_attempt(self, call: _Call, request: ChatRequest, admission: Admission) -> Response | bool:
+        """What a client-chosen receipt already names. A retry of a complete record answers what
+        was recorded; a retry of an `incomplete` one (its attempt failed, or the server stopped
+        during it) runs again and replaces it (True; the store refuses if a report names it);
+        one while the first attempt is still in progress, or with other content, is a 409.
+        False: the receipt is new."""
         assert admission.record_id is not None
         dialect = call.dialect
         try:
             stored = self.store.get_record(admission.record_id)
         except NotFound:
-            return None
+            return False
         asked = {"scenario": admission.scenario, "request": request.to_json(), "session": admission.session,
                  "tags": admission.tags}
         had = {"scenario": stored.scenario, "request": client_request(stored.request, stored.harness),
                "session": stored.session, "tags": stored.tags}
         if asked != had:
             raise RecordConflict(f"record {stored.id} already exists with another request")
+        if stored.status is RecordStatus.INCOMPLETE:
+            return True
         if stored.status is not RecordStatus.COMPLETE or stored.release is None:
-            raise RecordConflict(f"record {stored.id} is {stored.status.value}; retry with a new x-reef-agent-record-id")
+            raise RecordConflict(f"record {stored.id} is still being answered ({stored.status.value}); retry once "
+                                 "that attempt ends, or with a new x-reef-agent-record-id")
         result = _result_from(stored)
         headers = _receipt(stored, stored.release)
         self._log(call, stored, 200, 0.0, result, replay=True)
@@ -323,9 +333,18 @@ class InferenceService:
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    async def _save(self, record: Record) -> None:
-        await self.store.aput_record(record)
+    async def _save(self, record: Record, retrying: bool) -> None:
+        await self._write(record, retrying)
         self._count_record(record)
+
+    async def _write(self, record: Record, retrying: bool) -> Record:
+        """Store a new record, or, retrying a failed attempt, put it in that attempt's place."""
+        if not retrying:
+            return await self.store.aput_record(record)
+        try:
+            return await self.store.areplace_incomplete(record)
+        except RecordConflict as exc:
+            raise RecordConflict(f"{exc}: retry with a new x-reef-agent-record-id") from None
 
     async def _finish_quietly(self, record: Record) -> None:
         """Finish a record in a clean-up path, where the first error must not be masked."""
