@@ -193,7 +193,7 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
         from reef.serve.worker import WorkerServer
 
         server = WorkerServer(settings, worker.ready_fd)
-        server.run(sockets=[worker.socket()])
+        server.run(sockets=[worker.listening_socket()])
     if not server.started:  # e.g. the port is taken (uvicorn logged why)
         sys.exit(3)
 

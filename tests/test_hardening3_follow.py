@@ -19,8 +19,9 @@ import json
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import Self
 from uuid import uuid4
 
 import httpx
@@ -74,7 +75,7 @@ class Watch:
     def first_served(self, release_id: str) -> list[float | None]:
         return [next((t for t, r in seen if r == release_id), None) for seen in self.seen]
 
-    def __enter__(self) -> Watch:
+    def __enter__(self) -> Self:
         for t in self.threads:
             t.start()
         return self

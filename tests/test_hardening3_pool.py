@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -76,7 +77,7 @@ async def stalled_then_normal(url: str, provider: StallingProvider) -> tuple[flo
         try:
             normal = await asyncio.wait_for(client.post("/v1/chat/completions", json=chat("hello")),
                                             ANSWERED_WITHIN_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise AssertionError(f"a normal request was not answered within {ANSWERED_WITHIN_S} s while "
                                  f"{provider.holding} requests stalled at the provider") from None
         took = time.monotonic() - start

@@ -16,8 +16,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -180,7 +182,7 @@ def test_a_worker_failing_before_ready_is_backed_off_while_the_other_serves(
         assert supervisor.answering_pid() == pids[1]  # the other serves meanwhile
     print("restart delays after each kill:", [f"{g:.2f}" for g in gaps])
     assert gaps[0] < 3.0  # a ready worker: a second
-    for before, after in zip(gaps[1:], gaps[2:]):
+    for before, after in pairwise(gaps[1:]):
         assert after > 1.6 * before, gaps  # doubling: 1, 2, 4, 8, 16 s
     supervisor.wait_answering(pids[0])  # left alone, it starts and serves; the supervisor never gave up
     assert supervisor.workers()[1] == pids[1]
@@ -220,9 +222,10 @@ def test_a_killed_supervisor_takes_its_workers_and_a_new_one_gets_the_port(
 
 def test_a_worker_whose_supervisor_is_gone_before_it_starts_stops_at_once() -> None:
     """The race the parent-death signal leaves: the supervisor died before the worker set it."""
-    done = subprocess.run([sys.executable, "-c", "from reef.serve.worker import become_worker; "
-                           "become_worker('0:0:1:1'); print('serving')"],  # pid 1 is not our parent
-                          capture_output=True, text=True, timeout=30, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    program = "from reef.serve.worker import become_worker; become_worker('0:0:1:1'); print('serving')"
+    done = subprocess.run([sys.executable, "-c", program],  # pid 1 is not its parent
+                          capture_output=True, text=True, timeout=30, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 1 and "serving" not in done.stdout
     assert "the supervisor (pid 1) is gone; worker 0 stops" in done.stderr
 

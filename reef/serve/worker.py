@@ -48,7 +48,7 @@ class WorkerOf:
     def argument(self) -> str:
         return f"{self.index}:{self.socket_fd}:{self.ready_fd}:{self.supervisor_pid}"
 
-    def socket(self) -> socket.socket:
+    def listening_socket(self) -> socket.socket:
         return socket.socket(fileno=self.socket_fd)  # family and type read from the descriptor
 
 
