@@ -449,7 +449,8 @@ def export() -> None:
 @STORE
 @click.argument("scenario")
 @click.option("--out", "out_path", default="-", show_default=True, metavar="FILE|-",
-              help="Where to write the JSONL; '-' is standard output. A file is written whole or not at all.")
+              help="Where to write the JSONL; '-' is standard output. A file is written whole or not at all; "
+                   "a symbolic link or a device (/dev/stdout) is refused, never replaced.")
 @click.option("--release", "release_id", metavar="ID", help="Only records served by this release (id or prefix).")
 @click.option("--min-score", type=float, help="Only records whose score (mean of their reports) is at least this.")
 @click.option("--max-score", type=float, help="Only records whose score (mean of their reports) is at most this.")
@@ -479,11 +480,11 @@ def export_records(state_dir: Path, store_dsn: str | None, scenario: str, out_pa
       reef export records coding --store postgresql://reef@db/reef --release 3f2a9c | jq .score
     """
     from reef.core.types import RecordStatus
-    from reef.observe.export import RecordFilters, examples, parse_time, write_jsonl
+    from reef.observe.export import (RecordFilters, examples, parse_time, refuse_link_or_special, write_jsonl,
+                                     write_jsonl_file)
 
     statuses = None if status == "any" else {RecordStatus(status)}
     out_file = None if out_path == "-" else Path(out_path)
-    tmp: Path | None = None
     try:
         filters = RecordFilters(statuses=statuses, since=parse_time(since) if since else None,
                                 until=parse_time(until) if until else None, min_score=min_score,
@@ -499,22 +500,14 @@ def export_records(state_dir: Path, store_dsn: str | None, scenario: str, out_pa
             request_of = None
             if client_messages:
                 from reef.surfaces.inject import client_request
+        if out_file is not None:
+            refuse_link_or_special(out_file)  # before any work: `--out /dev/stdout` is refused at once
 
                 request_of = lambda record: client_request(record.request, record.harness)  # noqa: E731
             rows = examples(state.store, scenario, filters, request_of)
-            if out_file is None:
-                count = write_jsonl(sys.stdout, rows)
-            else:
-                tmp = out_file.with_name(f".{out_file.name}.tmp")
-                with open(tmp, "w", encoding="utf-8") as handle:
-                    count = write_jsonl(handle, rows)
-                tmp.replace(out_file)
-                tmp = None
+            count = write_jsonl(sys.stdout, rows) if out_file is None else write_jsonl_file(out_file, rows)
     except (ReefError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
     click.echo(f"exported {count} record(s) of scenario {scenario}" + (f" to {out_file}" if out_file else ""), err=True)
 
 

@@ -8,7 +8,7 @@ import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 from click.testing import CliRunner, Result
@@ -51,7 +51,7 @@ def answer(text: str, calls: list[dict[str, str]] | None = None) -> dict[str, An
 
 
 @pytest.fixture(scope="module")
-def state_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Two releases of `coding` (the second with a harness) and records of every kind around them."""
     root = tmp_path_factory.mktemp("export-state")
     with ReefState.open(root) as state:
@@ -85,7 +85,8 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         store.put_report(Report("p2", SCENARIO, ("r-good",), 0.5, feedback={"why": "slow"}))
         store.put_report(Report("p3", SCENARIO, ("r-bad",), 0.0))
         store.put_report(Report("p4", SCENARIO, ("r-failed",), 0.25))
-    return {"root": str(root), "first": first, "second": second, "middle": middle}
+        # kept open while the tests run: the writer of `r-open` lives, so it stays in progress
+        yield {"root": str(root), "first": first, "second": second, "middle": middle}
 
 
 def test_records_export_as_chat_lines_with_scores_and_feedback(state_dir: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Any, Collection, Mapping
 from reef.commit.state import ReefState
 from reef.core.errors import InvalidInput, NotFound
 from reef.core.types import Release
+from reef.observe.export import refuse_link_or_special
 from reef.runtimes.model_files import MODEL_DIRNAME
 from reef.surfaces.harness import PREFIX as HARNESS_PREFIX, HarnessTree
 
@@ -86,8 +88,7 @@ def export_release(state: ReefState, scenario: str, release_id: str, dest: Path 
     unknown = set(parts) - set(PARTS)
     if unknown or not parts:
         raise InvalidInput(f"parts must be among {', '.join(PARTS)}, got {sorted(parts)}")
-    if dest.exists() and not dest.is_dir():
-        raise InvalidInput(f"{dest} exists and is not a directory")
+    refuse_link_or_special(dest, "a directory")  # a link is never written through nor replaced
     if dest.is_dir() and any(dest.iterdir()) and not force:
         raise InvalidInput(f"{dest} is not empty (use --force to write into it)")
     release = resolve_release(state, scenario, release_id)
@@ -162,7 +163,15 @@ def _harness_tree(files: Mapping[str, bytes], release_id: str) -> HarnessTree:
 
 
 def _write_file(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`: a new file beside it (created, so a link planted there is never
+    followed) renamed over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -24,8 +24,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import secrets
+import stat
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, TextIO
 
 from reef.core.errors import InvalidInput
@@ -70,6 +74,40 @@ def examples(store: ExperienceStore, scenario: str, filters: RecordFilters = Rec
         if filters.max_score is not None and (score is None or score > filters.max_score):
             continue
         yield example
+
+
+def refuse_link_or_special(path: Path, what: str = "a regular file") -> None:
+    """`InvalidInput` (one line) if `path` is a symbolic link, or exists and is not `what` (a
+    device such as /dev/stdout, a pipe, a socket): an export replaces what it writes and would
+    turn any of them into a plain file, or write where the link points."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise InvalidInput(f"{path} is a symbolic link; name {what} itself (an export never replaces a link)"
+                           + (", or '-' for standard output" if what == "a regular file" else ""))
+    wanted = stat.S_ISDIR if what == "a directory" else stat.S_ISREG
+    if not wanted(mode):
+        raise InvalidInput(f"{path} is not {what} (a device, pipe or socket is never replaced)"
+                           + ("; use '-' for standard output" if what == "a regular file" else ""))
+
+
+def write_jsonl_file(path: Path, rows: Iterator[JSON]) -> int:
+    """Write the rows to `path` whole or not at all: into a new file beside it (created, never
+    opened, so a link planted there is not followed), then renamed over it. Refuses a `path`
+    that is a link or not a regular file (`refuse_link_or_special`)."""
+    refuse_link_or_special(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            count = write_jsonl(handle, rows)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return count
 
 
 def write_jsonl(out: TextIO, rows: Iterator[JSON]) -> int:

@@ -1,0 +1,104 @@
+"""Hardening 3, item 10's smaller defects: `reef export` never replaces or writes through a
+symbolic link or a device; `reef-agent` never writes through a memory file or skills directory
+that leads outside the project; a recipe named by a malformed dotted path is one clear line, and
+a built-in recipe named by its dotted path gets its settings."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from reef.cli import main
+from reef.commit.release_chain import Candidate
+from reef.commit.state import ReefState
+from reef.core.types import ArtifactKind, Record, RecordStatus, Verdict
+from reef.surfaces.harness import HarnessTree
+
+SCENARIO = "exported"
+
+
+def export(*args: str) -> Result:
+    return CliRunner().invoke(main, ["export", *args], catch_exceptions=False)
+
+
+def one_line_error(result: Result, words: str) -> None:
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1 and words in result.output, result.output
+
+
+# -- (b) reef export --out ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("export-links")
+    with ReefState.open(root) as state:
+        chain = state.create(SCENARIO, "skills")
+        harness = HarnessTree(system="Be brief.").to_files()
+        release = chain.publish(Candidate(harness, ArtifactKind.HARNESS), chain.head().release_id,
+                                verdict=Verdict("select"))
+        state.store.put_record(Record("one", SCENARIO, release.ref, {"messages": [{"role": "user", "content": "hi"}]},
+                                      status=RecordStatus.COMPLETE, response={"text": "hello"}))
+    return {"root": str(root), "release": release.release_id}
+
+
+def test_export_records_refuses_a_symlink_and_leaves_it_and_its_target_alone(
+        state_dir: dict[str, Any], tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "out.jsonl"
+    link.symlink_to(victim)
+    stdout_like = tmp_path / "stdout"  # what /dev/stdout is: a link to the process's descriptor
+    stdout_like.symlink_to("/proc/self/fd/1")
+    for out in (link, stdout_like):
+        result = export("records", SCENARIO, "--state-dir", state_dir["root"], "--out", str(out))
+        one_line_error(result, "is a symbolic link")
+        assert "'-' for standard output" in result.output
+        assert out.is_symlink()
+    assert victim.read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "stdout", "victim.txt"]  # no leftovers
+
+
+def test_export_records_refuses_a_pipe_or_device(state_dir: dict[str, Any], tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    one_line_error(export("records", SCENARIO, "--state-dir", state_dir["root"], "--out", str(fifo)),
+                   "is not a regular file")
+    assert fifo.is_fifo()  # (not /dev/null itself: code that failed this test would replace it)
+
+
+def test_export_records_writes_a_regular_file_whole_and_never_follows_a_planted_temp_link(
+        state_dir: dict[str, Any], tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / ".good.jsonl.tmp").symlink_to(victim)  # the temporary name an export used to open
+    out = tmp_path / "good.jsonl"
+    out.write_text("old\n")
+    result = export("records", SCENARIO, "--state-dir", state_dir["root"], "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["metadata"]["record_id"] for line in out.read_text().splitlines()] == ["one"]
+    assert victim.read_text() == "precious" and not out.is_symlink()
+    stdout = export("records", SCENARIO, "--state-dir", state_dir["root"], "--out", "-")
+    assert stdout.exit_code == 0 and json.loads(stdout.stdout.splitlines()[0])["metadata"]["record_id"] == "one"
+
+
+def test_export_release_refuses_a_symlinked_directory(state_dir: dict[str, Any], tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / "dest"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    result = export("release", SCENARIO, state_dir["release"], str(link), "--state-dir", state_dir["root"])
+    one_line_error(result, "is a symbolic link")
+    assert link.is_symlink() and list(elsewhere.iterdir()) == []
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    one_line_error(export("release", SCENARIO, state_dir["release"], str(fifo), "--state-dir", state_dir["root"]),
+                   "is not a directory")
+    done = export("release", SCENARIO, state_dir["release"], str(tmp_path / "real"), "--state-dir", state_dir["root"])
+    assert done.exit_code == 0 and (tmp_path / "real" / "harness" / "system.md").read_text() == "Be brief."
