@@ -58,11 +58,11 @@ def model() -> Iterator[ScriptedUpstream]:
         yield upstream
 
 
-def serve(model: ScriptedUpstream, work: Path, publish: str = "auto") -> ReefServer:
+def serve(model: ScriptedUpstream, work: Path, publish: str = "auto", tokens: tuple[str, ...] = (TOKEN,)) -> ReefServer:
     """`reef serve` whose `fmt` scenario learns a rule after three failures with the same feedback."""
     tasks = work / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"prompt": f"What is {i}+{4 - i}?", "expected": "4"}) + "\n" for i in range(4)))
-    settings = {"tokens": [TOKEN], "log_level": "info",
+    settings = {"tokens": list(tokens), "log_level": "info",
                 "upstream": {"url": model.base_url, "model": "scripted"},
                 "recipes": {"scenarios": {SCENARIO: "skills"}},
                 "learner": {"poll_interval": 0.05, "skills": {
@@ -337,6 +337,69 @@ def test_a_release_held_for_review_appears_and_is_promoted_through_the_confirmat
         assert release_id == top.get_attribute("data-release") and answer == GOOD
 
 
+# Every records call the page makes is held this long in the page itself: a server slower than the poll.
+SLOW_RECORDS = """
+window.recordsCalls = 0; window.recordsInFlight = 0; window.mostRecordsInFlight = 0;
+const realFetch = window.fetch.bind(window);
+window.fetch = async (input, init) => {
+  if (!String(input).includes("/records?")) return realFetch(input, init);
+  window.recordsCalls += 1; window.recordsInFlight += 1;
+  window.mostRecordsInFlight = Math.max(window.mostRecordsInFlight, window.recordsInFlight);
+  try {
+    await new Promise((resolve) => setTimeout(resolve, 2500));
+    return await realFetch(input, init);
+  } finally {
+    window.recordsInFlight -= 1;
+  }
+};
+"""
+
+
+def test_a_slow_server_gets_one_poll_at_a_time_from_an_open_page(page: Any, reef: ReefServer) -> None:
+    """The page polls every 2 s; a records call that takes 2.5 s must not start a second one
+    beside it, neither from the poll nor from a navigation meanwhile."""
+    ask(reef)
+    page.add_init_script(SLOW_RECORDS)
+    sign_in(page, reef, where=f"#/s/{SCENARIO}/records")
+    page.wait_for_function("() => window.recordsInFlight === 1")
+    page.evaluate(f"location.hash = '#/s/{SCENARIO}/records/'")  # a navigation while the poll waits
+    page.wait_for_function("() => window.recordsCalls >= 3", timeout=WAIT_MS)
+    assert page.evaluate("window.mostRecordsInFlight") == 1
+    sync_api.expect(page.get_by_test_id("record-row").first).to_be_visible()
+
+
+@pytest.mark.parametrize("link", ["#/s/%E0%A4%A", "#/s/%/records", f"#/s/{SCENARIO}/record/%E0%A4%A"])
+def test_a_malformed_escape_in_the_link_shows_an_error_and_the_page_goes_on(
+        page: Any, reef: ReefServer, link: str) -> None:
+    ask(reef)
+    sign_in(page, reef, where=link)
+    sync_api.expect(page.locator("main .error")).to_be_visible()  # the server says what is wrong with the name
+    page.evaluate("location.hash = '#/'")
+    sync_api.expect(page.get_by_test_id(f"scenario-{SCENARIO}")).to_be_visible()  # not frozen
+
+
+def test_the_dashboard_works_on_a_server_without_a_token(page: Any, model: ScriptedUpstream, tmp_path: Path) -> None:
+    """Token-less (the default on loopback), the page is served and its own calls pass the
+    cross-site checks (same origin, a loopback Host), under `localhost` as under 127.0.0.1."""
+    with serve(model, tmp_path, tokens=()) as reef:
+        ask(reef)
+        with client(reef) as c:
+            creation = c.releases(SCENARIO)["releases"][0]
+            c.rollback(SCENARIO, creation["release_id"])  # a second release, so the first can be rolled back to
+        page.goto(f"http://localhost:{reef.port}/ui/#/s/{SCENARIO}/chain")
+        page.get_by_test_id("sign-in").click()  # no token to give
+        nodes = page.get_by_test_id("chain").get_by_test_id("release")
+        sync_api.expect(nodes).to_have_count(2)
+        page.locator(f"[data-release='{creation['release_id']}']").get_by_test_id("rollback").click()
+        sync_api.expect(page.get_by_test_id("confirm-ok")).to_be_enabled()
+        page.get_by_test_id("confirm-ok").click()  # a POST with this page's Origin
+        sync_api.expect(page.get_by_test_id("confirm-dialog")).to_be_hidden()
+        sync_api.expect(nodes).to_have_count(3)
+        sync_api.expect(nodes.first).to_contain_text("rollback")
+        page.get_by_test_id("tab-records").click()
+        sync_api.expect(page.get_by_test_id("record-row")).to_have_count(1)
+
+
 LFS_DIFF = """diff --git a/adapter_model.safetensors b/adapter_model.safetensors
 index 1111111..2222222 100644
 --- a/adapter_model.safetensors
@@ -389,7 +452,7 @@ def serve_tiny(model_dir: Path, work: Path) -> ReefServer:
     settings = {"tokens": [TOKEN], "log_level": "info",
                 "embedded": {"model_dir": str(model_dir), "default_max_tokens": 8, "threads": 1},
                 "recipes": {"scenarios": {TINY: "sao"}},
-                "learner": {"poll_interval": 0.1, "train_threads": 1, "canary": {TINY: 0.5},
+                "learner": {"poll_interval": 0.1, "train_threads": 1, "canary": {TINY: 0.5}, "canary_max_fraction": 0.5,
                             "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
                             "gate": {"holdout_fraction": 0.5, "offline_bound": 1000.0}}}
     return ReefServer(work, settings)
