@@ -486,6 +486,8 @@ def export_records(state_dir: Path, store_dsn: str | None, scenario: str, out_pa
     statuses = None if status == "any" else {RecordStatus(status)}
     out_file = None if out_path == "-" else Path(out_path)
     try:
+        if out_file is not None:
+            refuse_link_or_special(out_file)  # before any work: `--out /dev/stdout` is refused at once
         filters = RecordFilters(statuses=statuses, since=parse_time(since) if since else None,
                                 until=parse_time(until) if until else None, min_score=min_score,
                                 max_score=max_score, reported_only=reported_only)
@@ -500,8 +502,6 @@ def export_records(state_dir: Path, store_dsn: str | None, scenario: str, out_pa
             request_of = None
             if client_messages:
                 from reef.surfaces.inject import client_request
-        if out_file is not None:
-            refuse_link_or_special(out_file)  # before any work: `--out /dev/stdout` is refused at once
 
                 request_of = lambda record: client_request(record.request, record.harness)  # noqa: E731
             rows = examples(state.store, scenario, filters, request_of)
