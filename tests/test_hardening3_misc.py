@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+import httpx
 import pytest
 from click.testing import CliRunner, Result
 
@@ -17,7 +19,9 @@ from reef.cli import main
 from reef.commit.release_chain import Candidate
 from reef.commit.state import ReefState
 from reef.core.types import ArtifactKind, Record, RecordStatus, Verdict
-from reef.surfaces.harness import HarnessTree
+from reef.surfaces.harness import HarnessTree, Skill
+from tests.helpers.reef_server import ReefServer
+from tests.scripted_upstream import ScriptedUpstream
 
 SCENARIO = "exported"
 
@@ -102,3 +106,86 @@ def test_export_release_refuses_a_symlinked_directory(state_dir: dict[str, Any],
                    "is not a directory")
     done = export("release", SCENARIO, state_dir["release"], str(tmp_path / "real"), "--state-dir", state_dir["root"])
     assert done.exit_code == 0 and (tmp_path / "real" / "harness" / "system.md").read_text() == "Be brief."
+
+
+# -- (c) reef-agent never writes through a link leading outside the project ----------------
+
+
+AGENT_SCENARIO = "agent-links"
+
+
+@pytest.fixture(scope="module")
+def agent_reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+    workdir = tmp_path_factory.mktemp("agent-links")
+    tree = HarnessTree(system="Work carefully.", skills={"notes": Skill("notes", "Write notes.", "Steps.\n")})
+    with ReefState.open(workdir / "state") as state:
+        state.create(AGENT_SCENARIO, "skills", seed=Candidate(tree.to_files(), ArtifactKind.HARNESS, {"kind": "seed"}))
+    with ScriptedUpstream() as upstream:
+        settings = {"upstream": {"url": upstream.base_url, "model": "p", "timeout": 5},
+                    "harness": {"scenarios": {AGENT_SCENARIO: {"mode": "pull"}}}}
+        with ReefServer(workdir, settings) as server:
+            yield server
+
+
+def install_wrapper(reef: ReefServer, home: Path) -> Path:
+    script = httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": "claude", "scenario": AGENT_SCENARIO})
+    assert script.status_code == 200, script.text
+    done = subprocess.run(["sh"], input=script.text, capture_output=True, text=True, timeout=30,
+                          env={"PATH": os.environ["PATH"], "HOME": str(home)})
+    assert done.returncode == 0, done.stderr
+    return home / ".local" / "bin" / "reef-agent"
+
+
+def pull(wrapper: Path, home: Path, project: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(wrapper), "pull"], cwd=project, capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "HOME": str(home)})
+
+
+def tree_of(root: Path) -> dict[str, str]:
+    """Every entry under `root` (links as links): what it holds, or where it points."""
+    return {str(p.relative_to(root)): (f"-> {os.readlink(p)}" if p.is_symlink() else
+                                       p.read_text() if p.is_file() else "dir")
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("linked", ["CLAUDE.md", ".claude", ".claude/skills", ".reef-agent"])
+def test_reef_agent_refuses_a_link_that_leads_outside_the_project(agent_reef: ReefServer, tmp_path: Path,
+                                                                   linked: str) -> None:
+    home, project, outside = tmp_path / "home", tmp_path / "project", tmp_path / "outside"
+    for folder in (home, project, outside):
+        folder.mkdir()
+    wrapper = install_wrapper(agent_reef, home)
+    if linked == "CLAUDE.md":
+        (outside / "notes.md").write_text("someone else's file\n")
+        (project / "CLAUDE.md").symlink_to(outside / "notes.md")
+    else:
+        (outside / "extensions").mkdir()  # what `rm -rf .reef-agent/extensions` would have removed
+        (outside / "extensions" / "precious").write_text("kept\n")
+        (outside / "skills" / "reef-old").mkdir(parents=True)
+        (outside / "skills" / "reef-old" / ".reef-owned").write_text("")
+        (project / linked).parent.mkdir(parents=True, exist_ok=True)
+        (project / linked).symlink_to(outside, target_is_directory=True)
+    before_outside, before_project = tree_of(outside), tree_of(project)
+
+    done = pull(wrapper, home, project)
+    assert done.returncode == 1, done.stderr
+    assert f"{linked} is a symbolic link to {outside.resolve()}" in done.stderr and "outside this project" in done.stderr
+    assert "nothing was written" in done.stderr and "Traceback" not in done.stderr
+    assert tree_of(outside) == before_outside and tree_of(project) == before_project
+
+
+def test_reef_agent_writes_through_a_link_that_stays_inside_the_project(agent_reef: ReefServer, tmp_path: Path) -> None:
+    home, project = tmp_path / "home", tmp_path / "project"
+    home.mkdir()
+    (project / "shared" / "skills").mkdir(parents=True)
+    (project / "AGENTS.md").write_text("# Ours\n")
+    (project / "CLAUDE.md").symlink_to("AGENTS.md")  # a common setup: one memory file for every agent
+    (project / ".claude").mkdir()
+    (project / ".claude" / "skills").symlink_to("../shared/skills", target_is_directory=True)
+    wrapper = install_wrapper(agent_reef, home)
+
+    done = pull(wrapper, home, project)
+    assert done.returncode == 0, done.stderr
+    assert (project / "CLAUDE.md").is_symlink()
+    assert "Work carefully." in (project / "AGENTS.md").read_text()
+    assert (project / "shared" / "skills" / "reef-notes" / "SKILL.md").read_text().endswith("Steps.\n")

@@ -12,7 +12,8 @@ session of the same agent, with or without Reef. Nothing user-authored is replac
 - extensions go to `.reef-agent/extensions/`, installed and never executed.
 
 Every path in the archive is plain ASCII (`[A-Za-z0-9._/-]`), relative, without `..`, and inside
-the folders the adapter allows; the wrapper checks all of it again before it writes anything.
+the folders the adapter allows; the wrapper checks all of it again before it writes anything,
+and refuses to write through a symbolic link that resolves outside the project.
 """
 
 from __future__ import annotations

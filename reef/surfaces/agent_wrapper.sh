@@ -15,8 +15,10 @@
 # the agent's memory file (the rest of the file is left as it is), Reef-owned skill folders
 # (reef-*, marked by a .reef-owned file; other folders are never touched) and the extensions
 # folder. The harness arrives as a tar archive; every path in it is checked (plain characters,
-# relative, no '..', inside those folders, regular files only) before anything is written.
-# Nothing the server sends is ever evaluated as shell code.
+# relative, no '..', inside those folders, regular files only) before anything is written, and
+# nothing is written through a link that leads outside the project (a memory file, skills or
+# extensions folder, or any folder above them, that is a symbolic link to elsewhere): the run
+# stops instead. Nothing the server sends is ever evaluated as shell code.
 set -eu
 
 ADAPTER=@ADAPTER@
@@ -105,6 +107,42 @@ check_archive() {
   grep -qxF reef-block.md "$work/names" || die "refused the harness: it has no reef-block.md"
 }
 
+# -- staying inside the project -------------------------------------------------------------------
+
+project=$(pwd -P)
+
+resolve() {
+  if command -v realpath > /dev/null 2>&1; then realpath -- "$1" 2> /dev/null; else readlink -f -- "$1" 2> /dev/null; fi
+}
+
+# outside_link PATH: prints the first part of PATH (relative to the project) that is a symbolic link
+# resolving outside the project (or not resolving at all), and succeeds; fails if there is none.
+outside_link() {
+  part=
+  rest=$1
+  while [ -n "$rest" ]; do
+    part=${part:+$part/}${rest%%/*}
+    case $rest in */*) rest=${rest#*/} ;; *) rest= ;; esac
+    if [ -L "$part" ]; then
+      case $(resolve "$part" || true) in
+        "$project"|"$project"/*) ;;
+        *) printf '%s' "$part"; return 0 ;;
+      esac
+    fi
+  done
+  return 1
+}
+
+# Every path a pull writes or removes: the memory file, the folders, each file of the archive.
+check_inside() {
+  { printf '%s\n' "$MEMORY_FILE" "$SKILLS_DIR" "$EXTENSIONS_DIR"; grep -vxF reef-block.md "$1" || true; } > "$work/targets"
+  while IFS= read -r path; do
+    if link=$(outside_link "$path"); then
+      die "refused to write $path: $link is a symbolic link to $(printable "$(resolve "$link" || echo 'nowhere')"), outside this project ($(printable "$project")); nothing was written"
+    fi
+  done < "$work/targets"
+}
+
 is_reef_skill() {
   [ -d "$1" ] && [ ! -L "$1" ] && [ -f "$1/.reef-owned" ]
 }
@@ -174,6 +212,7 @@ pull_harness() {
     *) die "Reef answered $code to the harness request: $(printable "$(head -c 400 "$work/harness.tar")")" ;;
   esac
   check_archive "$work/harness.tar"
+  check_inside "$work/names"
   mkdir "$work/stage"
   tar -xf "$work/harness.tar" -C "$work/stage" || die "could not unpack the harness"
   grep -vxF -e "$BLOCK_BEGIN" -e "$BLOCK_END" -- "$work/stage/reef-block.md" > "$work/block" || true
