@@ -66,7 +66,8 @@ from reef.config import EmbeddedConfig  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
 from reef.demo.server import (CANARY, GATE_AFTER_BATCHES, GATE_CONCURRENCY, GATE_CONCURRENCY_WHEN,  # noqa: E402
                               GATE_HALVES, GATE_MAX_TOKENS, LEARNING_RATE, LIVE_SPLIT, LOSS, STEPS_PER_CANDIDATE,
-                              TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer, demo_settings, free_port)
+                              TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer, canary_bound, demo_settings,
+                              free_port)
 
 BATCH = 8  # the demo's learner.sao.batch_size
 GAINS = (10, 20, 30)  # points over the base
@@ -164,6 +165,7 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
                              gate_after_batches=arm.gate_after_batches, gate_halves=arm.gate_halves)
     settings["learner"]["gate"]["overtake_after"] = arm.gate_overtake
     settings["learner"]["gate"]["live_split"] = arm.live_split or None
+    settings["learner"].update(canary_bound(arm.canary, arm.live_split))  # an arm's fraction above the bound
     settings["learner"]["gate"]["answer_on"] = arm.gate_answer_on
     settings["learner"]["sao"]["steps_per_candidate"] = arm.steps_per_candidate
     if arm.eps_clip_high is not None:

@@ -13,7 +13,7 @@ from typing import Awaitable, Callable, Mapping
 from reef.commit.state import ReefState
 from reef.config import RecipeConfig, ServeConfig
 from reef.core.chat import ChatRequest, ChatResult, Message
-from reef.grow.canary import MIN_SCORES, LiveScores, canary_release_id, live_worse
+from reef.grow.canary import MIN_SCORES, WITHDRAW_BY, LiveScores, canary_release_id, live_worse
 from reef.runtimes.embedded import EmbeddedRuntime
 from reef.serve.scenarios import ScenarioDirectory
 from tests.helpers.lora import lora_files
@@ -93,12 +93,30 @@ def test_a_canary_serves_its_fraction_of_an_opted_in_scenario_and_unloads_when_f
     with_directory(tiny_model_dir, tmp_path, body)
 
 
+def test_a_worse_canary_is_withdrawn_by_its_bound_of_reports_even_when_no_test_is_sure() -> None:
+    serving = [1.0, 0.0] * 32  # mean 0.5
+    slightly_worse = [1.0, 0.0] * 15 + [0.0]  # mean 0.48: far from significant
+    assert not live_worse(slightly_worse, serving)  # 31 scores: the z-test alone decides, and is not sure
+    assert live_worse(slightly_worse + [0.0], serving)  # the 32nd: its mean is below, withdrawn
+    assert len(slightly_worse) + 1 == WITHDRAW_BY
+    assert not live_worse([1.0, 0.0] * 40, serving)  # as good, however many scores: never withdrawn
+    assert not live_worse([1.0] * 40, [0.0] * (MIN_SCORES - 1))  # no yardstick yet: nothing to compare
+
+
 def test_learner_canary_settings_are_checked() -> None:
     import pytest
 
-    assert ServeConfig.model_validate({"learner": {"canary": {"s": 0.25}}}).learner.canary == {"s": 0.25}
+    assert ServeConfig.model_validate({"learner": {"canary": {"s": 0.05}}}).learner.canary == {"s": 0.05}
     with pytest.raises(ValueError, match=r"learner.canary.s must be a fraction in \(0, 1\]"):
-        ServeConfig.model_validate({"learner": {"canary": {"s": 1.5}}})
+        ServeConfig.model_validate({"learner": {"canary": {"s": 1.5}, "canary_max_fraction": 1.0}})
+    # the canary serves a candidate the gate has not selected: a small share unless raised knowingly
+    assert ServeConfig().learner.canary_max_fraction == 0.1
+    with pytest.raises(ValueError, match=r"learner.canary.s is 0.25, above learner.canary_max_fraction \(0.1\)"):
+        ServeConfig.model_validate({"learner": {"canary": {"s": 0.25}}})
+    with pytest.raises(ValueError, match=r"learner.gate.live_split is 0.5, above learner.canary_max_fraction"):
+        ServeConfig.model_validate({"learner": {"canary": {"s": 0.1}, "gate": {"live_split": 0.5}}})
+    raised = ServeConfig.model_validate({"learner": {"canary": {"s": 0.5}, "canary_max_fraction": 0.5}})
+    assert raised.learner.canary == {"s": 0.5}
 
 
 class RecordingCanary:

@@ -240,11 +240,11 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     assert (tmp_path / "out" / "serve.log").exists()
     assert "reef demo:" in out.getvalue()
     assert curve["settings"] == {"examples": demo_tasks.SHOWN_EXAMPLES, "temperature": 0.5, "lr": 1e-4, "minutes": 0.4,
-                                 "runtime": "embedded", "canary": 1.0, "loss": "cispo"}
+                                 "runtime": "embedded", "canary": 0.1, "loss": "cispo"}
     config = yaml.safe_load((tmp_path / "work" / "serve.yaml").read_text())
-    assert config["learner"]["sao"]["lr"] == 1e-4 and config["learner"]["canary"] == {"demo": 1.0}
+    assert config["learner"]["sao"]["lr"] == 1e-4 and config["learner"]["canary"] == {"demo": 0.1}  # within the bound
     assert config["learner"]["sao"]["loss"] == "cispo"  # the demo's loss (the race's measure; sao's default too since 2026-12-02)
-    assert config["learner"]["gate"]["live_split"] == 0.5  # with its canary, live scores as evidence (the race's measure)
+    assert config["learner"]["gate"]["live_split"] == 0.1  # with its canary, live scores as evidence, within the bound
     assert config["learner"]["gate"]["halves"] == "after_first"  # later heads judged on the half that did not choose them
     with SQLiteStore(tmp_path / "work" / "state" / "experience.db") as store:
         reported = [r for batch in store.reported_since("demo") for r in batch.records]

@@ -38,7 +38,7 @@ USER = [{"role": "user", "content": "Name a colour."}]
 ENV = Path(os.environ["REEF_VLLM_ENV"]) if os.environ.get("REEF_VLLM_ENV") else default_env_dir()
 # the learner trains scenarios that get reports (only `learns` here), on the model vLLM serves; a
 # generous offline bound: the test is about the loop's mechanics on the engine, not the gate's taste
-LEARNER = {"poll_interval": 0.1, "train_threads": 1, "canary": {"canaried": 1.0},
+LEARNER = {"poll_interval": 0.1, "train_threads": 1, "canary": {"canaried": 1.0}, "canary_max_fraction": 1.0,
            "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
            "gate": {"holdout_fraction": 0.3, "offline_bound": 1000.0}}
 

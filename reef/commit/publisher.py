@@ -11,6 +11,8 @@ shared by the weights and the harness publishers; neither knows which recipe mad
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from contextlib import AbstractContextManager
 from typing import Any, Awaitable, Callable
 
 from reef.commit.gate import WeightsGate
@@ -21,13 +23,20 @@ from reef.core.types import Candidate, Release, Verdict
 from reef.surfaces.harness import PREFIX as HARNESS_PREFIX, artifact_kind
 
 Serve = Callable[[ReleaseChain, Release], Awaitable[Any]]
+Pin = Callable[[str | None], AbstractContextManager[Any]]  # keeps a runtime load loaded while held
+
+
+def _no_pin(runtime_load_id: str | None) -> AbstractContextManager[Any]:
+    return contextlib.nullcontext()
 
 
 class CandidatePublisher:
-    def __init__(self, chain: ReleaseChain, gate: WeightsGate | None, serve_release: Serve) -> None:
+    def __init__(self, chain: ReleaseChain, gate: WeightsGate | None, serve_release: Serve,
+                 pin: Pin = _no_pin) -> None:
         self.chain = chain
         self.gate = gate
         self.serve_release = serve_release
+        self.pin = pin  # the server's (`ScenarioDirectory.pin`): the gate's answers need the load they started on
         if gate is not None:
             gate.remember(chain.releases())  # which half selected each release, for `gate.halves`
 
@@ -40,9 +49,12 @@ class CandidatePublisher:
         assert self.gate is not None
         head, serving = self.chain.head(), self.chain.serving()
         content_id = content_id_of(candidate.files)
-        head_files = await self.head_files()
-        verdict = await self.gate.judge(serving, head_files, content_id, candidate.files, candidate.held_out,
-                                        starved=candidate.starved, live=candidate.live)
+        # pinned as it is read: a rollback or promote meanwhile swaps the serving release, and its
+        # load then goes only once the verdict is in (which the moved head makes stale)
+        with self.pin(serving.runtime_load_id):
+            head_files = await self.head_files()
+            verdict = await self.gate.judge(serving, head_files, content_id, candidate.files, candidate.held_out,
+                                            starved=candidate.starved, live=candidate.live)
         # the head's harness (a seeded one) stays with the new weights
         files = {**candidate.files, **{p: d for p, d in head_files.items() if p.startswith(HARNESS_PREFIX)}}
         return await self.settle(candidate, artifact(candidate, files), verdict, head.release_id,
@@ -58,7 +70,9 @@ class CandidatePublisher:
         """Let the gate answer its tasks for the serving release ahead of the next candidate."""
         if self.gate is None:
             return 0
-        return await self.gate.warm(self.chain.serving(), starved, files=self.head_files)
+        serving = self.chain.serving()
+        with self.pin(serving.runtime_load_id):
+            return await self.gate.warm(serving, starved, files=self.head_files)
 
     async def settle(self, candidate: LearnedCandidate, artifact: Candidate, verdict: Verdict, judged_head: str, *,
                      high_water: int) -> Verdict:

@@ -37,6 +37,10 @@ def find_recipe(name: str) -> Any:
     return recipe
 
 
+# The default bound on a canary's fraction (learner.canary_max_fraction)
+CANARY_MAX_FRACTION = 0.1
+
+
 def _known_recipe(name: str) -> str:
     try:
         find_recipe(name)
@@ -161,7 +165,14 @@ class LearnerConfig(Strict):
         "auto", description="The trainer's weights: auto is float32 on the CPU, the engine's dtype on a GPU")
     gate: GateConfig = Field(default_factory=GateConfig)
     canary: dict[str, float] = Field(default_factory=dict, description="Scenarios that opt in to a canary: the "
-                                     "fraction (0-1] of their requests the weights candidate under test serves")
+                                     "fraction (0-1] of their requests the weights candidate under test serves "
+                                     "(a candidate the gate has not selected), at most canary_max_fraction")
+    # 0.1: a candidate the gate has not judged (a sabotaged one too, until its verdict or withdrawal)
+    # reaches at most one request in ten, while a canary still brings its line on-policy samples
+    canary_max_fraction: float = Field(CANARY_MAX_FRACTION, gt=0, le=1, description="The largest fraction of a "
+                                       "scenario's requests a canary (learner.canary) or the live split "
+                                       "(learner.gate.live_split) may serve: their requests are served by a "
+                                       "candidate the gate has not selected; raise it only knowingly")
 
     @field_validator("canary")
     @classmethod
@@ -170,6 +181,19 @@ class LearnerConfig(Strict):
             if not 0 < fraction <= 1:
                 raise ValueError(f"learner.canary.{scenario} must be a fraction in (0, 1], got {fraction}")
         return value
+
+    @model_validator(mode="after")
+    def _canary_within_bound(self) -> LearnerConfig:
+        bound = self.canary_max_fraction
+        asked = {f"learner.canary.{scenario}": fraction for scenario, fraction in self.canary.items()}
+        if self.gate.live_split is not None:
+            asked["learner.gate.live_split"] = self.gate.live_split
+        for name, fraction in asked.items():
+            if fraction > bound:
+                raise ValueError(f"{name} is {fraction}, above learner.canary_max_fraction ({bound}): a canary's "
+                                 "requests are served by a candidate the gate has not selected; lower it, or raise "
+                                 "learner.canary_max_fraction knowingly")
+        return self
 
     @model_validator(mode="after")
     def _recipe_sections(self) -> LearnerConfig:

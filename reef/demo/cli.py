@@ -30,7 +30,8 @@ import click
                    "own environment on first use, a few minutes; docs/engines.md) serving the same weights.")
 @click.option("--canary", type=click.FloatRange(0, 1), default=None,
               help="learner.canary of the demo's scenario: the fraction of requests the newest candidate under "
-                   "test serves (0: none, only published releases serve)  [default: 1.0]")
+                   "test, one the gate has not selected, serves (0: none, only published releases serve; above "
+                   "0.1 raises learner.canary_max_fraction with it)  [default: 0.1]")
 @click.option("--loss", type=click.Choice(["cispo", "ppo", "clipped_is"]), default=None,
               help="learner.sao.loss of the demo's learner: cispo weights every token's gradient by its "
                    "truncated ratio; ppo is PPO's clipped surrogate; clipped_is masks tokens outside the clip "
@@ -47,10 +48,10 @@ def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None
     example; --examples 0-3), scores each answer with a strict verifier (exact answer 1, the answer inside a short sentence 0.25, else 0; a
     truncated reply fails) and reports the score on its receipt. The learner trains LoRA
     candidates on that feedback; the gate publishes one only when it beats the serving release
-    on held-out questions that traffic never asks. The demo's scenario opts in to a canary:
-    its requests go to the newest candidate under test while the gate judges (--canary); once the
-    gate's questions stop telling candidates apart, the candidates and the serving release share the
-    requests and the live scores join the gate's test (learner.gate.live_split); after the first
+    on held-out questions that traffic never asks. The demo's scenario opts in to a canary: one
+    request in ten goes to the newest candidate under test, which the gate has not selected, while
+    the gate judges it (--canary); once the gate's questions stop telling candidates apart, the
+    line's live scores join the gate's test (learner.gate.live_split); after the first
     publication each candidate is judged on the half of the questions that did not choose the
     serving release (learner.gate.halves: after_first). Before the traffic and after it, the
     starting and the final release answer test questions that nothing is trained or selected

@@ -7,8 +7,11 @@ like any other, marked by their release id `canary-<batch id>`. Its reported rec
 freshest samples the learner has (the policy being trained continues from that candidate), and
 their live scores are compared with the serving release's latest (SERVING_WINDOW, so a canary
 serving every request still has a yardstick): a canary whose live scores are worse (one-sided
-two-sample z-test at WORSE_Z on the pooled variance, at least MIN_SCORES of each) is withdrawn at
-once, whatever the gate is still doing. The variance is pooled because scores are skewed: a few
+two-sample z-test at WORSE_Z on the pooled variance, at least MIN_SCORES of each; and from its
+WITHDRAW_BY-th score on, any mean below the serving release's) is withdrawn at once, whatever the
+gate is still doing, so a worse candidate serves at most WITHDRAW_BY reported requests (a client
+whose scores favour it, flipped or lying, is bounded only by the fraction, at most
+`learner.canary_max_fraction`). The variance is pooled because scores are skewed: a few
 scores of a canary as good as the serving release are often all 0 (variance 0), and a test on
 each side's own variance would then withdraw it on the serving side's spread alone. A scenario
 that does not opt in never gets one.
@@ -33,6 +36,11 @@ from reef.core.types import ReportedRecords
 CANARY_PREFIX = "canary-"
 MIN_SCORES = 8  # of each side before live scores may withdraw a canary
 WORSE_Z = 1.645  # one-sided 95%
+# The bound on a worse canary's reports: once it has this many scores, a mean below the serving
+# release's withdraws it whether or not the z-test is sure yet (a canary half a standard deviation
+# worse reaches WORSE_Z by then only about three times in four; one that is not worse loses only its
+# canary, never its verdict)
+WITHDRAW_BY = 32
 SERVING_WINDOW = 64  # the serving release's latest scores, the canary's yardstick (also at fraction 1)
 KEEP_CANARIES = 16  # recent canaries whose scores are kept (one may be published after a newer one started)
 MIN_SPLIT_SCORES = 32  # of each side before the split's live scores join a verdict
@@ -47,7 +55,9 @@ class CanaryServing(Protocol):  # reef.serve.canary.ScenarioCanary
     fraction: float
 
     async def start(self, batch_id: str, files: Mapping[str, bytes]) -> str:
-        """Serve `files` to the fraction; return the canary's release id."""
+        """Serve `files` to the fraction; return the canary's release id, as it begins to admit
+        requests and with nothing awaited after (the learner checks then that the head is still
+        its line's, before any request can meet the canary)."""
 
     async def stop(self) -> None:
         """Admit no more requests to it; its load goes once the last of them ends."""
@@ -58,9 +68,12 @@ def canary_release_id(batch_id: str) -> str:
 
 
 def live_worse(canary: Sequence[float], serving: Sequence[float]) -> bool:
-    """Whether live scores say the canary is worse than the serving release."""
+    """Whether live scores say the canary is worse than the serving release: surely (the z-test),
+    or, from its WITHDRAW_BY-th score on, its mean below the serving release's at all."""
     if len(canary) < MIN_SCORES or len(serving) < MIN_SCORES:
         return False
+    if len(canary) >= WITHDRAW_BY and _mean(canary) < _mean(serving):
+        return True
     return two_sample_z(ScoreSummary.of(serving), ScoreSummary.of(canary)) >= WORSE_Z
 
 

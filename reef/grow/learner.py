@@ -21,7 +21,9 @@ the release it would replace; a nearer one waits for the next, the same way. Wit
 judged tells the gate, which stops that verdict at its next undecided look. At most three
 batches are open: at the gate, waiting, in training. A
 candidate trained on from one the gate then found surely worse is abandoned (logged) unjudged,
-and a rollback sends training back to the head. With `gate.live_split` and a canary, once
+and a rollback or promote sends training back to the head: the canary stops at once (`head_moved`,
+called by the route on this front end; on another front end's, the learner sees the head moved at
+its next step), and no candidate of a line begun before the head moved is canaried or judged. With `gate.live_split` and a canary, once
 STALLED_VERDICTS verdicts in a row against one head run to their last look undecided with the
 candidate not behind on the tasks (a tie or more wins than losses), the canary
 serves the split's fraction until the head moves, and each later candidate goes to the gate with
@@ -168,6 +170,8 @@ class Learner:
         """Take in new reports; make a candidate when the recipe has a batch. True if it did work."""
         if self.judging is not None and self.judging.done():
             await self._judged()
+        if self._line_outrun():  # a rollback or promote on another front end (this one's calls head_moved)
+            await self.head_moved()
         items = self.store.reported_since(self.scenario, self.cursor, limit=512)
         if items:
             await self._watch_canary(items)
@@ -195,10 +199,8 @@ class Learner:
                                     max_open=3 if self.pipelined else 1)
         self.consumed.update(batch.record_ids)
         self.stats.batches += 1
-        if self._gate_idle() and self.chain.head().release_id != self.working_head:
-            self._drop_working("the head moved (a rollback)")
-            self.working_head = self.chain.head().release_id
-            await self._stop_canary()
+        if self._line_outrun():  # a rollback or promote: this batch trains from the new head
+            await self.head_moved()
         lineage = self.lineage
         job = await self._job(batch_id)
         self.stats.state = WORKING_STATE[self.recipe.surface]
@@ -214,6 +216,8 @@ class Learner:
             raise
         finally:
             self.algorithm_state = job.algorithm_state
+        if self.pipelined and self._line_outrun():  # the head moved while it trained: its line is void
+            await self.head_moved()
         if lineage != self.lineage:  # the candidate it trained on from was dropped meanwhile
             await self._abandon(batch_id, f"trained on from a candidate that was dropped: {self.drop_reason}")
             return
@@ -233,7 +237,7 @@ class Learner:
         if replaced is not None:
             await self._abandon(replaced[0].batch_id, f"superseded: batch {candidate.batch_id}, trained on from it, "
                                 "goes to the gate instead", routine=True)
-        await self._start_canary(candidate)
+        await self._start_canary(candidate, lineage)
         if self._gate_idle():
             await self._start_gate_turns()
         else:
@@ -323,10 +327,14 @@ class Learner:
                         type(exc).__name__, exc)
             return 0
 
-    async def _start_canary(self, candidate: LearnedCandidate) -> None:
+    async def _start_canary(self, candidate: LearnedCandidate, lineage: int) -> None:
         """The newest candidate of the line the gate judges serves the canary (in place of an
-        older one): the next candidate trains on from it, so its samples are nearly on-policy."""
+        older one): the next candidate trains on from it, so its samples are nearly on-policy.
+        Never one of a line the head has left (a rollback or promote since the line began)."""
         if self.canary is None:
+            return
+        if lineage != self.lineage or self._line_outrun():
+            await self._stop_canary()  # the one before is of that line too
             return
         self.canary.fraction = self.live_split if self.live.split and self.live_split else self.canary_fraction
         try:
@@ -338,11 +346,38 @@ class Learner:
             return
         self.canary_batch = candidate.batch_id
         self.live.start(release_id)
+        # `start` returned as the canary began to admit requests, nothing awaited since: a rollback
+        # that moved the head while it loaded is seen here before any request meets the canary (one
+        # that moves it later stops it itself, `head_moved`)
+        if lineage != self.lineage or self._line_outrun():
+            log.warning("learner %s: the canary of batch %s stopped as it started: the head moved under its line",
+                        self.scenario, candidate.batch_id)
+            await self._stop_canary()
 
     async def _stop_canary(self) -> None:
         if self.canary is not None and self.live.running:
             self.live.running, self.canary_batch = False, None
             await self.canary.stop()
+
+    async def head_moved(self) -> None:
+        """The head moved away from the line being trained (a rollback or promote): the canary
+        stops now, and the line is dropped, so no candidate trained from before is canaried or
+        judged; the next trains from the new head."""
+        head = self.chain.head().release_id
+        if head != self.working_head:
+            self._drop_working("the head moved (a rollback or promote)")
+            self.working_head = head
+        await self._stop_canary()
+
+    def _line_outrun(self) -> bool:
+        """Whether the head is no longer the one the working line continues from, other than by
+        this learner's own publication, which its gate makes before the verdict reaches the learner."""
+        head = self.chain.head()
+        if head.release_id == self.working_head:
+            return False
+        own = (self.at_gate is not None and head.operation is Operation.TRAINING
+               and head.parent_release_id == self.working_head)
+        return not own
 
     async def _watch_canary(self, items: list[ReportedRecords]) -> None:
         """Withdraw the canary at once when its live scores are worse than the serving release's."""
@@ -379,7 +414,9 @@ class Learner:
                 span.set_attributes({"reef.gate.decision": verdict.decision,
                                      **spans.numeric("reef.gate.", verdict.metrics)})
         except StaleHead as exc:  # a rollback or promote moved the head while the gate ran
-            self._drop_working("the head moved during evaluation")
+            if self.chain.head().release_id != self.working_head:  # not dropped already (head_moved)
+                self._drop_working("the head moved during evaluation")
+                self.working_head = self.chain.head().release_id
             await self._abandon(candidate.batch_id, f"head_moved: the head moved during evaluation: {exc}")
             return
         except Exception as exc:
@@ -393,7 +430,7 @@ class Learner:
             self.evidence = LineageEvidence()
             if verdict.decision == "select" and self.canary is not None:
                 self.live.published(head, canary_release_id(candidate.batch_id))
-        elif head not in (candidate.base_release_id, self.published_here):
+        elif head != self.working_head:  # not yet noticed (`head_moved` sets working_head)
             self._drop_working("the head moved (a rollback or promote) while the gate judged")
         elif not promising(verdict):  # the next candidate starts from the head
             self._drop_working("the gate found it worse than the serving release")

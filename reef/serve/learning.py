@@ -14,7 +14,8 @@ learner runs on one front end only: the one holding its lease. Every front end w
 scenario its configuration lets it learn; every second each tries to take the leases nobody
 holds and checks the ones it holds. A front end that loses a lease (its database connection
 dropped) stops that learner at once; the one that takes it builds a fresh learner from the
-commit log, which resumes (or abandons, logged) the batches the log shows open.
+commit log, which resumes the batches the log shows open (abandoning, logged, only one whose
+records are gone from the experience store).
 """
 
 from __future__ import annotations
@@ -203,7 +204,16 @@ class Learning:
             await gate.check_lengths()  # InvalidInput before the trainer starts
             await worker.start()  # TrainingFailed (e.g. learner.device: cuda without a GPU) leaves no worker
             self.worker, self._gate = worker, gate
-        return CandidatePublisher(chain, self._gate, self.scenarios.serve_release)
+        return CandidatePublisher(chain, self._gate, self.scenarios.serve_release, pin=self.scenarios.pin)
+
+    async def head_moved(self, scenario: str) -> None:
+        """An operator moved the head (a rollback or promote, answered by this front end): the
+        scenario's canary stops before the answer, and its learner drops the line trained from the
+        head it replaced. (On another front end, its learner sees the head moved at its next step.)"""
+        learner = self.learners.get(scenario)
+        if learner is not None:
+            await learner.head_moved()
+        await self.scenarios.stop_canary(scenario)  # a canary with no learner here: none admitted from now
 
     def _harness_publisher(self, chain: Any, name: str, recipe: Any) -> HarnessPublisher:
         gate_config = recipe.harness_gate

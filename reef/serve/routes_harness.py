@@ -63,6 +63,7 @@ def build_router() -> APIRouter:
         chain = app.state.chain(check_scenario_name(name))
         expected = check_id(body.expected_head, "expected_head") if body.expected_head else None
         release = await asyncio.to_thread(chain.promote, check_id(body.release_id, "release_id"), expected)
+        await app.learning.head_moved(name)  # the canary stops before the answer (its line is not the head's)
         serving = await app.scenarios.serve_release(chain, release)
         return {"release": release.to_json(), "serving": serving.to_json()}
 

@@ -160,6 +160,7 @@ def build_router() -> APIRouter:
         # no expected_head: the chain stacks it on the head of the moment, read under the log's lock
         release = await asyncio.to_thread(chain.rollback, check_id(body.release_id, "release_id"),
                                           body.expected_head or None)
+        await app.learning.head_moved(name)  # the canary stops before the answer (its line is not the head's)
         serving = await app.scenarios.serve_release(chain, release)
         return {"release": release.to_json(), "serving": serving.to_json()}
 

@@ -23,8 +23,8 @@ import asyncio
 import logging
 import random
 from collections import Counter
-from contextlib import asynccontextmanager
-from typing import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from typing import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 
 from reef.commit.release_chain import ReleaseChain
 from reef.commit.state import ReefState
@@ -87,6 +87,21 @@ class ScenarioDirectory:
 
     def pinned(self, runtime_load_id: str) -> int:
         return self._pins.get(runtime_load_id, 0)
+
+    @contextmanager
+    def pin(self, runtime_load_id: str | None) -> Iterator[None]:
+        """Keep a load from being unloaded while held, as a request's admission does (the weights
+        gate answers on the serving release's load: a rollback meanwhile must not pull it away)."""
+        if runtime_load_id is None:
+            yield
+            return
+        self._pins[runtime_load_id] += 1
+        try:
+            yield
+        finally:
+            self._pins[runtime_load_id] -= 1
+            if not self._pins[runtime_load_id]:
+                del self._pins[runtime_load_id]
 
     async def resolve(self, name: str, recipe: str | None = None, release_id: str | None = None) -> ReleaseChain:
         check_scenario_name(name)
