@@ -172,6 +172,7 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
 
             config = worker_config(config, worker.index)
         _check_install(config)  # git, and the extras the settings need, before a minute of model loading
+        _check_shared_artifacts(config)
         _check_gate(config)
         built = build_runtime(config, progress=say)
         app = create_app(config, built)
@@ -214,6 +215,19 @@ def _check_install(config: ServeConfig) -> None:
         require("a postgresql:// store (the PostgreSQL experience store)", "postgres")
     if config.runtime_kind == "embedded":
         require_embedded(config)
+
+
+def _check_shared_artifacts(config: ServeConfig) -> None:
+    """On PostgreSQL every front end follows releases others publish, and reads their content
+    from the artifact remote: without one, a release published elsewhere could not be served here.
+    `--workers` makes its own remote (its workers are given it), so only a lone front end is refused."""
+    from reef.serve.workers import on_postgres
+
+    if on_postgres(config) and not (config.artifacts.remote or "").strip():
+        raise ReefError("refusing to serve a postgresql:// store without artifacts.remote: front ends on one "
+                        "database share releases, and this one could not read the content of those another "
+                        "publishes; set artifacts.remote to a git URL or bare repository every front end reaches "
+                        "(docs/deploy.md), or serve this machine's front ends with --workers, which makes one")
 
 
 def _check_gate(config: ServeConfig) -> None:

@@ -74,6 +74,7 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     follower = HeadFollower(state, scenarios) if getattr(state.commit_logs, "shared", False) else None
     metrics.watch_runtime(runtime)
     metrics.watch_learning(learning.status)
+    metrics.watch_unreachable(scenarios.unreachable.count)
     reef = ReefApp(config, state, state.store, runtime, scenarios,
                    InferenceService(state.store, scenarios, runtime, metrics, config.limits, tracing), metrics, learning)
 

@@ -3,7 +3,7 @@
 What a request pays is a few counter and histogram updates when it ends (and, for a stream, one
 observation at its first token). The embedded runtime reports each batch once, from its worker
 thread (`observe_batch`), not each token. Resident runtime loads and the learners' counters are
-read only when `/metrics` is scraped (`watch_runtime`, `watch_learning`).
+read only when `/metrics` is scraped (`watch_runtime`, `watch_learning`, `watch_unreachable`).
 """
 
 from __future__ import annotations
@@ -64,6 +64,14 @@ class Metrics:
             loads.labels(kind).set_function(lambda kind=kind: resident().get(kind, 0))  # type: ignore[misc]
         if hasattr(runtime, "batch_observer"):
             runtime.batch_observer = self.observe_batch
+
+    def watch_unreachable(self, count: Callable[[str], int]) -> None:
+        """Scenarios whose head this front end cannot read, by what it serves instead (`older`; `none`:
+        its requests get 503), read at scrape time (`reef/serve/unreachable.py`)."""
+        gauge = Gauge("reef_scenarios_unreachable", "Scenarios whose head this front end cannot read, by what it "
+                      "serves instead (older, none)", ["serving"], registry=self.registry)
+        for serving in ("older", "none"):
+            gauge.labels(serving).set_function(lambda serving=serving: count(serving))  # type: ignore[misc]
 
     def watch_learning(self, status: Callable[[], dict[str, Any]]) -> None:
         """The learners' counters (`/reef/status`'s `learning.learners[]`), read at scrape time."""

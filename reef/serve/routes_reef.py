@@ -172,7 +172,9 @@ def build_router() -> APIRouter:
             "serving": {"runtime": app.runtime.name, "models": app.runtime.served_models(),
                         "in_flight": int(app.metrics.in_flight._value.get()),  # noqa: SLF001
                         # an engine's resident adapters (runtimes vllm, sglang); null where the runtime lists none
-                        "adapters": app.runtime.resident_adapters() if hasattr(app.runtime, "resident_adapters") else None},
+                        "adapters": app.runtime.resident_adapters() if hasattr(app.runtime, "resident_adapters") else None,
+                        # heads this front end cannot read (reef/serve/unreachable.py): what it serves instead
+                        "unreachable": app.scenarios.unreachable.status()},
             "learning": app.learning.status(),
             "provenance": {"runtime_verifies_tokens": app.runtime.verifies_tokens,
                            "unverified_records": _counter_total(app.metrics.unverified)},

@@ -15,6 +15,9 @@ head (`follow_head`: fetch the content if this front end lacks it, load it, move
 pointer; the previous load is unloaded once no request of this front end pins it). Scenarios
 another front end created become known here, and the `on_created` hooks run for each scenario
 the first time the follower sees it (`Learning.ensure`, which is idempotent, wants its lease).
+A head whose content this front end cannot read is not served: it keeps serving the last
+release it has loaded (503 where it has none), says so (`reef/serve/unreachable.py`), and
+tries again every second.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from reef.commit.release_chain import ReleaseChain
 from reef.commit.state import ReefState
 from reef.config import HarnessConfig, RecipeConfig
 from reef.core.canonical import check_scenario_name, content_id_of
-from reef.core.errors import Conflict, Forbidden, NotFound, ReefError
+from reef.core.errors import Conflict, Forbidden, MissingArtifact, NotFound, ReefError
 from reef.core.types import Release, ReleaseRef
 from reef.runtimes.base import Runtime
+from reef.serve.unreachable import FIX, ReleaseUnreachable, UnreachableReleases
 from reef.surfaces.inject import HarnessInjector
 from reef.surfaces.seed import HarnessSeeds
 
@@ -57,11 +61,15 @@ class ScenarioDirectory:
         self.canaries: dict[str, tuple[ReleaseRef, float]] = {}  # scenario -> (the canary, its fraction)
         self._random = random.Random()
         self.on_created: list[Callable[[str], Awaitable[None]]] = []  # e.g. start its learner
+        self.unreachable = UnreachableReleases()  # releases this front end cannot read, per scenario
 
     async def start(self) -> None:
         """Load every existing scenario's head, so the first request after a restart is fast."""
         for name in self.state.scenarios():
-            await self._ensure_loaded(self.state.chain(name))
+            try:
+                await self._ensure_loaded(self.state.chain(name))
+            except ReleaseUnreachable:
+                continue  # recorded and logged; its requests get 503 until the follower can read it
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -174,8 +182,15 @@ class ScenarioDirectory:
             previous = await self._load_serving(chain)
             head = await asyncio.to_thread(chain.head)
             if head.release_id == previous.release_id:
+                self.unreachable.clear(chain.scenario)
                 return None
-            ref = await self._swap(chain, previous, head)
+            try:
+                ref = await self._swap(chain, previous, head)
+            except MissingArtifact as exc:  # keep serving what is loaded; the follower tries again
+                self.unreachable.note(chain.scenario, head.release_id, previous.release_id, str(exc))
+                raise ReleaseUnreachable(f"scenario {chain.scenario!r}: cannot read release {head.release_id} "
+                                         f"({exc}); serving release {previous.release_id} meanwhile") from exc
+        self.unreachable.clear(chain.scenario)
         self._retire(previous, ref)
         return ref
 
@@ -222,6 +237,10 @@ class ScenarioDirectory:
         ref = chain.serving()
         if ref.runtime_load_id is not None:
             return ref
+        # a read that failed within the follower's interval is not tried again per request
+        failed = self.unreachable.recent(chain.scenario, ref.release_id, FOLLOW_INTERVAL_S)
+        if failed is not None:
+            raise _nothing_to_serve(chain.scenario, ref.release_id, failed.reason)
         async with self._lock(chain.scenario):
             return await self._load_serving(chain)
 
@@ -230,7 +249,11 @@ class ScenarioDirectory:
         ref = chain.serving()
         if ref.runtime_load_id is not None:
             return ref
-        files = await asyncio.to_thread(self.state.artifacts.files, ref.release_id)
+        try:
+            files = await asyncio.to_thread(self.state.artifacts.files, ref.release_id)
+        except MissingArtifact as exc:  # a release the log names and this front end cannot read: 503, not 404
+            self.unreachable.note(chain.scenario, ref.release_id, None, str(exc))
+            raise _nothing_to_serve(chain.scenario, ref.release_id, str(exc)) from exc
         load_id = await self.runtime.load(ref.content_id, files)
         self.harness.remember(ref.content_id, files)
         loaded = ReleaseRef(ref.release_id, ref.content_id, load_id)
@@ -291,7 +314,9 @@ class HeadFollower:
                 if chain is None:
                     continue
                 ref = await self.scenarios.follow_head(chain)
-            except ReefError as exc:  # e.g. MissingArtifact naming what the remote lacks: tried again next time
+            except ReleaseUnreachable:  # recorded and logged by the directory; tried again next time
+                continue
+            except ReefError as exc:  # e.g. the commit log unreachable: tried again next time
                 self._note(name, str(exc))
                 continue
             self.seen[name] = step
@@ -307,6 +332,11 @@ class HeadFollower:
         if self._failing.get(name) != problem:  # once per distinct problem, not once a second
             self._failing[name] = problem
             log.warning("cannot follow the head of %s: %s", name, problem)
+
+
+def _nothing_to_serve(scenario: str, release_id: str, reason: str) -> ReleaseUnreachable:
+    return ReleaseUnreachable(f"scenario {scenario!r} has no release this front end can serve: it cannot read "
+                              f"release {release_id} ({reason}); {FIX}")
 
 
 def _check_request_binding(name: str, binding: dict, recipe: str | None, release_id: str | None) -> None:
