@@ -27,6 +27,7 @@ from reef.runtimes.base import Runtime
 from reef.serve import routes_harness, routes_install, routes_reef, routes_v1
 from reef.serve.auth import TokenAuth
 from reef.serve.body_limit import BodyLimit
+from reef.serve.cross_site import JsonBodies, LoopbackOnly, own_hosts
 from reef.serve.hot_routes import HOT, HotRoutes
 from reef.serve.http_errors import error_response, reef_error_handler
 from reef.serve.inference import InferenceService
@@ -119,8 +120,11 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
 
     app.add_middleware(HotRoutes, service=reef.inference)  # innermost: after the guards below
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, max_header_bytes=config.limits.max_header_bytes)
+    app.add_middleware(JsonBodies)  # inside the token check: a request without the token still gets 401
     app.add_middleware(TokenAuth, tokens=config.tokens)
     app.add_middleware(Dashboard)  # outside the token check: /ui's static files hold no data
+    if not config.tokens:  # a browser never adds a token: without one, refuse what another site could send
+        app.add_middleware(LoopbackOnly, own_hosts=own_hosts(config), check_host=not config.insecure)
     app.add_middleware(RequestLog, hot=HOT)  # outermost: a request refused by any guard gets its line too
     return app
 
