@@ -62,7 +62,14 @@ import httpx
 
 from reef.observe.store import ExperienceStore
 from tests.helpers.acked_check import CheckResult, check
-from tests.helpers.mixed_load import MESSAGES, Ledger, LoadShape, MixedLoad
+from tests.helpers.mixed_load import (
+    MESSAGES,
+    Ledger,
+    LoadShape,
+    MixedLoad,
+    PinnedRollback,
+)
+from tests.helpers.process_tree import kill_tree
 from tests.helpers.reef_server import ReefServer
 from tests.helpers.reef_workers import ReefWorkers
 from tests.scripted_upstream import ScriptedUpstream
@@ -72,7 +79,8 @@ DEFAULT_KILLS = "64,24,16"
 SCENARIOS = ("kill-a", "kill-b", "kill-c")
 WORKERS = 3
 SERVE_AGAIN_TIMEOUT_S = 120.0
-ORPHAN_GRACE_S = 3.0  # how long the workers of a killed supervisor may take to die
+ORPHAN_GRACE_S = 3.0
+ROLLBACK_WINDOW_S = 0.15  # a kill aimed at a rollback lands this long after it was sent, at most  # how long the workers of a killed supervisor may take to die
 TITLES = {
     "one": "one process",
     "sqlite": f"--workers {WORKERS} on SQLite",
@@ -118,9 +126,10 @@ class LoopRecord:
     def inspected(self, result: dict[str, Any]) -> None:
         self.inspections.append(result)
         if not result["clean"]:
+            locks = result.get("git_lock_files", [])
             self.fail(
-                f"{result['what']} not clean: rc {result['rc']}, stale locks {result['stale_locks']}\n"
-                f"{result['output']}"
+                f"{result['what']} not clean: rc {result['rc']}, lines naming a stale lock "
+                f"{result['stale_locks']}, *.lock files left in git {locks}\n{result['output']}"
             )
 
     def checked(self, result: CheckResult, when: str) -> None:
@@ -257,6 +266,10 @@ class Settings:
     supervisor_share: float
     pg_stops: int
     workdir: Path
+    # the share of kills aimed at a process while it runs a rollback
+    in_rollback: float = 0.0
+    # the share of kills that take the victim's child processes too
+    tree_share: float = 0.0
 
 
 def base_settings(upstream: ScriptedUpstream) -> dict[str, Any]:
@@ -290,6 +303,37 @@ def run_checked(
     return result
 
 
+def kill_mid_rollback(
+    url: str, ledger: Ledger, rng: random.Random, tree: bool
+) -> dict[str, Any] | None:
+    """Send a rollback on a connection to a known process and SIGKILL that process (`strike`)
+    a random moment later, while the rollback's git and commit-log writes may be running (where a
+    stale `*.lock` comes from). None when no process answered to be aimed at."""
+    pinned = PinnedRollback(url, rng.choice(ledger.scenarios), ledger)
+    if pinned.pid is None:
+        pinned.finish()
+        return None
+    pinned.start()
+    delay = rng.uniform(0.0, ROLLBACK_WINDOW_S)
+    time.sleep(delay)
+    strike(pinned.pid, tree)
+    pinned.finish()
+    return {"pid": pinned.pid, "mid_rollback_after_s": round(delay, 3)}
+
+
+def strike(pid: int, tree: bool) -> None:
+    """SIGKILL `pid`; with `tree`, its descendants (a `git` it runs) in the same sweep."""
+    if tree:
+        kill_tree(pid)
+    else:
+        os.kill(pid, signal.SIGKILL)
+
+
+def mid(event: dict[str, Any]) -> str:
+    after = event.get("mid_rollback_after_s")
+    return "" if after is None else f" {after:.3f} s into a rollback"
+
+
 def pause(rng: random.Random, gap: tuple[float, float]) -> None:
     """Until the random moment of the next kill, the load going on."""
     time.sleep(rng.uniform(*gap))
@@ -316,7 +360,13 @@ def loop_one(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> Non
         for n in range(1, s.kills + 1):
             pause(rng, s.gap)
             pid = reef.process.pid if reef.process else -1
-            reef.kill()
+            tree = rng.random() < s.tree_share
+            aimed = None
+            if rng.random() < s.in_rollback:
+                aimed = kill_mid_rollback(reef.url, ledger, rng, tree)
+            if aimed is None:
+                strike(pid, tree)
+            reef.kill()  # reaps it
             reef.stop()  # closes its log; the process is gone
             record.kills["serve"] += 1
             record.inspected(
@@ -339,12 +389,14 @@ def loop_one(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> Non
                     "kill": n,
                     "victim": "serve",
                     "pid": pid,
+                    "tree": tree,
+                    **(aimed or {}),
                     "serve_again_s": round(took, 3),
                     "check_ok": result.ok,
                 }
             )
             record.say(
-                f"kill {n}/{s.kills}: serve pid {pid}; serving again in {took:.2f} s; "
+                f"kill {n}/{s.kills}: serve pid {pid}{mid(aimed or {})}; serving again in {took:.2f} s; "
                 f"{result.receipts.acked} receipts, check {'ok' if result.ok else 'FAILED'}"
             )
     finally:
@@ -394,14 +446,24 @@ def finish(
 
 
 def kill_a_worker(
-    workers: ReefWorkers, rng: random.Random, record: LoopRecord, n: int
+    workers: ReefWorkers,
+    rng: random.Random,
+    record: LoopRecord,
+    n: int,
+    aim_at_rollback: Ledger | None = None,
+    tree: bool = False,
 ) -> dict[str, Any]:
-    """SIGKILL one worker; seconds until the supervisor's replacement answers a request."""
+    """SIGKILL one worker (with `aim_at_rollback`, the one running a rollback sent for the
+    purpose); seconds until the supervisor's replacement answers a request."""
     before = set(workers.worker_pids())
     if not before:
         raise LoopAborted(f"no worker alive before kill {n}:\n{workers.logs()}")
-    pid = rng.choice(sorted(before))
-    os.kill(pid, signal.SIGKILL)
+    aimed = None
+    if aim_at_rollback is not None:
+        aimed = kill_mid_rollback(workers.url, aim_at_rollback, rng, tree)
+    pid = aimed["pid"] if aimed else rng.choice(sorted(before))
+    if aimed is None:
+        strike(pid, tree)
     killed_at = time.monotonic()
     record.kills["worker"] += 1
     deadline = killed_at + SERVE_AGAIN_TIMEOUT_S
@@ -416,7 +478,13 @@ def kill_a_worker(
         if new and workers.pid_serving() in new:
             took = time.monotonic() - killed_at
             record.serve_again_s["worker"].append(took)
-            return {"victim": "worker", "pid": pid, "serve_again_s": round(took, 3)}
+            return {
+                "victim": "worker",
+                "pid": pid,
+                "tree": tree,
+                **(aimed or {}),
+                "serve_again_s": round(took, 3),
+            }
         time.sleep(0.05)
     raise LoopAborted(
         f"no replacement for worker {pid} served within {SERVE_AGAIN_TIMEOUT_S:.0f} s:\n{workers.logs()}"
@@ -482,10 +550,12 @@ def loop_sqlite(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> 
                 )
                 took = restart_supervisor(workers, record, "it exited", inspect(n))
                 record.serve_again_s["supervisor"].append(took)
+            tree = rng.random() < s.tree_share
             if rng.random() < s.supervisor_share:
-                event = kill_supervisor(workers, record, n, inspect(n))
+                event = kill_supervisor(workers, record, n, inspect(n), tree)
             else:
-                event = kill_a_worker(workers, rng, record, n)
+                aim = ledger if rng.random() < s.in_rollback else None
+                event = kill_a_worker(workers, rng, record, n, aim, tree)
                 if "supervisor_exited" in event:
                     record.fail(
                         f"the supervisor exited with {event['supervisor_exited']} after worker kill {n} "
@@ -499,7 +569,7 @@ def loop_sqlite(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> 
             )
             record.events.append({"kill": n, **event, "check_ok": result.ok})
             record.say(
-                f"kill {n}/{s.kills}: {event['victim']} pid {event['pid']}; serving again in "
+                f"kill {n}/{s.kills}: {event['victim']} pid {event['pid']}{mid(event)}; serving again in "
                 f"{event.get('serve_again_s', float('nan')):.2f} s; {result.receipts.acked} receipts, "
                 f"check {'ok' if result.ok else 'FAILED'}"
             )
@@ -517,14 +587,27 @@ def loop_sqlite(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> 
 
 
 def kill_supervisor(
-    workers: ReefWorkers, record: LoopRecord, n: int, inspect: Callable[[], None]
+    workers: ReefWorkers,
+    record: LoopRecord,
+    n: int,
+    inspect: Callable[[], None],
+    tree: bool = False,
 ) -> dict[str, Any]:
+    """SIGKILL the supervisor (with `tree`: with its workers and their children, the whole
+    service at once), start it again."""
     pid = workers.supervisor.pid if workers.supervisor else -1
+    if tree and pid > 0:
+        kill_tree(pid)
     workers.kill_supervisor()
     record.kills["supervisor"] += 1
     took = restart_supervisor(workers, record, f"kill {n}", inspect)
     record.serve_again_s["supervisor"].append(took)
-    return {"victim": "supervisor", "pid": pid, "serve_again_s": round(took, 3)}
+    return {
+        "victim": "supervisor",
+        "pid": pid,
+        "tree": tree,
+        "serve_again_s": round(took, 3),
+    }
 
 
 def stop_workers(workers: ReefWorkers, record: LoopRecord) -> None:
@@ -609,13 +692,13 @@ def run_postgres_kills(
             if n in stops_before:
                 stop_postgres(cluster, d, rng, record, n, ledger, open_store)
             bring_back(d, record, n)
-            event = kill_pg_part(d, rng, record, n, s.supervisor_share)
+            event = kill_pg_part(d, rng, record, n, s, ledger)
             result = run_checked(
                 record, ledger, open_store, d.urls, rng, f"after kill {n}"
             )
             record.events.append({"kill": n, **event, "check_ok": result.ok})
             record.say(
-                f"kill {n}/{s.kills}: {event['victim']} pid {event['pid']}; serving again in "
+                f"kill {n}/{s.kills}: {event['victim']} pid {event['pid']}{mid(event)}; serving again in "
                 f"{event.get('serve_again_s', float('nan')):.2f} s; {result.receipts.acked} receipts, "
                 f"check {'ok' if result.ok else 'FAILED'}"
             )
@@ -714,8 +797,11 @@ def kill_pg_part(
     rng: random.Random,
     record: LoopRecord,
     n: int,
-    supervisor_share: float,
+    s: Settings,
+    ledger: Ledger,
 ) -> dict[str, Any]:
+    """SIGKILL the supervisor, the second front end or a worker, and bring it back."""
+    supervisor_share, tree = s.supervisor_share, rng.random() < s.tree_share
     roll = rng.random()
     if roll < supervisor_share:
         return kill_supervisor(
@@ -728,10 +814,16 @@ def kill_pg_part(
                     f"git locks of the workers after kill {n}",
                 )
             ),
+            tree,
         )
     if roll < supervisor_share + (1 - supervisor_share) / 3:
         pid = d.front.process.pid if d.front.process else -1
-        d.front.kill()
+        aimed = None
+        if rng.random() < s.in_rollback:
+            aimed = kill_mid_rollback(d.front.url, ledger, rng, tree)
+        if aimed is None:
+            strike(pid, tree)
+        d.front.kill()  # reaps it
         d.front.stop()
         record.kills["front end"] += 1
         record.inspected(
@@ -741,8 +833,15 @@ def kill_pg_part(
         )
         took = restart_front(d, n)
         record.serve_again_s["front end"].append(took)
-        return {"victim": "front end", "pid": pid, "serve_again_s": round(took, 3)}
-    event = kill_a_worker(d.workers, rng, record, n)
+        return {
+            "victim": "front end",
+            "pid": pid,
+            "tree": tree,
+            **(aimed or {}),
+            "serve_again_s": round(took, 3),
+        }
+    aim = ledger if rng.random() < s.in_rollback else None
+    event = kill_a_worker(d.workers, rng, record, n, aim, tree)
     if "supervisor_exited" in event:
         record.fail(
             f"the supervisor exited with {event['supervisor_exited']} after worker kill {n}:\n"
@@ -843,6 +942,10 @@ def summarize(record: LoopRecord) -> dict[str, Any]:
         "kills_planned": record.kills_planned,
         "sigkills": dict(record.kills),
         "sigkills_total": sum(record.kills.values()),
+        "sigkills_mid_rollback": sum(
+            1 for e in record.events if "mid_rollback_after_s" in e
+        ),
+        "sigkills_with_children": sum(1 for e in record.events if e.get("tree")),
         "postgres_stops": sum(
             1 for e in record.events if e.get("victim") == "postgres"
         ),
@@ -884,6 +987,8 @@ def _spread(values: list[float]) -> dict[str, float] | None:
 def print_table(row: dict[str, Any]) -> None:
     print(
         f"\nloop {row['loop']}: {row['title']}: {row['sigkills_total']} SIGKILLs {row['sigkills']}"
+        f" ({row['sigkills_mid_rollback']} aimed at a rollback in flight, "
+        f"{row['sigkills_with_children']} with the victim's child processes)"
         + (
             f", {row['postgres_stops']} PostgreSQL stops"
             if row["postgres_stops"]
@@ -1053,6 +1158,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "default: 0.25)",
     )
     parser.add_argument(
+        "--kill-in-rollback",
+        type=float,
+        default=0.3,
+        metavar="SHARE",
+        help="the share of kills of a serving process (not the supervisor) aimed at it while it runs a "
+        "rollback: a rollback is sent on a connection to it and the SIGKILL follows 0-0.15 s later, "
+        "inside its git and commit-log writes (default: 0.3)",
+    )
+    parser.add_argument(
+        "--tree-share",
+        type=float,
+        default=0.5,
+        metavar="SHARE",
+        help="the share of kills that SIGKILL the victim's child processes in the same sweep, as a "
+        "container stop or a cgroup kill does (a git the victim runs dies with it; a supervisor "
+        "takes its workers along); the others SIGKILL the one process, as the OOM killer does "
+        "(default: 0.5)",
+    )
+    parser.add_argument(
         "--pg-stops",
         type=int,
         default=2,
@@ -1111,6 +1235,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 args.supervisor_share,
                 args.pg_stops,
                 workdir,
+                args.kill_in_rollback,
+                args.tree_share,
             )
             record = LoopRecord(name, settings.kills)
             print(

@@ -253,25 +253,57 @@ class MixedLoad:
             )
 
     def _rollback(self, http: httpx.Client, url: str, scenario: str) -> None:
-        started = time.monotonic()
+        rollback(http, url, scenario, self.ledger)
+
+
+def rollback(http: httpx.Client, url: str, scenario: str, ledger: Ledger) -> None:
+    """Roll `scenario` back to its first release; the answer goes in `ledger`."""
+    started = time.monotonic()
+    try:
+        answer = http.post(
+            f"{url}/reef/scenarios/{scenario}/rollback",
+            json={"release_id": ledger.first_releases[scenario]},
+            timeout=60,
+        )
+    except httpx.HTTPError as exc:
+        ledger.failed("rollback", _connection_kind(exc), _error_name(exc))
+        return
+    if answer.status_code == 200:
+        ledger.release(
+            answer.json()["release"]["release_id"], scenario, time.monotonic() - started
+        )
+    else:  # 409: a concurrent rollback moved the head first
+        ledger.failed(
+            "rollback", _kind(answer.status_code), f"{answer.status_code} {answer.text}"
+        )
+
+
+class PinnedRollback:
+    """A rollback on a connection whose serving process is known (`pid`, read from
+    `/reef/status` on the same keep-alive connection), so that very process can be killed while
+    the rollback's git and commit-log writes run.
+
+        pinned = PinnedRollback(url, scenario, ledger)
+        pinned.start(); time.sleep(delay); os.kill(pinned.pid, SIGKILL); pinned.finish()
+    """
+
+    def __init__(self, url: str, scenario: str, ledger: Ledger) -> None:
+        self.url, self.scenario, self.ledger = url, scenario, ledger
+        self.http = httpx.Client(timeout=60)
+        self.pid: int | None = None
         try:
-            answer = http.post(
-                f"{url}/reef/scenarios/{scenario}/rollback",
-                json={"release_id": self.ledger.first_releases[scenario]},
-                timeout=60,
-            )
-        except httpx.HTTPError as exc:
-            self.ledger.failed("rollback", _connection_kind(exc), _error_name(exc))
-            return
-        if answer.status_code == 200:
-            self.ledger.release(
-                answer.json()["release"]["release_id"],
-                scenario,
-                time.monotonic() - started,
-            )
-        else:  # 409: a concurrent rollback moved the head first
-            self.ledger.failed(
-                "rollback",
-                _kind(answer.status_code),
-                f"{answer.status_code} {answer.text}",
-            )
+            name = self.http.get(f"{url}/reef/status").json()["learning"]["front_end"]
+            self.pid = int(name.rsplit(" ", 1)[1])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError):
+            pass
+        self.thread = threading.Thread(
+            target=rollback, args=(self.http, url, scenario, ledger), daemon=True
+        )
+
+    def start(self) -> PinnedRollback:
+        self.thread.start()
+        return self
+
+    def finish(self) -> None:
+        self.thread.join(timeout=70)
+        self.http.close()
