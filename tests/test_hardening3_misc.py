@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,7 +21,7 @@ from reef.commit.release_chain import Candidate
 from reef.commit.state import ReefState
 from reef.core.types import ArtifactKind, Record, RecordStatus, Verdict
 from reef.surfaces.harness import HarnessTree, Skill
-from tests.helpers.reef_server import ReefServer
+from tests.helpers.reef_server import ROOT, ReefServer
 from tests.scripted_upstream import ScriptedUpstream
 
 SCENARIO = "exported"
@@ -189,3 +190,61 @@ def test_reef_agent_writes_through_a_link_that_stays_inside_the_project(agent_re
     assert (project / "CLAUDE.md").is_symlink()
     assert "Work carefully." in (project / "AGENTS.md").read_text()
     assert (project / "shared" / "skills" / "reef-notes" / "SKILL.md").read_text().endswith("Steps.\n")
+
+
+# -- (d) recipes named by a dotted path ----------------------------------------------------
+
+
+def serve_refusal(tmp_path: Path, config: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`reef serve` on `config` (a recipe setting it refuses): a real process, to its exit."""
+    path = tmp_path / "reef.yaml"
+    path.write_text('upstream: {url: "http://127.0.0.1:9/v1", model: m}\n' + config)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (ROOT, pythonpath) if p),
+           "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "reef", "serve", "-c", str(path), "--state-dir",
+                           str(tmp_path / "state"), "--port", "9"], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=tmp_path)
+
+
+MALFORMED_RECIPES = {
+    "no colon": ("reef.recipes.sao", "unknown recipe 'reef.recipes.sao'"),
+    "relative": (".relative:Recipe", "is not a dotted path"),
+    "a file path": ("reef/recipes/sao.py:SAORecipe", "is not a dotted path"),
+    "missing module": ("no_such_package.recipes:Recipe", "No module named 'no_such_package'"),
+    "missing attribute": ("reef.recipes.sao:NoSuchRecipe", "has no 'NoSuchRecipe'"),
+    "not a class": ("reef.cli:main", "not a recipe class"),
+    "not a recipe": ("reef.core.errors:InvalidInput", "is not a recipe: it lacks"),
+    "module fails to import": ("half_written_recipe:Recipe",
+                               "importing half_written_recipe failed: RuntimeError: not finished"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED_RECIPES))
+def test_reef_serve_says_what_is_wrong_with_a_recipe_path_in_one_line(tmp_path: Path, case: str) -> None:
+    path, words = MALFORMED_RECIPES[case]
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "half_written_recipe.py").write_text('raise RuntimeError("not finished")\n')
+    for config in (f'recipes: {{default: "{path}"}}\n', f'recipes: {{scenarios: {{coding: "{path}"}}}}\n'):
+        done = serve_refusal(tmp_path, config, modules)
+        assert done.returncode == 1, (case, done.stderr)
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert words in done.stderr, done.stderr
+        assert not (tmp_path / "state").exists()  # refused before anything was created
+
+
+def test_a_builtin_recipe_named_by_its_dotted_path_gets_its_settings(tmp_path: Path) -> None:
+    from reef.config import load_config
+    from reef.recipes.sao import SAORecipe
+
+    config = tmp_path / "reef.yaml"
+    config.write_text('recipes: {default: "reef.recipes.sao:SAORecipe"}\n'
+                      "learner: {sao: {batch_size: 3, lr: 0.0005}}\n")
+    learner = load_config(config).learner
+    for binding in ("reef.recipes.sao:SAORecipe", "sao"):
+        recipe = SAORecipe(learner.settings_for(binding))  # what the server builds the scenario's learner from
+        assert (recipe.config.batch_size, recipe.train_config().lr) == (3, 0.0005), binding
+    config.write_text('learner: {"reef.recipes.sao:SAORecipe": {batch_size: 5}}\n')
+    assert load_config(config).learner.settings_for("sao").batch_size == 5  # and the other way round
+    both = serve_refusal(tmp_path, 'learner: {sao: {batch_size: 3}, "reef.recipes.sao:SAORecipe": {batch_size: 5}}\n')
+    assert both.returncode == 1 and "are both the settings of recipe 'sao'; keep one" in both.stderr, both.stderr

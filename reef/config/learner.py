@@ -29,9 +29,11 @@ def find_recipe(name: str) -> Any:
         raise InvalidInput(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}, "
                            "or a dotted path package.module:Class")
     recipe = load_dotted(path, "recipe", "package.module:Class")
+    if not isinstance(recipe, type):
+        raise InvalidInput(f"recipe {name!r} names a {type(recipe).__name__}, not a recipe class (see docs/recipes.md)")
     missing = [part for part in RECIPE_PARTS if not hasattr(recipe, part)]
     if missing:
-        raise InvalidInput(f"recipe {name!r} lacks {', '.join(missing)} (see docs/recipes.md)")
+        raise InvalidInput(f"recipe {name!r} is not a recipe: it lacks {', '.join(missing)} (see docs/recipes.md)")
     if recipe.surface not in ("weights", "harness"):
         raise InvalidInput(f"recipe {name!r}: surface must be 'weights' or 'harness', not {recipe.surface!r}")
     return recipe
@@ -197,11 +199,17 @@ class LearnerConfig(Strict):
 
     @model_validator(mode="after")
     def _recipe_sections(self) -> LearnerConfig:
+        named: dict[type, str] = {}  # one section a recipe: `sao` and its dotted path name the same one
         for name, section in list((self.model_extra or {}).items()):
             try:
-                settings = find_recipe(name).Settings
+                recipe = find_recipe(name)
             except InvalidInput as exc:
                 raise ValueError(f"unknown key 'learner.{name}' (not a learner setting: {exc})") from None
+            if recipe in named:
+                raise ValueError(f"learner.{named[recipe]} and learner.{name} are both the settings of recipe "
+                                 f"{recipe.name!r}; keep one")
+            named[recipe] = name
+            settings = recipe.Settings
             if isinstance(section, settings):
                 continue
             try:
@@ -211,5 +219,11 @@ class LearnerConfig(Strict):
         return self
 
     def settings_for(self, recipe: str) -> Any:
-        """A recipe's settings: its section, else its defaults."""
-        return (self.model_extra or {}).get(recipe) or find_recipe(recipe).Settings()
+        """A recipe's settings: its section, else its defaults. A section is found by the recipe it
+        names, so a scenario bound to `reef.recipes.sao:SAORecipe` gets `learner.sao` (and one
+        bound to `sao` a section under the dotted path)."""
+        wanted = find_recipe(recipe)
+        for name, section in (self.model_extra or {}).items():
+            if find_recipe(name) is wanted:
+                return section
+        return wanted.Settings()
