@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,9 +25,10 @@ from click.testing import CliRunner
 
 from reef.cli import main as reef_cli
 from reef.commit import git_locks
-from reef.commit.artifacts import FETCHED_PREFIX, REF_PREFIX
+from reef.commit.artifacts import FETCHED_PREFIX, REF_PREFIX, ArtifactStore
 from reef.commit.state import ReefState
 from reef.core.canonical import scenario_key
+from reef.core.errors import StorageUnavailable
 from tests.helpers.reef_server import ReefServer
 from tests.pg import postgres_dsn  # noqa: F401  (session fixture)
 from tests.scripted_upstream import ScriptedUpstream
@@ -131,6 +133,24 @@ def test_a_lock_a_killed_push_left_on_the_remote_goes_once_it_is_old(tmp_path: P
         assert time.monotonic() - start < FAST_S
         assert git(remote, "rev-parse", f"{REF_PREFIX}{scenario_key('sc')}").strip() == release.release_id
         assert not lock.exists()
+
+
+def test_git_runs_out_of_reach_of_a_kill_of_reefs_process_group(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A git Reef starts (seen here through the ssh command of a fetch, a child of that git) runs in
+    a session and process group of its own: a SIGKILL of Reef's process group (a supervisor's or a
+    script's `kill -9 -PGID`; a terminal's Ctrl-C is SIGINT to it) lets it finish its ref update."""
+    seen = tmp_path / "seen"
+    ssh = tmp_path / "ssh"
+    ssh.write_text(f"#!{sys.executable}\nimport os\n"
+                   f"open({str(seen)!r}, 'w').write(f'{{os.getsid(0)}} {{os.getpgid(0)}}')\nraise SystemExit(1)\n")
+    ssh.chmod(0o755)
+    monkeypatch.setenv("GIT_SSH_COMMAND", str(ssh))  # the environment a remote call keeps
+    store = ArtifactStore(tmp_path / "a.git", remote="ssh://nobody@example.invalid/r.git")
+    with pytest.raises(StorageUnavailable):
+        store.fetch()
+    session, group = (int(n) for n in seen.read_text().split())
+    assert session != os.getsid(0) and group != os.getpgid(0)  # before: Reef's own session and group
 
 
 @pytest.fixture(scope="module")
