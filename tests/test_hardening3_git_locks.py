@@ -15,8 +15,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from uuid import uuid4
 
 import httpx
