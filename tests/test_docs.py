@@ -83,7 +83,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         learner={"skills": {"gate": {"judge": {"url": UNUSED_URL, "model": "judge"}}}},
     )
     app = create_app(config, UpstreamRuntime(UNUSED_URL, model="m"))
-    with TestClient(app) as test_client:
+    with TestClient(app, base_url="http://127.0.0.1") as test_client:  # a loopback Host: the server has no token
         for name in ("h", "w"):
             assert test_client.post("/reef/scenarios", json={"name": name}).status_code == 201
         yield test_client

@@ -5,6 +5,7 @@ failed before its fix; the official SDKs and Reef's own client show nothing legi
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -60,13 +61,14 @@ def state_of(reef: ReefServer, upstream: ScriptedUpstream) -> dict[str, Any]:
 
 def forgeries(receipt: str, head: str) -> list[tuple[str, str]]:
     """The issue's reproductions: (path, body) as a page of another site can post them."""
-    return [
-        ("/reef/scenarios/default/rollback", '{"release_id": "%s"}' % head),
-        ("/reef/report", '{"references": ["%s"], "score": -1}' % receipt),
-        ("/v1/chat/completions", '{"model": "m", "messages": [{"role": "user", "content": "spend"}]}'),
-        ("/v1/messages", '{"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "spend"}]}'),
-        ("/reef/scenarios", '{"name": "planted"}'),
-    ]
+    spend = [{"role": "user", "content": "spend"}]
+    return [(path, json.dumps(body)) for path, body in [
+        ("/reef/scenarios/default/rollback", {"release_id": head}),
+        ("/reef/report", {"references": [receipt], "score": -1}),
+        ("/v1/chat/completions", {"model": "m", "messages": spend}),
+        ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": spend}),
+        ("/reef/scenarios", {"name": "planted"}),
+    ]]
 
 
 # -- cross-site requests on a token-less server ------------------------------------------------------
@@ -214,18 +216,18 @@ def test_the_newest_records_of_a_large_quiet_scenario_cost_only_what_is_shown(
         real = rules.record_from_row
         monkeypatch.setattr(rules, "record_from_row", lambda body, seq: decoded.append(seq) or real(body, seq))
         statements: list[str] = []
-        store._reader().set_trace_callback(statements.append)  # noqa: SLF001 - the SQL this thread's reads run
+        store._reader().set_trace_callback(statements.append)  # the SQL this thread's reads run
         started = time.perf_counter()
-        rows = routes_reef._recent_records(store, "quiet", 50, None)  # noqa: SLF001
+        rows = routes_reef._recent_records(store, "quiet", 50, None)
         took = time.perf_counter() - started
-        store._reader().set_trace_callback(None)  # noqa: SLF001
+        store._reader().set_trace_callback(None)
         assert [r["id"] for r in rows] == [f"old{i:07d}" for i in range(MANY - 1, MANY - 51, -1)]
         assert len(decoded) == 50, f"decoded {len(decoded)} records to show 50"
         assert took < 1.0, f"{took:.2f} s"
         reads = [s for s in statements if s.lstrip().upper().startswith("SELECT") and "FROM records" in s]
         assert reads
         for statement in reads:
-            plan = " | ".join(row[3] for row in store._reader().execute(f"EXPLAIN QUERY PLAN {statement}"))  # noqa: SLF001
+            plan = " | ".join(row[3] for row in store._reader().execute(f"EXPLAIN QUERY PLAN {statement}"))
             assert "USING INDEX records_by_scenario" in plan and "TEMP B-TREE" not in plan, plan
     finally:
         store.close()

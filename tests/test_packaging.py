@@ -44,7 +44,7 @@ from reef.runtimes.factory import build_runtime
 from reef.serve.app import create_app
 
 config = load_config(None, env={{"REEF_UPSTREAM_URL": {upstream.base_url!r}, "REEF_STATE_DIR": {str(tmp_path)!r}}})
-with TestClient(create_app(config, build_runtime(config))) as client:
+with TestClient(create_app(config, build_runtime(config)), base_url="http://127.0.0.1") as client:
     answer = client.post("/v1/chat/completions", json={{"model": "m", "messages": [{{"role": "user", "content": "hi"}}]}})
     assert answer.status_code == 200 and answer.headers["x-reef-agent-record-id"], answer.text
 heavy = sorted({{m.split(".")[0] for m in sys.modules}} & set({NEVER_IMPORTED!r}))

@@ -64,7 +64,7 @@ def client(exporter: InMemorySpanExporter, upstream: ScriptedUpstream,
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     app.state.reef.inference.tracing = Tracing(provider.get_tracer("reef"), "openai")
     try:
-        with TestClient(app) as test_client:
+        with TestClient(app, base_url="http://127.0.0.1") as test_client:  # a loopback Host: the server has no token
             yield test_client
     finally:
         spans.configure(None)  # the test's Tracing is never closed: learning spans off for later modules
@@ -176,7 +176,7 @@ def serve(state, tracing=None, **traces):
                      UpstreamRuntime({upstream.base_url!r}, model="m", timeout=5))
     if tracing is not None:
         app.state.reef.inference.tracing = tracing
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:  # a loopback Host: the server has no token
         assert client.post("/v1/chat/completions", headers={{"traceparent": {TRACEPARENT!r}}},
                            json={{"model": "m", "messages": [{{"role": "user", "content": "hi"}}]}}).status_code == 200
     return app
@@ -254,7 +254,7 @@ def test_a_harness_learner_traces_making_and_judging_a_candidate(
         assert spans.tracer() is app.state.reef.inference.tracing.tracer  # the app's tracer traces learning too
         app.state.reef.inference.tracing = None  # request spans are checked above; here only learning's
         spans.configure(ours)
-        with TestClient(app) as client:
+        with TestClient(app, base_url="http://127.0.0.1") as client:  # a loopback Host: the server has no token
             for feedback in ["Answer with a single word only.", "Only a single word answer, please.",
                              "Answer with a single word only!"]:
                 asked = client.post("/v1/chat/completions", headers={"x-reef-scenario": "fmt"},
@@ -351,7 +351,7 @@ def test_a_weights_step_on_the_tiny_model_traces_each_training_call_and_the_offl
                                   "gate": {"holdout_fraction": 0.5, "offline_bound": 1000.0}})
     app = create_app(config, build_runtime(config))
     started = time.monotonic()
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:  # a loopback Host: the server has no token
         sent = 0
         while not [s for s in learning_spans.get_finished_spans() if s.name == "reef.gate"]:
             assert time.monotonic() - started < 90, [s.name for s in learning_spans.get_finished_spans()]
