@@ -107,6 +107,7 @@ class LoopRecord:
     inspections: list[dict[str, Any]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what could not be checked, and why
+    locks_left_by_kills: list[str] = field(default_factory=list)
     final: CheckResult | None = None
     ledger: Ledger | None = None
     fsck: dict[str, str] = field(default_factory=dict)
@@ -182,7 +183,8 @@ def stale_git_locks(*roots: Path) -> list[str]:
 def reef_inspect(
     state_dir: Path, what: str, extra: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """`reef inspect` on `state_dir`: clean when it exits 0 and names no stale lock."""
+    """`reef inspect` on `state_dir`: clean when it exits 0 and names no lock other than the
+    stale ones its recovery removed (a git killed mid-write leaves those; recovery's job)."""
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -208,13 +210,14 @@ def reef_inspect(
         cwd=ROOT,
     )
     text = done.stdout + done.stderr
-    named = [
-        line for line in text.splitlines() if "stale" in line.lower() or ".lock" in line
-    ]
+    lines = text.splitlines()
+    removed = [line for line in lines if "removed a stale" in line.lower()]
+    named = [line for line in lines if "lock" in line.lower() and line not in removed]
     return {
         "what": what,
         "rc": done.returncode,
         "stale_locks": named,
+        "locks_removed": removed,
         "clean": done.returncode == 0 and not named,
         "seconds": round(time.monotonic() - started, 2),
         "output": "" if done.returncode == 0 else text[-2000:],
@@ -225,7 +228,8 @@ def inspect_crashed(
     state_dir: Path, scratch: Path, what: str, git_roots: tuple[Path, ...] = ()
 ) -> dict[str, Any]:
     """Inspect a copy of a crashed (offline) state directory, so the restart recovers the
-    original as it was left; stale git locks are looked for in the original."""
+    original as it was left. The git locks the kill left in the original are listed (expected
+    when a git died with its process: the restart must clear them, see `locks_persisting`)."""
     locks = stale_git_locks(state_dir, *git_roots)
     copy = scratch / "inspected"
     shutil.rmtree(copy, ignore_errors=True)
@@ -234,9 +238,26 @@ def inspect_crashed(
         result = reef_inspect(copy, what)
     finally:
         shutil.rmtree(copy, ignore_errors=True)
-    result["git_lock_files"] = locks
-    result["clean"] = result["clean"] and not locks
+    result["locks_left_by_kill"] = lock_identities(locks)
     return result
+
+
+def lock_identities(paths: list[str]) -> dict[str, list[int]]:
+    """Each lock file's inode and mtime: the same file, still there later, was never cleared."""
+    found = {}
+    for path in paths:
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            continue
+        found[path] = [stat.st_ino, stat.st_mtime_ns]
+    return found
+
+
+def locks_persisting(left: dict[str, list[int]]) -> list[str]:
+    """The lock files of `left` that are still there, the very same files."""
+    now = lock_identities(list(left))
+    return sorted(path for path, identity in left.items() if now.get(path) == identity)
 
 
 def git_fsck(repository: Path) -> str:
@@ -359,6 +380,7 @@ def loop_one(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> Non
     try:
         for n in range(1, s.kills + 1):
             pause(rng, s.gap)
+            ledger.phase = "after a kill"
             pid = reef.process.pid if reef.process else -1
             tree = rng.random() < s.tree_share
             aimed = None
@@ -369,9 +391,8 @@ def loop_one(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> Non
             reef.kill()  # reaps it
             reef.stop()  # closes its log; the process is gone
             record.kills["serve"] += 1
-            record.inspected(
-                inspect_crashed(state, root, f"reef inspect after kill {n}")
-            )
+            crashed = inspect_crashed(state, root, f"reef inspect after kill {n}")
+            record.inspected(crashed)
             started = time.monotonic()
             try:
                 reef.start()
@@ -381,9 +402,12 @@ def loop_one(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> Non
                 ) from None
             took = serve_again([reef.url], started)
             record.serve_again_s["serve"].append(took)
+            ledger.phase = "steady"  # served again
             result = run_checked(
                 record, ledger, open_store, [reef.url], rng, f"after kill {n}"
             )
+            left = crashed["locks_left_by_kill"]
+            fail_if_persisting(record, left, f"kill {n}")
             record.events.append(
                 {
                     "kill": n,
@@ -391,6 +415,7 @@ def loop_one(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> Non
                     "pid": pid,
                     "tree": tree,
                     **(aimed or {}),
+                    "locks_left_by_kill": sorted(left),
                     "serve_again_s": round(took, 3),
                     "check_ok": result.ok,
                 }
@@ -500,9 +525,13 @@ def orphans_after(workers: ReefWorkers) -> list[int]:
 
 
 def restart_supervisor(
-    workers: ReefWorkers, record: LoopRecord, why: str, inspect: Callable[[], None]
+    workers: ReefWorkers,
+    record: LoopRecord,
+    why: str,
+    inspect: Callable[[], dict[str, list[int]]],
 ) -> float:
-    """The supervisor is gone (killed, or it gave up): clear what it left, inspect offline, start it."""
+    """The supervisor is gone (killed, or it gave up): clear what it left, inspect offline
+    (`inspect` returns the git locks the kill left), start it; the locks must be gone."""
     orphans = orphans_after(workers)
     if orphans:
         record.fail(
@@ -510,7 +539,7 @@ def restart_supervisor(
             f"would find it taken; killing pids {orphans}"
         )
         workers.kill_workers()
-    inspect()
+    left = inspect()
     started = time.monotonic()
     try:
         workers.start()
@@ -518,7 +547,21 @@ def restart_supervisor(
         raise LoopAborted(
             f"reef serve --workers did not start again ({why}): {exc}"
         ) from None
-    return serve_again([workers.url], started)
+    took = serve_again([workers.url], started)
+    fail_if_persisting(record, left, why)
+    return took
+
+
+def fail_if_persisting(
+    record: LoopRecord, left: dict[str, list[int]], why: str
+) -> None:
+    """After a restart: the git locks a kill left must be gone (the same files, still there,
+    were never cleared)."""
+    record.locks_left_by_kills += sorted(left)
+    if persisting := locks_persisting(left):
+        record.fail(
+            f"git locks left by {why} are still there after the restart: {persisting}"
+        )
 
 
 def loop_sqlite(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> None:
@@ -532,10 +575,13 @@ def loop_sqlite(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> 
     def open_store() -> ExperienceStore:
         return SQLiteStore(state / "experience.db")
 
-    def inspect(n: int) -> Callable[[], None]:
-        return lambda: record.inspected(
-            inspect_crashed(state, root, f"reef inspect after kill {n}")
-        )
+    def inspect(n: int) -> Callable[[], dict[str, list[int]]]:
+        def run() -> dict[str, list[int]]:
+            crashed = inspect_crashed(state, root, f"reef inspect after kill {n}")
+            record.inspected(crashed)
+            return crashed["locks_left_by_kill"]
+
+        return run
 
     ledger = Ledger(create_scenarios(workers.url))
     record.ledger = ledger
@@ -543,6 +589,7 @@ def loop_sqlite(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> 
     try:
         for n in range(1, s.kills + 1):
             pause(rng, s.gap)
+            ledger.phase = "after a kill"
             if not workers.supervisor_alive:
                 record.fail(
                     f"the supervisor exited with {workers.supervisor.returncode} on its own before kill {n}:"  # type: ignore[union-attr]
@@ -564,6 +611,7 @@ def loop_sqlite(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> 
                     took = restart_supervisor(workers, record, "it gave up", inspect(n))
                     record.serve_again_s["supervisor"].append(took)
                     event["serve_again_s"] = round(took, 3)
+            ledger.phase = "steady"  # served again
             result = run_checked(
                 record, ledger, open_store, [workers.url], rng, f"after kill {n}"
             )
@@ -633,6 +681,12 @@ class PgDeployment:
     def urls(self) -> list[str]:
         return [self.workers.url, self.front.url]
 
+    def worker_locks(self) -> dict[str, list[int]]:
+        """The git locks in the workers' own state directories (offline: all workers dead)."""
+        return lock_identities(
+            stale_git_locks(Path(self.workers.settings["state_dir"]))
+        )
+
     def local_dirs(self) -> list[Path]:
         return [Path(self.workers.settings["state_dir"]), self.front.state_dir]
 
@@ -689,10 +743,13 @@ def run_postgres_kills(
     try:
         for n in range(1, s.kills + 1):
             pause(rng, s.gap)
+            ledger.phase = "after a kill"
             if n in stops_before:
                 stop_postgres(cluster, d, rng, record, n, ledger, open_store)
+                ledger.phase = "after a kill"
             bring_back(d, record, n)
             event = kill_pg_part(d, rng, record, n, s, ledger)
+            ledger.phase = "steady"  # served again
             result = run_checked(
                 record, ledger, open_store, d.urls, rng, f"after kill {n}"
             )
@@ -732,6 +789,7 @@ def stop_postgres(
         else "fast"
     )
     down = rng.uniform(1.0, 4.0)
+    ledger.phase = "postgres down"
     cluster.stop(mode)
     time.sleep(down)  # the clients go on against a database that is not there
     started = time.monotonic()
@@ -739,6 +797,7 @@ def stop_postgres(
     bring_back(d, record, n)
     took = serve_again(d.urls, started)
     record.serve_again_s["postgres"].append(took)
+    ledger.phase = "steady"  # served again
     result = run_checked(
         record,
         ledger,
@@ -770,7 +829,7 @@ def bring_back(d: PgDeployment, record: LoopRecord, n: int) -> None:
             f"\n{d.workers.logs(1500)}"
         )
         record.serve_again_s["supervisor"].append(
-            restart_supervisor(d.workers, record, "it exited", lambda: None)
+            restart_supervisor(d.workers, record, "it exited", d.worker_locks)
         )
     if d.front.process is None or d.front.process.poll() is not None:
         code = d.front.process.returncode if d.front.process else None
@@ -808,12 +867,7 @@ def kill_pg_part(
             d.workers,
             record,
             n,
-            lambda: record.inspected(
-                stale_lock_result(
-                    Path(d.workers.settings["state_dir"]),
-                    f"git locks of the workers after kill {n}",
-                )
-            ),
+            d.worker_locks,
             tree,
         )
     if roll < supervisor_share + (1 - supervisor_share) / 3:
@@ -826,12 +880,9 @@ def kill_pg_part(
         d.front.kill()  # reaps it
         d.front.stop()
         record.kills["front end"] += 1
-        record.inspected(
-            stale_lock_result(
-                d.front.state_dir, f"git locks of the front end after kill {n}"
-            )
-        )
+        left = lock_identities(stale_git_locks(d.front.state_dir))
         took = restart_front(d, n)
+        fail_if_persisting(record, left, f"kill {n} of the front end")
         record.serve_again_s["front end"].append(took)
         return {
             "victim": "front end",
@@ -847,7 +898,7 @@ def kill_pg_part(
             f"the supervisor exited with {event['supervisor_exited']} after worker kill {n}:\n"
             f"{d.workers.logs(1500)}"
         )
-        took = restart_supervisor(d.workers, record, "it gave up", lambda: None)
+        took = restart_supervisor(d.workers, record, "it gave up", d.worker_locks)
         record.serve_again_s["supervisor"].append(took)
         event["serve_again_s"] = round(took, 3)
     return event
@@ -956,10 +1007,18 @@ def summarize(record: LoopRecord) -> dict[str, Any]:
         "in_progress_max": max((c.in_progress for c in record.checks), default=0),
         "inspections": len(inspections),
         "inspections_clean": sum(1 for i in inspections if i["clean"]),
-        "git_lock_files_seen": sorted(
+        "git_locks_left_by_kills": record.locks_left_by_kills,
+        "git_locks_removed_by_inspect": sum(
+            len(i.get("locks_removed", [])) for i in inspections
+        ),
+        "git_lock_files_at_the_end": sorted(
             {f for i in inspections for f in i.get("git_lock_files", [])}
         ),
         "client_answers": outcomes,
+        "failures_by_phase": {
+            f"{phase}: {kind}": n
+            for (phase, kind), n in sorted(ledger.failures_by_phase.items())
+        },
         "unexpected_samples": ledger.samples,
         "connection_errors": dict(ledger.connection_errors.most_common(20)),
         "rollback_s": _spread(ledger.rollback_seconds),
@@ -1010,8 +1069,11 @@ def print_table(row: dict[str, Any]) -> None:
         )
     print(
         f"  checks: {row['checks'] - row['checks_failed']}/{row['checks']} ok; inspections clean: "
-        f"{row['inspections_clean']}/{row['inspections']}; git lock files seen: {len(row['git_lock_files_seen'])}; "
-        f"fsck: {row['fsck']}"
+        f"{row['inspections_clean']}/{row['inspections']}; fsck: {row['fsck']}"
+    )
+    print(
+        f"  git locks left by kills: {len(row['git_locks_left_by_kills'])}, removed by reef inspect: "
+        f"{row['git_locks_removed_by_inspect']}, left at the end: {len(row['git_lock_files_at_the_end'])}"
     )
     answers = row["client_answers"]
     for kind in ("5xx", "conn", "cut", "refused", "4xx", "409", "error"):
@@ -1021,6 +1083,10 @@ def print_table(row: dict[str, Any]) -> None:
     print(
         f"  client answers 2xx: { {k.split()[0]: n for k, n in answers.items() if k.endswith(' 2xx')} }"
     )
+    steady = {
+        k: n for k, n in row["failures_by_phase"].items() if k.startswith("steady")
+    }
+    print(f"  failures while nothing was down (steady): {steady or 'none'}")
     for what, r in row["serve_again"].items():
         print(
             f"  serving again after {what}: {r['count']} times, median {r['median_s']} s, max {r['max_s']} s"
@@ -1247,6 +1313,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 RUNNERS[name](upstream, settings, record)
             except LoopAborted as exc:
                 record.fail(f"loop aborted: {exc}")
+            refused_by_locks = record.ledger.counts("locked") if record.ledger else {}
+            if refused_by_locks:
+                record.fail(
+                    f"answers refused by a git lock: {refused_by_locks}; "
+                    f"{(record.ledger.samples.get('rollback') or [''])[0][:300]}"  # type: ignore[union-attr]
+                )
             record.seconds = time.monotonic() - record.started
             rows.append(summarize(record))
             print_table(rows[-1])

@@ -5,10 +5,10 @@ scenario on a random front end (a share of them streamed), then, on a share of r
 report (httpx, to a random front end: receipts cross front ends), and now and then a rollback
 of the scenario to its first release. Everything answered with a 2xx goes in the `Ledger`
 (a streamed receipt counts once its head arrived: the record is durable before the first
-byte); every other outcome is counted by operation and kind (`5xx`, `conn` for a request
-in flight that was reset or timed out, `refused` for a connection nothing accepted (the front
-end was down), `cut` for a stream cut after its head, `409` for a rollback that
-lost a race, `4xx` for anything else).
+byte); every other outcome is counted by operation and kind: `5xx`; `locked`, a 5xx naming a
+git lock; `conn`, a request in flight that was reset or timed out; `refused`, a connection
+nothing accepted (the front end was down); `cut`, a stream cut after its head; `409`, a
+rollback that lost a race; `4xx`, anything else.
 
     ledger = Ledger(first_releases)
     load = MixedLoad([url], ledger, seed=1, clients=4).start()
@@ -53,6 +53,12 @@ class Ledger:
     samples: dict[str, list[str]] = field(
         default_factory=dict
     )  # op -> unexpected answers
+    # what the deployment was going through (set by whoever breaks it): "steady" or, say,
+    # "after a kill" until it serves again; failures are counted by phase too
+    phase: str = "steady"
+    failures_by_phase: collections.Counter[tuple[str, str]] = field(
+        default_factory=collections.Counter
+    )
     connection_errors: collections.Counter[str] = field(
         default_factory=collections.Counter
     )
@@ -84,6 +90,7 @@ class Ledger:
     def failed(self, op: str, kind: str, detail: str = "") -> None:
         with self.lock:
             self.outcomes[op, kind] += 1
+            self.failures_by_phase[self.phase, kind] += 1
             if kind in ("conn", "refused", "cut"):
                 self.connection_errors[f"{op} {kind}: {detail}"] += 1
             elif detail and kind != "409":
@@ -121,16 +128,13 @@ def _error_name(exc: BaseException) -> str:
     return type(exc).__name__ + (f" ({type(cause).__name__}: {cause})" if cause else "")
 
 
-def _kind(status: int) -> str:
-    return (
-        "2xx"
-        if status < 300
-        else "5xx"
-        if status >= 500
-        else str(status)
-        if status == 409
-        else "4xx"
-    )
+def _kind(status: int, text: str = "") -> str:
+    """`locked`: a 5xx that names a git lock (a stale `*.lock` refusing a ref move)."""
+    if status < 300:
+        return "2xx"
+    if status >= 500:
+        return "locked" if "cannot lock" in text or ".lock" in text else "5xx"
+    return "409" if status == 409 else "4xx"
 
 
 @dataclass
@@ -225,7 +229,9 @@ class MixedLoad:
             return receipt
         except openai.APIStatusError as exc:
             self.ledger.failed(
-                op, _kind(exc.status_code), f"{exc.status_code} {exc.message}"
+                op,
+                _kind(exc.status_code, exc.message),
+                f"{exc.status_code} {exc.message}",
             )
         except (
             openai.APIError,
@@ -248,7 +254,7 @@ class MixedLoad:
         else:
             self.ledger.failed(
                 "report",
-                _kind(answer.status_code),
+                _kind(answer.status_code, answer.text),
                 f"{answer.status_code} {answer.text}",
             )
 
@@ -274,7 +280,9 @@ def rollback(http: httpx.Client, url: str, scenario: str, ledger: Ledger) -> Non
         )
     else:  # 409: a concurrent rollback moved the head first
         ledger.failed(
-            "rollback", _kind(answer.status_code), f"{answer.status_code} {answer.text}"
+            "rollback",
+            _kind(answer.status_code, answer.text),
+            f"{answer.status_code} {answer.text}",
         )
 
 
