@@ -5,6 +5,7 @@ receipt, a report and a release that are not there; its options refuse what make
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -101,3 +102,25 @@ def test_the_check_counts_what_is_not_there_as_lost(tmp_path: Path) -> None:
 def test_options_that_make_no_sense_are_refused(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         kill_loops.parse_args(argv)
+
+
+def test_a_lock_file_still_there_is_told_from_one_cleared_or_made_again(
+    tmp_path: Path,
+) -> None:
+    repository = tmp_path / "artifacts.git" / "refs" / "reef" / "scenarios"
+    repository.mkdir(parents=True)
+    stale, cleared, remade = (
+        repository / f"{name}.lock" for name in ("stale", "cleared", "remade")
+    )
+    for lock in (stale, cleared, remade):
+        lock.write_text("x")
+    (tmp_path / "outside.lock").write_text("x")  # not in a git repository: not git's
+    found = kill_loops.stale_git_locks(tmp_path)
+    assert found == sorted(map(str, (cleared, remade, stale)))
+    left = kill_loops.lock_identities(found)
+    cleared.unlink()
+    remade.unlink()
+    (repository / "other.lock").write_text("y")  # takes remade's inode, perhaps
+    remade.write_text("y")  # a live writer's new lock on the same ref
+    os.utime(remade, ns=(1, 1))
+    assert kill_loops.locks_persisting(left) == [str(stale)]
