@@ -160,6 +160,31 @@ def test_the_newest_candidate_serves_the_canary_its_records_train_and_a_worse_on
     run_with_rig(tmp_path, tiny_model_dir, body)
 
 
+def test_a_canary_a_little_worse_is_withdrawn_once_it_has_its_bound_of_reports(tiny_model_dir: Path,
+                                                                                 tmp_path: Path) -> None:
+    """Live scores a little worse than the serving release's, never significantly: withdrawn by
+    the learner at the step that reads the canary's WITHDRAW_BY-th score, not left serving until
+    its verdict."""
+    async def body(rig: Rig) -> None:
+        canary, gate = RecordingCanary(), ScriptedGate(("reject", PROMISING), ("reject", PROMISING))
+        learner = rig.learner(gate, canary)
+        gate.hold.clear()  # candidate 1 stays at the gate: its canary serves
+        await rig.feed(4)
+        await learner.step()
+        b1 = rig.batches()[0]["batch_id"]
+        serving = [1.0, 0.0] * 16  # mean 0.5
+        worse = [1.0, 0.0] * 15 + [0.0, 0.0]  # mean 0.47: a z of 0.25, nowhere near sure
+        assert len(worse) == WITHDRAW_BY
+        await rig.feed(len(serving), score=lambda i: serving[i - 4])
+        await rig.feed(len(worse), score=lambda i: worse[i - 4 - len(serving)], release_id=canary_release_id(b1))
+        await learner.step()
+        assert canary.calls[:2] == [f"start {b1}", "stop"] and learner.live.withdrawn == 1, canary.calls
+        gate.hold.set()
+        await until(lambda: learner._gate_idle(), "the verdicts")
+
+    run_with_rig(tmp_path, tiny_model_dir, body)
+
+
 def test_a_rollback_mid_canary_stops_it_and_voids_the_candidate(tiny_model_dir: Path, tmp_path: Path) -> None:
     async def body(rig: Rig) -> None:
         canary, gate = RecordingCanary(), ScriptedGate(("select", PROMISING), ("select", PROMISING))
