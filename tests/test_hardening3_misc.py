@@ -178,18 +178,18 @@ def test_reef_agent_refuses_a_link_that_leads_outside_the_project(agent_reef: Re
 def test_reef_agent_writes_through_a_link_that_stays_inside_the_project(agent_reef: ReefServer, tmp_path: Path) -> None:
     home, project = tmp_path / "home", tmp_path / "project"
     home.mkdir()
-    (project / "shared" / "skills").mkdir(parents=True)
+    (project / "common" / "skills").mkdir(parents=True)
     (project / "AGENTS.md").write_text("# Ours\n")
     (project / "CLAUDE.md").symlink_to("AGENTS.md")  # a common setup: one memory file for every agent
     (project / ".claude").mkdir()
-    (project / ".claude" / "skills").symlink_to("../shared/skills", target_is_directory=True)
+    (project / ".claude" / "skills").symlink_to("../common/skills", target_is_directory=True)
     wrapper = install_wrapper(agent_reef, home)
 
     done = pull(wrapper, home, project)
     assert done.returncode == 0, done.stderr
     assert (project / "CLAUDE.md").is_symlink()
     assert "Work carefully." in (project / "AGENTS.md").read_text()
-    assert (project / "shared" / "skills" / "reef-notes" / "SKILL.md").read_text().endswith("Steps.\n")
+    assert (project / "common" / "skills" / "reef-notes" / "SKILL.md").read_text().endswith("Steps.\n")
 
 
 # -- (d) recipes named by a dotted path ----------------------------------------------------
