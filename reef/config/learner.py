@@ -188,7 +188,7 @@ class LearnerConfig(Strict):
     def _canary_within_bound(self) -> LearnerConfig:
         bound = self.canary_max_fraction
         asked = {f"learner.canary.{scenario}": fraction for scenario, fraction in self.canary.items()}
-        if self.gate.live_split is not None:
+        if self.gate.live_split is not None and self.canary:  # the split serves only through a canary
             asked["learner.gate.live_split"] = self.gate.live_split
         for name, fraction in asked.items():
             if fraction > bound:
