@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -20,7 +22,9 @@ import kill_loops
 from reef.observe.sqlite_store import SQLiteStore
 from tests.helpers.acked_check import check
 from tests.helpers.mixed_load import MESSAGES, Ledger
+from tests.helpers.process_tree import descendants, kill_tree
 from tests.helpers.reef_server import ReefServer
+from tests.helpers.reef_workers import ReefWorkers
 from tests.scripted_upstream import ScriptedUpstream
 
 
@@ -124,3 +128,22 @@ def test_a_lock_file_still_there_is_told_from_one_cleared_or_made_again(
     remade.write_text("y")  # a live writer's new lock on the same ref
     os.utime(remade, ns=(1, 1))
     assert kill_loops.locks_persisting(left) == [str(stale)]
+
+
+def test_a_workers_child_between_fork_and_exec_is_not_taken_for_a_worker(
+    tmp_path: Path,
+) -> None:
+    workers = ReefWorkers(tmp_path, {})
+    forks = "import os, time\nif os.fork() == 0:\n    time.sleep(30)\nelse:\n    time.sleep(30)\n"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", forks, "--worker-of", "0", "-c", str(workers.config)]
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while len(descendants(worker.pid)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert descendants(worker.pid), "the stand-in worker should have forked"
+        assert workers.worker_pids() == [worker.pid]
+    finally:
+        kill_tree(worker.pid)
+        worker.wait()

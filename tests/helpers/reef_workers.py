@@ -38,6 +38,13 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -145,15 +152,17 @@ class ReefWorkers:
         )
 
     def worker_pids(self) -> list[int]:
-        """Live worker processes started from this deployment's config, whoever their parent is now."""
+        """Live worker processes started from this deployment's config, whoever their parent is
+        now (a worker's own child between fork and exec has the worker's command line: skipped)."""
         mine = str(self.config)
-        pids = []
+        matching = {}
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
-                args = _cmdline(int(entry.name))
-                if "--worker-of" in args and mine in args and _alive(int(entry.name)):
-                    pids.append(int(entry.name))
-        return sorted(pids)
+                pid = int(entry.name)
+                args = _cmdline(pid)
+                if "--worker-of" in args and mine in args and _alive(pid):
+                    matching[pid] = _parent(pid)
+        return sorted(pid for pid, parent in matching.items() if parent not in matching)
 
     def pid_serving(self, timeout: float = 1.0) -> int | None:
         """The pid of the worker that answers a new connection's `/reef/status`, or None."""
