@@ -511,9 +511,16 @@ def kill_a_worker(
                 "serve_again_s": round(took, 3),
             }
         time.sleep(0.05)
-    raise LoopAborted(
+    record.fail(  # the others still serve: go on
         f"no replacement for worker {pid} served within {SERVE_AGAIN_TIMEOUT_S:.0f} s:\n{workers.logs()}"
     )
+    return {
+        "victim": "worker",
+        "pid": pid,
+        "tree": tree,
+        **(aimed or {}),
+        "not_replaced": True,
+    }
 
 
 def orphans_after(workers: ReefWorkers) -> list[int]:
