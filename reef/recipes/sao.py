@@ -120,7 +120,19 @@ class SAORecipe:
                     view.drop(reason)
                     continue
                 scored = ScoredSample(record.id, item.report.id, item.cursor, item.report.score, sample_of(record))
-                (self.holdout if held_out(record.id, self.holdout_fraction) else self.pending).append(scored)
+                waiting = self.holdout if held_out(record.id, self.holdout_fraction) else self.pending
+                self._replace_earlier_report(waiting, record.id, view)
+                waiting.append(scored)
+
+    @staticmethod
+    def _replace_earlier_report(waiting: list[ScoredSample] | deque[ScoredSample], record_id: str, view: LearnerView) -> None:
+        """Two reports on one record (a client retrying without a report_id) make one sample, scored
+        by the later report: a batch never trains on one record twice."""
+        for i, sample in enumerate(waiting):
+            if sample.record_id == record_id:
+                del waiting[i]
+                view.drop("rescored")
+                return
 
     def _ineligible(self, record: Record, view: LearnerView) -> str | None:
         problem = rollout_problem(record, view.consumed)
