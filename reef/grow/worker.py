@@ -45,14 +45,11 @@ GENERATE_KEY = "_generate"  # the queue of the gate's greedy answers (`gate.answ
 # samples and never hold a training job back by more than the one job already in the child.
 BACKGROUND_KEYS = frozenset({GENERATE_KEY})
 # ...and only once no other job has come for this long: a recipe's primitives come one after another,
-# each sent as the one before returns, and a background job let in between them would hold every one
-# (tt12/uu12 in docs/learning_race.md: the line fell to 4.3 steps a minute from 15).
+# each sent as the one before returns, and a background job let in between them would hold every one.
 BACKGROUND_GRACE_S = 0.5
 # ...or, while training jobs keep coming, one at the next job boundary once training jobs have had
-# their share of the time since the last one: a trainer that never waits for samples otherwise starves
-# the gate (vd3/vd5 in docs/learning_race.md: first verdicts at minutes 2.6 and 4.7 while the line was
-# far ahead). A share, not a clock: a two-second floor (vf*/wf*) gave a CPU trainer's gate a third to a
-# half of its time and would give a GPU trainer's, with 50 ms steps, a few percent.
+# their share of the time since the last one, because a trainer that never waits for samples would
+# otherwise starve the gate; a share, not a clock, so it means the same on a CPU and on a GPU.
 BACKGROUND_SHARE = 0.25
 # LoRATrainer's methods a job may call: the primitives, `step` (the four of one SAO step in one
 # job) and `generate`

@@ -9,9 +9,9 @@ against the recorded rollout log-probs, each token's gradient weighted by its ra
 make one candidate for the gate. Its later steps train on samples a few steps older than the
 weights, and samples come from a candidate or a release behind them, so every token must still
 count: `loss: ppo` (PPO's clipped surrogate) gives no gradient to a token already made likelier
-than its clip allows, and `loss: clipped_is` masks every token past the clip, which
-bench/learning_race.py measured to stall learning (docs/learning_race.md, which also has the race
-that made `cispo` the default). A batch is the newest samples: what waited behind them is superseded.
+than its clip allows, and `loss: clipped_is` masks every token past the clip, which the learning
+race (bench/learning_race.py) measured to slow learning. A batch is the newest samples: what
+waited behind them is superseded.
 
 A record is a sample only if it can be trained on honestly: complete, with token ids, log-probs
 and the prompt's token ids, its spans verified against the release it was frozen to
