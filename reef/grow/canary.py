@@ -26,12 +26,17 @@ of each). When the line is dropped, both start again (the new line is not the ol
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
+from reef.core.learned import LearnedCandidate
 from reef.core.live_evidence import LiveEvidence, ScoreSummary, two_sample_z
 from reef.core.types import ReportedRecords
+from reef.grow.loop import HasLastError
+
+log = logging.getLogger("reef.learner")
 
 CANARY_PREFIX = "canary-"
 MIN_SCORES = 8  # of each side before live scores may withdraw a canary
@@ -165,3 +170,74 @@ class LiveScores:
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
+
+
+class CanaryLoop:
+    """The canary's own lane: it takes candidates from training (`serve`), the reported records
+    the learner reads (`watch`, which withdraws a worse canary at once) and the gate's outcomes
+    (`left_gate`, `published`); a moved head stops it (`stop`). `serving` None: no canary."""
+
+    def __init__(self, scenario: str, serving: CanaryServing | None, live_split: float | None,
+                 stats: HasLastError) -> None:
+        self.scenario = scenario
+        self.serving = serving
+        self.fraction = serving.fraction if serving is not None else 0.0  # learner.canary's
+        self.live_split = live_split if serving is not None else None  # gate.live_split
+        self.stats = stats
+        self.live = LiveScores()  # the canary's live scores and the serving release's
+        self.batch: str | None = None  # the candidate the canary serves
+
+    async def serve(self, candidate: LearnedCandidate, line_live: Callable[[], bool]) -> None:
+        """Serve the newest candidate of the line the gate judges (in place of an older one): the
+        next trains on from it, so its samples are nearly on-policy. Never one of a line the head
+        has left (`line_live` false: a rollback or promote since the line began)."""
+        if self.serving is None:
+            return
+        if not line_live():
+            await self.stop()  # the one before is of that line too
+            return
+        self.serving.fraction = self.live_split if self.live.split and self.live_split else self.fraction
+        try:
+            release_id = await self.serving.start(candidate.batch_id, candidate.files)
+        except Exception as exc:  # noqa: BLE001 - no canary for this one; the gate judges it all the same
+            log.exception("learner %s: the canary of batch %s did not start", self.scenario, candidate.batch_id)
+            self.stats.last_error = f"canary: {type(exc).__name__}: {exc}"
+            self.live.running, self.batch = False, None  # the one before was stopped first
+            return
+        self.batch = candidate.batch_id
+        self.live.start(release_id)
+        # `start` returned as the canary began to admit requests, nothing awaited since: a rollback
+        # that moved the head while it loaded is seen here before any request meets the canary (one
+        # that moves it later stops it itself, `head_moved`)
+        if not line_live():
+            log.warning("learner %s: the canary of batch %s stopped as it started: the head moved under its line",
+                        self.scenario, candidate.batch_id)
+            await self.stop()
+
+    async def stop(self) -> None:
+        if self.serving is not None and self.live.running:
+            self.live.running, self.batch = False, None
+            await self.serving.stop()
+
+    async def watch(self, items: list[ReportedRecords], serving_id: str) -> None:
+        """Withdraw the canary at once when its live scores are worse than the serving release's."""
+        if self.serving is None:
+            return
+        self.live.add(items, serving_id)
+        if self.live.worse():
+            self.live.withdrawn += 1
+            log.warning("learner %s: canary withdrawn, its live scores are worse: %s", self.scenario,
+                        self.live.summary())
+            await self.stop()
+
+    async def left_gate(self, batch_id: str, line_dropped: bool) -> None:
+        """Judged (served now as the head, or rejected), or its line dropped: the canary stops."""
+        if self.batch == batch_id or line_dropped:
+            await self.stop()
+
+    def published(self, head: str, batch_id: str) -> None:
+        if self.serving is not None:
+            self.live.published(head, canary_release_id(batch_id))
+
+    def summary(self) -> dict[str, object] | None:
+        return None if self.serving is None else self.live.summary(fraction=self.serving.fraction)
