@@ -189,3 +189,50 @@ def test_a_gate_bounded_only_when_starved_needs_the_bound(tmp_path: Path) -> Non
         load_config(path, env={})
     path.write_text("learner:\n  gate: {concurrency: 4, concurrency_when: starved}\n")
     assert load_config(path, env={}).learner.gate.concurrency == 4
+
+
+# -- recipes' shared settings and the Recipe protocol ---------------------------------------------
+
+
+class HarnessRecipeWithoutGate:
+    """A harness recipe that names no gate settings: what `find_recipe` must refuse."""
+
+    name = "gateless"
+    surface = "harness"
+    Settings = ServeConfig
+    intake = next_batch = resume = high_water = candidate = status = close = None
+
+
+def test_every_weights_recipe_shares_one_declaration_of_lora_and_optimiser_settings(tmp_path: Path) -> None:
+    from reef.config.training import WeightsTrainingConfig
+
+    weights = [find_recipe(name) for name in RECIPES if find_recipe(name).surface == "weights"]
+    assert {recipe.name for recipe in weights} == {"sao", "ttt_discover", "openclaw_rl"}
+    for recipe in weights:
+        assert issubclass(recipe.Settings, WeightsTrainingConfig)
+        for name in WeightsTrainingConfig.model_fields:  # each declared once, in the shared model
+            declaring = [cls for cls in recipe.Settings.__mro__ if name in vars(cls).get("__annotations__", {})]
+            assert declaring[-1] is WeightsTrainingConfig, (recipe.name, name)
+    path = tmp_path / "serve.yaml"  # the keys users write are as before, each recipe's defaults its own
+    path.write_text("learner:\n  ttt_discover: {lora_r: 8, warmup_steps: 3}\n  openclaw_rl: {lr: 1.0e-4}\n")
+    learner = load_config(path, env={}).learner
+    ttt = learner.settings_for("ttt_discover")
+    assert (ttt.lora.r, ttt.adam.warmup_steps, ttt.kl_coef) == (8, 3, 0.05)
+    assert learner.settings_for("openclaw_rl").adam.lr == 1e-4 and learner.settings_for("sao").steps_per_candidate == 2
+    path.write_text("learner:\n  ttt_discover: {lora_rank: 8}\n")
+    with pytest.raises(InvalidInput, match=r"unknown key 'learner.ttt_discover.lora_rank'"):
+        load_config(path, env={})
+
+
+def test_a_harness_recipe_names_its_gate_settings_in_the_protocol(tmp_path: Path) -> None:
+    from reef.config import HarnessGateConfig
+    from reef.recipes.skills import SkillsConfig
+
+    skills = find_recipe("skills")
+    recipe = skills(SkillsConfig(gate=HarnessGateConfig(margin=3)), proposer=object())  # type: ignore[arg-type]
+    assert recipe.harness_gate.margin == 3
+    assert all(find_recipe(name).harness_gate is None for name in RECIPES if name != "skills")
+    path = tmp_path / "serve.yaml"
+    path.write_text("recipes:\n  default: tests.test_config:HarnessRecipeWithoutGate\n")
+    with pytest.raises(InvalidInput, match="harness recipe without harness_gate"):
+        load_config(path, env={})

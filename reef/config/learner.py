@@ -36,6 +36,9 @@ def find_recipe(name: str) -> Any:
         raise InvalidInput(f"recipe {name!r} is not a recipe: it lacks {', '.join(missing)} (see docs/recipes.md)")
     if recipe.surface not in ("weights", "harness"):
         raise InvalidInput(f"recipe {name!r}: surface must be 'weights' or 'harness', not {recipe.surface!r}")
+    if recipe.surface == "harness" and not hasattr(recipe, "harness_gate"):
+        raise InvalidInput(f"recipe {name!r} is a harness recipe without harness_gate, the settings its candidates "
+                           "are judged by (see docs/recipes.md)")
     return recipe
 
 

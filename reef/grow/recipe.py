@@ -3,7 +3,8 @@
 A recipe is one class, usually one file, that owns:
 - `name`, `surface` ("weights": a LoRA adapter trained through the primitives; "harness": a
   tree of prompts, rules and skills changed by a proposer) and `Settings`, the pydantic model
-  of its config section `learner.<name>`;
+  of its config section `learner.<name>`; a harness recipe also `harness_gate`, the settings
+  its candidates are judged by (a `HarnessGateConfig`, usually a part of its own settings);
 - eligibility: `intake(items, view)` keeps what it can learn from and counts everything else
   by drop reason (`view.drop`);
 - batch forming: `next_batch(view)` returns a `Batch` once one is ready, else None; `resume`
@@ -24,7 +25,7 @@ from typing import Any, Awaitable, Callable, ClassVar, Protocol, Sequence
 
 from pydantic import BaseModel
 
-from reef.config import GateConfig
+from reef.config import GateConfig, HarnessGateConfig
 from reef.core.types import JSON, Release, ReleaseRef, ReportedRecords
 from reef.grow.training_client import TrainingClient
 from reef.observe.store import ExperienceStore
@@ -105,6 +106,9 @@ class Recipe(Protocol):
     name: ClassVar[str]
     surface: ClassVar[str]
     Settings: ClassVar[type[BaseModel]]
+    # surface "harness" only: how the harness gate judges its candidates (reef.commit.harness_gate);
+    # a weights recipe's candidates go to the weights gate (`learner.gate`, `context.gate`)
+    harness_gate: HarnessGateConfig | None
 
     def __init__(self, settings: Any, context: RecipeContext) -> None: ...
 

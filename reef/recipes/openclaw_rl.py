@@ -38,10 +38,11 @@ from typing import Callable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reef.config.training import ClippedLossConfig
 from reef.core.chat import ChatRequest, Message, Tool, ToolCall
 from reef.core.errors import NotFound, RuntimeFailure
 from reef.core.fence import Fence
-from reef.core.training import AdamParams, Datum, LoraShape, LossConfig, Sample, adapter_part
+from reef.core.training import Datum, LossConfig, Sample, adapter_part
 from reef.core.types import JSON, Record, RecordStatus, ReportedRecords
 from reef.grow.recipe import Abandon, Job, LearnerView, Made, RecipeContext, held_out
 from reef.grow.rollouts import rollout_problem, sample_of, staleness_problem
@@ -65,24 +66,15 @@ class HintConfig(BaseModel):
     max_chars: int = Field(300, ge=10, description="Longest hint used")
 
 
-class OpenClawRLConfig(BaseModel):
-    """Knobs of the `openclaw_rl` recipe: `learner.openclaw_rl` (docs/learning.md explains each)."""
-
-    model_config = ConfigDict(extra="forbid")
+class OpenClawRLConfig(ClippedLossConfig):
+    """Knobs of the `openclaw_rl` recipe: `learner.openclaw_rl` (docs/learning.md explains each);
+    the LoRA shape, optimiser and clip range are every weights recipe's (reef/config/training.py)."""
 
     session_idle_s: float = Field(600.0, gt=0, description="A session ends after this long without a next turn")
     turns_per_batch: int = Field(8, ge=1, description="Turns with a next state per candidate")
-    steps_per_candidate: int = Field(1, ge=1, description="Optimiser steps over the batch per candidate")
     reward_weight: float = Field(1.0, ge=0, description="Weight of the judged reward in each token's advantage")
     report_weight: float = Field(0.5, ge=0, le=1, description="Share of a reported score in a turn's reward")
     report_pass: float = Field(0.5, description="A reported score above this is +1, below it -1")
-    lr: float = Field(5e-4, gt=0)
-    eps_clip: float = Field(0.2, gt=0, lt=1)
-    eps_clip_high: float = Field(0.28, gt=0)
-    kl_coef: float = Field(0.0, ge=0, description="KL penalty to the base model")
-    lora_r: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    max_staleness: int = Field(2, ge=0, description="Oldest release a turn may come from, in publications")
     max_open_turns: int = Field(4096, ge=1, description="Turns waiting for their next state; the oldest go first")
     max_waiting: int = Field(256, ge=1, description="Turns with a next state waiting for a batch; the oldest go first")
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
@@ -139,6 +131,7 @@ class Judgement:
 class OpenClawRLRecipe:
     name = NAME
     surface = "weights"
+    harness_gate = None  # judged by the weights gate (learner.gate)
     Settings = OpenClawRLConfig
 
     def __init__(self, config: OpenClawRLConfig, context: RecipeContext | None = None,
@@ -339,12 +332,12 @@ class OpenClawRLRecipe:
         state["judge_calls"] = int(state.get("judge_calls", 0)) + calls
         if not data:
             raise Abandon("no_signal", f"every turn of the batch was judged 0 ({calls} judge calls)")
-        await job.trainer.load_state(job.start, LoraShape(r=c.lora_r, alpha=c.lora_alpha))
+        await job.trainer.load_state(job.start, c.lora)
         metrics: dict[str, float] = {}
         for _ in range(c.steps_per_candidate):
             metrics = await job.trainer.forward_backward(data, "clipped_is", LossConfig(c.eps_clip, c.eps_clip_high,
                                                                                         c.kl_coef))
-            metrics.update(await job.trainer.optim_step(AdamParams(lr=c.lr)))
+            metrics.update(await job.trainer.optim_step(c.adam))
         state["turns_trained"] = int(state.get("turns_trained", 0)) + len(data)
         self.counts["turns_trained"] += len(data)
         self.counts["last_candidate_ms"] = int((time.monotonic() - started) * 1000)

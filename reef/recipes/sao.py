@@ -27,8 +27,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from reef.config.training import ClippedLossConfig
 from reef.core.training import Sample, TrainConfig
 from reef.core.types import JSON, Record, ReportedRecords
 from reef.grow.recipe import Job, LearnerView, Made, RecipeContext, held_out, missing_records
@@ -38,26 +39,17 @@ NAME = "sao"
 HOLDOUT_KEEP = 64
 
 
-class SAOConfig(BaseModel):
-    """Knobs of the `sao` recipe: `learner.sao` (docs/learning.md explains each)."""
-
-    model_config = ConfigDict(extra="forbid")
+class SAOConfig(ClippedLossConfig):
+    """Knobs of the `sao` recipe: `learner.sao` (docs/learning.md explains each); the LoRA shape,
+    optimiser and clip range are every weights recipe's (reef/config/training.py)."""
 
     batch_size: int = Field(8, ge=1, description="Scored samples per optimiser step")
     steps_per_candidate: int = Field(2, ge=1, description="Optimiser steps before the gate judges the adapter "
                                      "(and the canary serves it): fewer keep samples closer to the weights")
-    lr: float = Field(5e-4, gt=0)
-    warmup_steps: int = Field(0, ge=0, description="A fresh optimiser's first steps ramp lr up linearly over this many")
-    lora_r: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
     loss: Literal["cispo", "ppo", "clipped_is"] = Field(
         "cispo", description="cispo: every token's gradient, weighted by its ratio truncated at 1 + eps_clip_high; "
         "ppo: PPO's clipped surrogate over every token; clipped_is: tokens whose ratio left the clip range are masked out")
-    eps_clip: float = Field(0.2, gt=0, lt=1)
-    eps_clip_high: float = Field(0.28, gt=0)
-    kl_coef: float = Field(0.0, ge=0)
     baseline_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of the running score baseline")
-    max_staleness: int = Field(2, ge=0, description="Oldest producing release a sample may come from, in releases")
 
 
 @dataclass
@@ -87,6 +79,7 @@ class SAOBatch:
 class SAORecipe:
     name = NAME
     surface = "weights"
+    harness_gate = None  # judged by the weights gate (learner.gate)
     Settings = SAOConfig
 
     def __init__(self, config: SAOConfig, context: RecipeContext | None = None) -> None:

@@ -118,9 +118,13 @@ class SkillsRecipe:
     surface = "harness"
     Settings = SkillsConfig
 
+    @property
+    def harness_gate(self) -> HarnessGateConfig:
+        """The Recipe protocol's gate settings of a harness recipe: `learner.skills.gate`."""
+        return self.config.gate
+
     def __init__(self, config: SkillsConfig, context: RecipeContext | None = None, proposer: Proposer | None = None) -> None:
         self.config = config
-        self.harness_gate = config.gate
         if proposer is None:
             from reef.recipes.proposers import build_proposer  # the proposers import this module
 

@@ -26,10 +26,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from reef.config.training import WeightsTrainingConfig
 from reef.core.errors import NotFound
-from reef.core.training import AdamParams, Datum, LoraShape, LossConfig, Sample
+from reef.core.training import Datum, LossConfig, Sample
 from reef.core.types import JSON, Record, Report, ReportedRecords
 from reef.grow.recipe import Abandon, Job, LearnerView, Made, RecipeContext, held_out, missing_records
 from reef.grow.rollouts import rollout_problem, sample_of, staleness_problem
@@ -38,21 +39,15 @@ NAME = "ttt_discover"
 COORDINATES = ("step", "group", "rollout", "group_size")
 
 
-class TTTDiscoverConfig(BaseModel):
-    """Knobs of the `ttt_discover` recipe: `learner.ttt_discover` (docs/learning.md)."""
-
-    model_config = ConfigDict(extra="forbid")
+class TTTDiscoverConfig(WeightsTrainingConfig):
+    """Knobs of the `ttt_discover` recipe: `learner.ttt_discover` (docs/learning.md); the LoRA
+    shape and optimiser are every weights recipe's (reef/config/training.py)."""
 
     group_size: int = Field(8, ge=2, description="Rollouts per group; a report naming another size is dropped")
     groups_per_batch: int = Field(1, ge=1, description="Complete groups per candidate")
-    steps_per_candidate: int = Field(1, ge=1, description="Optimiser steps over the batch per candidate")
     advantage: Literal["loo", "entropic"] = Field("loo", description="loo: score minus the siblings' mean")
     entropic_kl: float = Field(math.log(2), gt=0, description="entropic: KL of the weights from uniform, in nats")
-    lr: float = Field(5e-4, gt=0)
-    kl_coef: float = Field(0.05, ge=0, description="KL penalty to the base model")
-    lora_r: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    max_staleness: int = Field(2, ge=0, description="Oldest release a group may come from, in publications")
+    kl_coef: float = Field(0.05, ge=0, description="Weight of the KL penalty to the base model")
     max_open_groups: int = Field(256, ge=1, description="Incomplete groups kept waiting; the oldest go first")
 
 
@@ -97,6 +92,7 @@ class GroupBatch:
 class TTTDiscoverRecipe:
     name = NAME
     surface = "weights"
+    harness_gate = None  # judged by the weights gate (learner.gate)
     Settings = TTTDiscoverConfig
 
     def __init__(self, config: TTTDiscoverConfig, context: RecipeContext | None = None) -> None:
@@ -191,11 +187,11 @@ class TTTDiscoverRecipe:
             raise Abandon("no_signal", "every rollout of its groups scored the same: nothing to learn")
         assert job.trainer is not None
         c = self.config
-        await job.trainer.load_state(job.start, LoraShape(r=c.lora_r, alpha=c.lora_alpha))
+        await job.trainer.load_state(job.start, c.lora)
         metrics: dict[str, float] = {}
         for _ in range(c.steps_per_candidate):
             metrics = await job.trainer.forward_backward(data, "importance_sampling", LossConfig(kl_coef=c.kl_coef))
-            metrics.update(await job.trainer.optim_step(AdamParams(lr=c.lr)))
+            metrics.update(await job.trainer.optim_step(c.adam))
         state = job.algorithm_state
         state["groups_trained"] = int(state.get("groups_trained", 0)) + len(batch.groups)
         state["last_step"] = max(g.step for g in batch.groups)
