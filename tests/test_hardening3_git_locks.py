@@ -221,3 +221,27 @@ def test_a_front_end_on_postgresql_starts_and_publishes_despite_stale_locks(
         assert answer.json()["release"]["parent_release_id"] == moved
         assert git(remote, "rev-parse", f"{REF_PREFIX}{scenario_key('sc')}").strip() == release
         assert not any(lock.exists() for lock in locks)
+
+
+# -- a git killed while it reads ---------------------------------------------------------------
+
+
+def test_a_git_killed_while_it_reads_is_a_503_not_a_missing_release(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by bench/kill_loops.py: a rollback whose `git ls-tree` or `cat-file` was SIGKILLed
+    answered 404 "release ... is not in the artifact store" (a failed read was taken for a missing
+    release). Here a `git` on the PATH kills itself on `ls-tree` while a marker file exists."""
+    real_git = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True, check=True).stdout.strip()
+    bin_dir, mark = tmp_path / "bin", tmp_path / "kill-ls-tree"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(f'#!/bin/sh\nif [ "$1" = ls-tree ] && [ -e "{mark}" ]; then kill -9 $$; fi\n'
+                                 f'exec "{real_git}" "$@"\n')
+    (bin_dir / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with ReefState.open(tmp_path / "state") as state:
+        release = state.create("s", recipe="skills").head().release_id
+        mark.touch()
+        with pytest.raises(StorageUnavailable, match="killed by signal 9"):
+            state.artifacts.files(release)
+        mark.unlink()
+        assert state.artifacts.has_release(release)

@@ -643,8 +643,9 @@ class ArtifactStore:
 
     def _remote_git(self, *args: str) -> subprocess.CompletedProcess[bytes]:
         try:
-            return subprocess.run(["git", *_REMOTE_FLAGS, *args], capture_output=True, env=self._remote_env,
-                                  check=False, timeout=REMOTE_TIMEOUT_S, start_new_session=True)
+            return _unless_killed(subprocess.run(["git", *_REMOTE_FLAGS, *args], capture_output=True,
+                                                 env=self._remote_env, check=False, timeout=REMOTE_TIMEOUT_S,
+                                                 start_new_session=True), args[0])
         except subprocess.TimeoutExpired:
             raise StorageUnavailable(f"git {args[0]} with the artifact remote {self.remote} took over "
                                      f"{REMOTE_TIMEOUT_S:.0f} s") from None
@@ -659,10 +660,11 @@ class ArtifactStore:
         try:
             env = {**self._env, **(env or {})}
             # its own session: a kill of Reef's process group lets it finish (no lock left behind)
-            return subprocess.run(["git", *args], input=input, capture_output=True, env=env, check=False,
-                                  start_new_session=True)
+            result = subprocess.run(["git", *args], input=input, capture_output=True, env=env, check=False,
+                                    start_new_session=True)
         except OSError as exc:
             raise StorageUnavailable(f"cannot run git: {exc}") from None
+        return _unless_killed(result, args[0])
 
     def _git(self, *args: str, input: bytes | None = None, env: dict[str, str] | None = None) -> bytes:
         r = self._run(list(args), input=input, env=env)
@@ -670,6 +672,14 @@ class ArtifactStore:
             error = r.stderr.decode(errors="replace").strip()
             raise StorageUnavailable(f"git {args[0]} failed in {self.root}: {error}")
         return r.stdout
+
+
+def _unless_killed(result: subprocess.CompletedProcess[bytes], command: str) -> subprocess.CompletedProcess[bytes]:
+    """A git killed by a signal says nothing about the repository: a server-side fault (503), never
+    "not found" (a read's failure is otherwise taken for a missing release)."""
+    if result.returncode < 0:
+        raise StorageUnavailable(f"git {command} was killed by signal {-result.returncode}; try again")
+    return result
 
 
 def remote_location(remote: str | Path) -> str:
