@@ -39,14 +39,14 @@ CASES = ((0.10, 0.0), (0.10, 2.0), (0.10, 4.0), (0.10, 6.0), (0.30, 0.0), (0.30,
 def one_verdict(n: int, untied: float, gain: float, config: GateConfig, rng: random.Random) -> tuple[bool, int]:
     """Whether one simulated candidate is selected, and how many tasks its verdict asked."""
     w = (untied + gain / 100) / 2
-    l = untied - w
+    lose = untied - w
     before, after, asked = [], [], 0
     parts = look_parts(range(n), config.looks, str(rng.random()))
     for look, part in enumerate(parts, 1):
         for _ in part:
             draw = rng.random()
-            before.append(0.0 if draw < w else 1.0 if draw < w + l else 0.5)
-            after.append(1.0 if draw < w else 0.0 if draw < w + l else 0.5)
+            before.append(0.0 if draw < w else 1.0 if draw < w + lose else 0.5)
+            after.append(1.0 if draw < w else 0.0 if draw < w + lose else 0.5)
         asked += len(part)
         verdict = sequential_verdict(before, after, config, look, len(parts))
         if verdict is not None:

@@ -292,7 +292,7 @@ def test_worker_gives_the_in_process_numbers(worker: TrainingWorker, loop: async
     seqs = [(s.prompt_ids, s.completion_ids) for s in samples]
     remote = on(loop, worker.logprobs(theirs, seqs, 0.7))
     local = trainer.logprobs(theirs, seqs, 0.7)
-    assert all(abs(a - b) < 1e-5 for r, l in zip(remote, local) for a, b in zip(r, l))
+    assert all(abs(a - b) < 1e-5 for r, loc in zip(remote, local) for a, b in zip(r, loc))
 
 
 def test_worker_serves_keys_round_robin(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,
