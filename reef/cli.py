@@ -33,18 +33,27 @@ def main() -> None:
 @main.command()
 @STATE_DIR
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def inspect(state_dir: Path, as_json: bool) -> None:
+@click.option("--store", "store_dsn", envvar="REEF_STORE", metavar="DSN",
+              help="A front end on PostgreSQL: the postgresql:// DSN of its `store:` setting (REEF_STORE); "
+                   "the commit logs are read from there. Default: the SQLite store in the state directory.")
+@click.option("--artifacts-remote", envvar="REEF_ARTIFACTS__REMOTE", metavar="REMOTE",
+              help="The shared artifact remote (`artifacts.remote`) to fetch releases other front ends published.")
+def inspect(state_dir: Path, as_json: bool, store_dsn: str | None, artifacts_remote: str | None) -> None:
     """Open a state directory (running recovery) and show every scenario's head.
 
     Exits 1 with the file and line when the state is damaged, or with the release id when an
     artifact the commit log names is missing (every release is checked, not only the heads).
     Says which stale git locks (left by a git killed mid-update) recovery removed, and which
     lock files are still there (on standard error with --json).
+
+    Examples:
+      reef inspect --state-dir .reef
+      reef inspect --state-dir /srv/reef --store postgresql://reef@db/reef --artifacts-remote /srv/artifacts.git
     """
     if not state_dir.exists():
         raise click.ClickException(f"no state directory at {state_dir}")
     try:
-        with ReefState.open(state_dir) as state:
+        with _open_state(state_dir, store_dsn, artifacts_remote) as state:
             state.verify_artifacts()
             rows = [_scenario_row(state, name) for name in state.scenarios()]
             cleared, left = state.artifacts.cleared_locks, state.artifacts.leftover_locks()
@@ -426,7 +435,7 @@ STORE = click.option("--store", "store_dsn", envvar="REEF_STORE", metavar="DSN",
                           "store in the state directory.")
 
 
-def _open_state(state_dir: Path, store_dsn: str | None) -> ReefState:
+def _open_state(state_dir: Path, store_dsn: str | None, artifacts_remote: str | None = None) -> ReefState:
     if not state_dir.is_dir():
         raise click.ClickException(f"no state directory at {state_dir}")
     store = None
@@ -445,7 +454,7 @@ def _open_state(state_dir: Path, store_dsn: str | None) -> ReefState:
     elif not (state_dir / "experience.db").is_file():
         raise click.ClickException(f"no experience store at {state_dir / 'experience.db'} "
                                    "(a PostgreSQL store is named with --store)")
-    return ReefState.open(state_dir, store=store)
+    return ReefState.open(state_dir, store=store, artifacts_remote=artifacts_remote)
 
 
 @main.group()

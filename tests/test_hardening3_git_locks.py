@@ -245,3 +245,28 @@ def test_a_git_killed_while_it_reads_is_a_503_not_a_missing_release(tmp_path: Pa
             state.artifacts.files(release)
         mark.unlink()
         assert state.artifacts.has_release(release)
+
+
+@pytest.mark.postgres
+def test_inspect_checks_a_front_end_on_postgresql(tmp_path: Path, database: str) -> None:
+    """`reef inspect --store DSN --artifacts-remote R`: the commit logs from PostgreSQL, the releases
+    another front end published fetched from the remote and checked, a stale lock removed."""
+    from reef.observe.postgres_store import PostgresStore
+
+    remote = tmp_path / "remote.git"
+    subprocess.run(["git", "init", "--bare", "--quiet", str(remote)], check=True)
+    with ReefState.open(tmp_path / "other", store=PostgresStore(database), artifacts_remote=str(remote)) as other:
+        first = other.create("sc", "skills").head().release_id
+        other.chain("sc").rollback(first, None)
+    (tmp_path / "fe").mkdir()
+    args = ["inspect", "--state-dir", str(tmp_path / "fe"), "--store", database, "--artifacts-remote", str(remote)]
+    first_look = CliRunner().invoke(reef_cli, args)
+    assert first_look.exit_code == 0, first_look.output
+    assert "sc: step 2, head" in first_look.output
+    lock = lock_of(tmp_path / "fe" / "artifacts.git", FETCHED_PREFIX, "sc", age_s=60)  # a fetch killed since
+    again = CliRunner().invoke(reef_cli, args)
+    assert again.exit_code == 0, again.output
+    assert "removed a stale git lock" in again.output and not lock.exists()
+    without_remote = CliRunner().invoke(reef_cli, ["inspect", "--state-dir", str(tmp_path / "new"), "--store",
+                                                   database])
+    assert without_remote.exit_code == 1  # no state directory there
