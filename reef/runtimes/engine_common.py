@@ -3,7 +3,8 @@ earns, the LoRA adapter inside a release's content, the message inside an engine
 and the load of an adapter that leaves nothing behind when it fails.
 
 Both engines read adapters from PEFT folders Reef writes and load them under a name over HTTP;
-what differs (routes, request shapes, supervision) stays in `vllm.py` and `sglang.py`.
+the runtime both build on is `engine_base.py`, and what differs (routes, request shapes,
+supervision) stays in `vllm.py` and `sglang.py`.
 """
 
 from __future__ import annotations

@@ -27,73 +27,74 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import os
 import secrets
-import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import aiohttp
 
-from reef.core.chat import ChatRequest, Delta, Finish, FinishReason, TextDelta, ToolCallDelta, Usage
+from reef.core.chat import ChatRequest, Delta, FinishReason, TextDelta, Usage
 from reef.core.errors import RuntimeFailure
 from reef.core.types import ReleaseRef
-from reef.runtimes.base import Runtime
 from reef.runtimes.chatml import TextStream, prompt_ids, stop_token_ids
-from reef.runtimes.engine_common import EngineUnavailable, adapter_files, error_message, load_adapter
-from reef.runtimes.upstream_wire import SSEParser, UpstreamProblem, loads_json
+from reef.runtimes.engine_base import EngineAnswer, EngineRuntime
+from reef.runtimes.engine_common import EngineUnavailable, error_message
+from reef.runtimes.upstream_wire import UpstreamProblem, loads_json
 
 if TYPE_CHECKING:
     from reef.config import ServeConfig
 
-log = logging.getLogger("reef.sglang")
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "error"}
 # SGLang fills sampling parameters a request leaves out from the model's generation_config.json
 # (its default `--sampling-defaults model`); Reef's requests mean none of these, so they go neutral.
 _NEUTRAL = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 _LOST_ADAPTER = "not loaded"  # in SGLang's refusal of a lora_path it does not hold
-_FAILURES_BEFORE_DOWN = 3
 
 
-class SGLangRuntime(Runtime):
+class _GenerateAnswer(EngineAnswer):
+    """A streamed `/generate`: each chunk's `meta_info` carries the tokens generated (ids and
+    log-probs), decoded here; the last one its finish reason and token counts."""
+
+    def __init__(self, load_id: str, lora: str | None, prompt: list[int], stream: TextStream) -> None:
+        super().__init__(load_id, stream, tuple(prompt))
+        self.lora = lora  # the lora_path to send: None for the base model
+
+    def read(self, chunk: dict[str, Any]) -> Iterator[Delta]:
+        meta = chunk.get("meta_info") or {}
+        tokens, logprobs = new_tokens(meta, len(self.ids))
+        if tokens:
+            self.ids.extend(tokens)
+            yield TextDelta(self.stream.push(self.ids), tuple(tokens), tuple(logprobs), self.load_id)
+        if meta.get("finish_reason"):
+            self.reason = _finish_reason(meta["finish_reason"])
+            self.usage = Usage(int(meta.get("prompt_tokens") or len(self.prompt_ids)),
+                               int(meta.get("completion_tokens") or len(self.ids)))
+
+
+class SGLangRuntime(EngineRuntime[_GenerateAnswer]):
     name = "sglang"
-    verifies_tokens = True
+    engine = "SGLang"
+    log = logging.getLogger("reef.sglang")
+    generate_route = "/generate"
+    health_timeout = 25.0  # SGLang's /health generates one token (it can take a second or more while busy)
 
     def __init__(self, url: str, *, adapter_dir: Path, model_dir: Path | None = None, model_name: str | None = None,
                  default_max_tokens: int = 256, timeout: float = 120.0, load_timeout: float = 120.0,
                  health_interval: float = 1.0) -> None:
-        self.url = url.rstrip("/")
-        # the base model's folder: the training process trains on it (reef/serve/learning.py); None: no weights learning
-        self.model_dir = Path(model_dir) if model_dir else None
-        self.engine_dtype: str | None = None  # not asked of SGLang: learner.dtype auto takes bf16 on a GPU
-        self.model_name = model_name
-        self.adapter_dir = adapter_dir
-        self.default_max_tokens = default_max_tokens
-        self.load_timeout = load_timeout
-        self.health_interval = health_interval
+        # engine_dtype is not asked of SGLang: learner.dtype auto takes bf16 on a GPU
+        super().__init__(url=url.rstrip("/"), adapter_dir=adapter_dir, model_name=model_name,
+                         model_dir=Path(model_dir) if model_dir else None, engine_dtype=None,
+                         default_max_tokens=default_max_tokens, timeout=timeout, load_timeout=load_timeout,
+                         health_interval=health_interval, down="SGLang is not attached yet")
         self.tokenizer: Any = None
         self._stop_ids: frozenset[int] = frozenset()
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
-        self._incarnation = secrets.token_hex(4)
-        self._counter = itertools.count(1)
-        self._loads: dict[str, Path | None] = {}  # load name -> its PEFT folder (None: the base model)
-        self._client: aiohttp.ClientSession | None = None
-        self._down: str | None = "SGLang is not attached yet"
-        self._watchdog: asyncio.Task[None] | None = None
-        self._closing = False
-        self.restarts = 0  # times SGLang came back and got its adapters again (tests, logs)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        if self._client is not None:
-            return
-        self._client = aiohttp.ClientSession(timeout=self._timeout,
-                                             connector=aiohttp.TCPConnector(limit=256, limit_per_host=256))
-        self.adapter_dir.mkdir(parents=True, exist_ok=True)
+    async def _attach(self) -> None:
         if not await self._healthy():
             raise RuntimeFailure(f"no SGLang answers /health at {self.url} (start it with --enable-lora)")
         info = await self._get_json("/get_model_info")
@@ -101,43 +102,19 @@ class SGLangRuntime(Runtime):
         source = self.model_dir or info.get("tokenizer_path") or info.get("model_path")
         self.tokenizer = await asyncio.to_thread(_tokenizer, str(source))
         self._stop_ids = stop_token_ids(self.tokenizer)
-        self._down = None
-        self._watchdog = asyncio.get_running_loop().create_task(self._watch())
-        log.info("attached to SGLang at %s serving %s", self.url, self.model_name)
+        self.log.info("attached to SGLang at %s serving %s", self.url, self.model_name)
 
-    async def close(self) -> None:
-        """Stop watching and unload what this runtime loaded: SGLang outlives Reef, and the
-        adapters' folders are deleted here."""
-        self._closing = True
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watchdog
-            self._watchdog = None
-        client, self._client = self._client, None
-        if client is not None:
-            if not self._down:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self._unload_all(client), 10)
-            await client.close()
-        shutil.rmtree(self.adapter_dir, ignore_errors=True)
+    async def _let_go(self) -> None:
+        """Unload what this runtime loaded: SGLang outlives Reef (the adapters' folders are deleted
+        by `close`)."""
+        if self._client is not None and not self._down:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._unload_all(self._client), 10)
 
     async def _unload_all(self, client: aiohttp.ClientSession) -> None:
         for name in self.resident_adapters():
             async with client.post(f"{self.url}/unload_lora_adapter", json={"lora_name": name}) as response:
                 await response.read()
-
-    def served_models(self) -> list[str]:
-        return [self.model_name] if self.model_name else []
-
-    async def _healthy(self) -> bool:
-        """SGLang's /health generates one token (it can take a second or more while busy)."""
-        assert self._client is not None
-        try:
-            async with self._client.get(f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=25)) as response:
-                return response.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return False
 
     async def _get_json(self, path: str) -> Any:
         assert self._client is not None
@@ -150,94 +127,31 @@ class SGLangRuntime(Runtime):
         except UpstreamProblem as exc:
             raise RuntimeFailure(f"SGLang {path} {exc}") from None
 
-    async def _watch(self) -> None:
-        """Mark SGLang down after three failed health checks; once it answers again, give it
-        back every adapter (a restarted SGLang holds none)."""
-        failures = 0
-        while not self._closing:
-            await asyncio.sleep(self.health_interval)
-            if not await self._healthy():
-                failures += 1
-                if failures >= _FAILURES_BEFORE_DOWN and not self._down:
-                    self._down = f"SGLang at {self.url} does not answer /health"
-                    log.error("%s", self._down)
-                continue
-            failures = 0
-            if self._down:
-                await self._recover()
-
-    async def _recover(self) -> None:
-        """Load every adapter this runtime holds again under its same name (unloading it first:
-        an SGLang that never went away may still hold it), then serve again."""
-        try:
-            for name, folder in list(self._loads.items()):
-                if folder is not None and name in self._loads:
-                    with contextlib.suppress(RuntimeFailure):
-                        await self._post_adapter("unload", {"lora_name": name})
-                    await self._post_adapter("load", {"lora_name": name, "lora_path": str(folder)})
-        except RuntimeFailure as exc:  # tried again at the next health check
-            log.error("reloading adapters into SGLang failed: %s", exc)
-            return
-        self.restarts += 1
-        self._down = None
-        log.warning("SGLang serving again at %s with %d adapter(s) reloaded", self.url, len(self.resident_adapters()))
-
     # -- releases ----------------------------------------------------------------------------
 
-    async def load(self, content_id: str, files: Mapping[str, bytes]) -> str:
-        """A release without weights serves the base model; one with a PEFT LoRA adapter gets it
-        loaded into SGLang under a fresh name, which is also its runtime_load_id."""
-        name = f"reef-{self._incarnation}-{next(self._counter)}"
-        adapter = adapter_files(files)
-        if adapter is None:
-            self._loads[name] = None
-            return name
-        if self._down:
-            raise EngineUnavailable(f"cannot load content {content_id}: {self._down}")
-        folder = self.adapter_dir / name
-        await load_adapter("SGLang", content_id, folder, adapter, timeout=self.load_timeout,
-                           load=lambda: self._post_adapter("load", {"lora_name": name, "lora_path": str(folder)}),
-                           unload=lambda: self._post_adapter("unload", {"lora_name": name}))
-        self._loads[name] = folder
-        return name
-
-    async def unload(self, runtime_load_id: str) -> None:
-        folder = self._loads.pop(runtime_load_id, None)
-        if folder is None:
-            return
-        try:
-            await self._post_adapter("unload", {"lora_name": runtime_load_id})
-        except RuntimeFailure as exc:  # a restarted SGLang holds none, and this one is not reloaded
-            log.warning("unloading %s from SGLang: %s", runtime_load_id, exc)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-
-    async def _post_adapter(self, action: str, body: dict[str, str]) -> None:
+    def _says_failed(self, text: str) -> bool:
         """SGLang answers an adapter update with `{success, error_message, loaded_adapters}`,
-        400 when it failed."""
-        assert self._client is not None
+        400 when it failed (and `success: false` tells it all the same)."""
         try:
-            async with self._client.post(f"{self.url}/{action}_lora_adapter", json=body) as response:
-                text = await response.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise RuntimeFailure(f"SGLang {action}_lora_adapter failed: {type(exc).__name__} {exc}") from None
-        if response.status != 200 or _says_failed(text):
-            raise RuntimeFailure(f"SGLang {action}_lora_adapter answered {response.status}: {error_message(text)}")
-
-    def resident_adapters(self) -> list[str]:
-        """The adapters this runtime has loaded into SGLang (their load names), for /reef/status."""
-        return sorted(name for name, folder in self._loads.items() if folder is not None)
+            body = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(body, dict) and body.get("success") is False
 
     # -- generation ----------------------------------------------------------------------------
 
-    def _lora_of(self, release: ReleaseRef) -> tuple[str, str | None]:
-        """(runtime_load_id, the lora_path to send: None for the base model)."""
+    def _started(self) -> bool:
+        return self._client is not None and self.tokenizer is not None
+
+    def _answer(self, request: ChatRequest, release: ReleaseRef) -> _GenerateAnswer:
         load_id = release.runtime_load_id
         if load_id is None or load_id not in self._loads:
             raise RuntimeFailure(f"runtime load {load_id!r} of release {release.release_id} is not loaded here")
-        return load_id, (load_id if self._loads[load_id] is not None else None)
+        lora = load_id if self._loads[load_id] is not None else None
+        stream = TextStream(self._decode, request.stop, bool(request.tools) and request.tool_choice != "none")
+        return _GenerateAnswer(load_id, lora, prompt_ids(self.tokenizer, request), stream)
 
-    def _body(self, request: ChatRequest, prompt: list[int], lora: str | None) -> dict[str, Any]:
+    def _body(self, request: ChatRequest, answer: _GenerateAnswer) -> dict[str, Any]:
         params: dict[str, Any] = {
             "max_new_tokens": request.max_tokens or self.default_max_tokens,
             "temperature": 1.0 if request.temperature is None else request.temperature,
@@ -248,84 +162,33 @@ class SGLangRuntime(Runtime):
             params["stop"] = list(request.stop)
         if request.seed is not None:  # honoured by SGLang started with --enable-deterministic-inference
             params["sampling_seed"] = request.seed % 2**63
-        body: dict[str, Any] = {"input_ids": prompt, "sampling_params": params, "return_logprob": True, "stream": True}
-        if lora is not None:
-            body["lora_path"] = lora
+        body: dict[str, Any] = {"input_ids": list(answer.prompt_ids), "sampling_params": params,
+                                "return_logprob": True, "stream": True}
+        if answer.lora is not None:
+            body["lora_path"] = answer.lora
         return body
 
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode([t for t in ids if t not in self._stop_ids], skip_special_tokens=False,
                                          clean_up_tokenization_spaces=False))
 
-    async def _unavailable(self, what: str) -> RuntimeFailure:
-        """A 503 when SGLang is down (asked /health when the watchdog has not said so yet),
-        else a 502 saying `what`."""
-        if self._down:
-            return EngineUnavailable(f"SGLang is not serving ({self._down}); retry shortly")
-        if not await self._healthy():
-            return EngineUnavailable(f"SGLang at {self.url} does not answer /health; retry shortly")
-        return RuntimeFailure(f"SGLang at {self.url} {what}")
-
-    async def _refused(self, status: int, raw: str, lora: str | None) -> RuntimeFailure:
+    async def _refused(self, status: int, raw: str, answer: _GenerateAnswer) -> RuntimeFailure:
         """SGLang's refusal of a request: its 4xx (and the error event that opens a refused
         stream) is the client's problem, relayed as 400, unless it is the adapter this runtime
         loaded, which means SGLang restarted: then a 503 while the watchdog reloads it."""
         message = error_message(raw)
+        lora = answer.lora
         if lora is not None and _LOST_ADAPTER in message and lora in self._loads and not self._down:
             self._down = f"SGLang lost adapter {lora} (restarted?); reloading"
-            log.error("%s", self._down)
+            self.log.error("%s", self._down)
             return EngineUnavailable(f"SGLang is not serving ({self._down}); retry shortly")
         if 400 <= status < 500:
             return RuntimeFailure(f"SGLang refused the request ({status}): {message}", status=400,
                                   error_type="invalid_request_error")
         return await self._unavailable(f"failed ({status}): {message}")
 
-    async def generate(self, request: ChatRequest, release: ReleaseRef) -> AsyncIterator[Delta]:
-        if self._client is None or self.tokenizer is None:
-            raise RuntimeFailure("the SGLang runtime is not started")
-        if self._down:
-            raise EngineUnavailable(f"SGLang is not serving ({self._down}); retry shortly")
-        load_id, lora = self._lora_of(release)
-        prompt = prompt_ids(self.tokenizer, request)
-        stream = TextStream(self._decode, request.stop, bool(request.tools) and request.tool_choice != "none")
-        ids: list[int] = []
-        usage = Usage(len(prompt), 0)
-        reason: FinishReason | None = None
-        try:
-            async with self._client.post(f"{self.url}/generate", json=self._body(request, prompt, lora)) as response:
-                if response.status != 200:
-                    raise await self._refused(response.status, await response.text(), lora)
-                events = SSEParser()
-                async for piece in response.content.iter_any():
-                    for _event, data in events.feed(piece):
-                        if data.strip() == "[DONE]":
-                            continue
-                        chunk = loads_json(data)
-                        if chunk.get("error"):
-                            raise await self._refused(400, data, lora)
-                        meta = chunk.get("meta_info") or {}
-                        tokens, logprobs = new_tokens(meta, len(ids))
-                        if tokens:
-                            ids.extend(tokens)
-                            yield TextDelta(stream.push(ids), tuple(tokens), tuple(logprobs), load_id)
-                        if meta.get("finish_reason"):
-                            reason = _finish_reason(meta["finish_reason"])
-                            usage = Usage(int(meta.get("prompt_tokens") or len(prompt)),
-                                          int(meta.get("completion_tokens") or len(ids)))
-        except RuntimeFailure:
-            raise
-        except UpstreamProblem as exc:
-            raise RuntimeFailure(f"SGLang {exc}") from None
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
-            raise await self._unavailable(f"broke the answer off ({type(exc).__name__})") from None
-        if reason is None:
-            raise await self._unavailable("ended the stream before the answer finished")
-        rest, calls = stream.finish(ids)
-        if rest:
-            yield TextDelta(rest, (), (), load_id)
-        for index, call in enumerate(calls):
-            yield ToolCallDelta(call, index)
-        yield Finish("tool_calls" if calls else reason, usage, model=self.model_name, prompt_token_ids=tuple(prompt))
+    async def _stream_error(self, data: str, chunk: dict[str, Any], answer: _GenerateAnswer) -> RuntimeFailure:
+        return await self._refused(400, data, answer)
 
     async def count_tokens(self, request: ChatRequest) -> int:
         if self.tokenizer is None:
@@ -351,14 +214,6 @@ def _finish_reason(finish: Any) -> FinishReason:
     """SGLang's `meta_info.finish_reason`: `{"type": "stop" | "length" | "abort", ...}`."""
     kind = finish.get("type") if isinstance(finish, dict) else finish
     return _FINISH.get(str(kind), "stop")
-
-
-def _says_failed(text: str) -> bool:
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return False
-    return isinstance(body, dict) and body.get("success") is False
 
 
 def _tokenizer(source: str) -> Any:
