@@ -17,7 +17,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Callable, Collection, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -25,10 +25,11 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 
 from reef.core.errors import InvalidInput, NotFound, RecordConflict, StorageUnavailable
-from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
+from reef.core.types import Record, RecordStatus, Report, ReportedRecords
 from reef.observe import rules
 from reef.observe.instances import PgInstances, interrupted
-from reef.observe.store import ExperienceStore, StoredRecord
+from reef.observe.record_query import RecordPage, RecordQuery
+from reef.observe.store import ExperienceStore
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
@@ -262,23 +263,12 @@ class PostgresStore(ExperienceStore):
 
         return self._run(work)
 
-    def finish_record(
-        self,
-        record_id: str,
-        status: RecordStatus,
-        *,
-        response: dict | None = None,
-        token_ids: list[int] | None = None,
-        logprobs: list[float] | None = None,
-        spans: Sequence[TokenSpan] = (),
-        error: str | None = None,
-        timings: dict[str, float] | None = None,
-    ) -> Record:
+    def _finish_record(self, record_id: str, outcome: rules.Outcome) -> Record:
         def work(cur: Cursor) -> Record:
             stored = _load_record(cur, record_id, lock=True)
             if stored is None:
                 raise NotFound(f"unknown record {record_id}")
-            done = rules.finished(stored, status, response, token_ids, logprobs, spans, error, timings)
+            done = rules.finished(stored, outcome)
             return stored if done is None else _finish(cur, stored, done)
 
         return self._run(work)
@@ -298,54 +288,12 @@ class PostgresStore(ExperienceStore):
 
         return self._run(work, begin=None)
 
-    def iter_records(
-        self,
-        scenario: str,
-        *,
-        release_id: str | None = None,
-        statuses: Collection[RecordStatus] | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        reported_only: bool = False,
-        after_seq: int = 0,
-        page_size: int = 500,
-        newest_first: bool = False,
-    ) -> Iterator[StoredRecord]:
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
-        # the page cursor bounds seq from the side the pages walk away from; index (scenario, seq) serves both
-        clauses: list[str] = ["scenario = %s", "seq < %s" if newest_first else "seq > %s", "seq > %s"]
-        params: list[Any] = [after_seq]
-        if statuses is not None:
-            clauses.append("status = ANY(%s)")
-            params.append(sorted({RecordStatus(s).value for s in statuses}))
-        if since is not None:
-            clauses.append("created_at >= %s")
-            params.append(since)
-        if until is not None:
-            clauses.append("created_at < %s")
-            params.append(until)
-        if reported_only:
-            clauses.append("EXISTS (SELECT 1 FROM report_refs f WHERE f.record_id = records.id)")
-        query = (f"SELECT body, seq, created_at, finished_at FROM records WHERE {' AND '.join(clauses)}"
-                 f" ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT %s")
-        Page = tuple[list[tuple[Record, float, float | None]], dict[str, list[Report]], int, int]
+    def _records_page(self, query: RecordQuery, cursor: int) -> RecordPage:
+        def work(cur: Cursor) -> RecordPage:
+            rows = cur.execute(query.select("%s"), query.params(cursor)).fetchall()
+            return query.page(rows, cursor, lambda ids: _reports_naming(cur, ids))
 
-        def work(cur: Cursor, after: int) -> Page:
-            rows = cur.execute(query, (scenario, after, *params, page_size)).fetchall()
-            page = [(rules.record_from_row(body, seq), created, finished) for body, seq, created, finished in rows]
-            if release_id is not None:
-                page = [p for p in page if p[0].release is not None and p[0].release.release_id == release_id]
-            return page, _reports_naming(cur, [record.id for record, _, _ in page]), len(rows), (
-                int(rows[-1][1]) if rows else after)
-
-        cursor = rules.NO_SEQ_ABOVE if newest_first else after_seq
-        while True:  # one snapshot per page; no connection held between pages
-            page, reports, fetched, cursor = self._run(lambda cur: work(cur, cursor), begin=_SNAPSHOT)
-            for record, created, finished in page:
-                yield StoredRecord(record, created, finished, tuple(reports.get(record.id, ())))
-            if fetched < page_size:
-                return
+        return self._run(work, begin=_SNAPSHOT)  # one snapshot per page; no connection held between pages
 
     def compact(self, scenario: str, record_ids: Sequence[str]) -> int:
         def work(cur: Cursor) -> int:
@@ -559,20 +507,14 @@ def _select_records(cur: Cursor, ids: list[str]) -> list[tuple[str, int]]:
 
 
 def _reports_naming(cur: Cursor, record_ids: list[str]) -> dict[str, list[Report]]:
-    """The reports that name each record, oldest first (a report naming several is parsed once)."""
-    out: dict[str, list[Report]] = {}
+    """The reports that name each record, oldest first."""
     if not record_ids:
-        return out
-    parsed: dict[int, Report] = {}
-    rows = cur.execute(
+        return {}
+    return rules.reports_by_record(cur.execute(
         "SELECT DISTINCT f.record_id, r.body, r.seq FROM report_refs f JOIN reports r ON r.seq = f.report_seq"
         " WHERE f.record_id = ANY(%s) ORDER BY r.seq",
         (record_ids,),
-    )
-    for record_id, body, seq in rows:
-        report = parsed.get(seq) or parsed.setdefault(seq, rules.report_from_row(body, int(seq)))
-        out.setdefault(record_id, []).append(report)
-    return out
+    ))
 
 
 def _count(cur: Cursor, table: str, scenario: str | None) -> int:

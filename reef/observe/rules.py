@@ -7,7 +7,7 @@ missing reference is made by these functions, so SQLite and PostgreSQL cannot dr
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Sequence
 
 from reef.core.canonical import canonical_json, content_hash
@@ -45,6 +45,24 @@ def report_body(report: Report) -> str:
     return canonical_json(data)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What finishing a record adds: the arguments of `ExperienceStore.finish_record`."""
+
+    status: RecordStatus
+    response: dict | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    spans: Sequence[TokenSpan] = ()
+    error: str | None = None
+    timings: dict[str, float] | None = None
+
+    @classmethod
+    def of(cls, record: Record) -> Outcome:
+        return cls(record.status, record.response, record.token_ids, record.logprobs, record.spans, record.error,
+                   record.timings)
+
+
 def resolve_record_retry(stored: Record, new: Record) -> tuple[Record, bool]:
     """Decide a put of an id that exists: `(record, False)` to return the stored record as is,
     or `(finished, True)` to finish the stored in-progress record with `new`'s outcome (timings
@@ -53,32 +71,23 @@ def resolve_record_retry(stored: Record, new: Record) -> tuple[Record, bool]:
         raise RecordConflict(f"record {new.id} already exists with other content")
     if new.status is RecordStatus.IN_PROGRESS:
         return stored, False
-    done = finished(stored, new.status, new.response, new.token_ids, new.logprobs, new.spans, new.error, new.timings)
+    done = finished(stored, Outcome.of(new))
     return (stored, False) if done is None else (done, True)
 
 
-def finished(
-    stored: Record,
-    status: RecordStatus,
-    response: dict | None,
-    token_ids: list[int] | None,
-    logprobs: list[float] | None,
-    spans: Sequence[TokenSpan],
-    error: str | None,
-    timings: dict[str, float] | None,
-) -> Record | None:
+def finished(stored: Record, outcome: Outcome) -> Record | None:
     """The finished form of `stored`, or `None` when it is an identical retry of a finish."""
-    if status is RecordStatus.IN_PROGRESS:
+    if outcome.status is RecordStatus.IN_PROGRESS:
         raise InvalidInput("a record can only be finished as complete or incomplete")
     candidate = replace(
         stored,
-        status=status,
-        response=response,
-        token_ids=token_ids,
-        logprobs=logprobs,
-        spans=list(spans),
-        error=error,
-        timings={**stored.timings, **(timings or {})},
+        status=outcome.status,
+        response=outcome.response,
+        token_ids=outcome.token_ids,
+        logprobs=outcome.logprobs,
+        spans=list(outcome.spans),
+        error=outcome.error,
+        timings={**stored.timings, **(outcome.timings or {})},
     )
     if stored.status is not RecordStatus.IN_PROGRESS:
         if canonical_json(stored.outcome()) == canonical_json(candidate.outcome()):
@@ -124,3 +133,14 @@ def report_from_row(body: str, seq: int) -> Report:
     data: dict[str, Any] = json.loads(body)
     data["seq"] = seq
     return with_distinct_references(Report.from_json(data))
+
+
+def reports_by_record(rows: Iterable[tuple[str, str, int]]) -> dict[str, list[Report]]:
+    """Rows of (record id, report body, report seq) in seq order as the reports that name each
+    record, oldest first (a report naming several is parsed once)."""
+    out: dict[str, list[Report]] = {}
+    parsed: dict[int, Report] = {}
+    for record_id, body, seq in rows:
+        report = parsed.get(seq) or parsed.setdefault(seq, report_from_row(body, int(seq)))
+        out.setdefault(record_id, []).append(report)
+    return out

@@ -25,13 +25,14 @@ import time
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from reef.core.errors import NotFound, RecordConflict, ReefError, StorageUnavailable
-from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
+from reef.core.types import Record, RecordStatus, Report, ReportedRecords
 from reef.observe import rules
 from reef.observe.instances import FileInstances, interrupted
-from reef.observe.store import ExperienceStore, StoredRecord
+from reef.observe.record_query import RecordPage, RecordQuery
+from reef.observe.store import ExperienceStore
 
 T = TypeVar("T")
 Write = Callable[[sqlite3.Connection], Any]
@@ -297,29 +298,18 @@ class SQLiteStore(ExperienceStore):
 
         return self._submit(write, single_statement=True)
 
-    def finish_record(self, record_id: str, status: RecordStatus, **outcome: Any) -> Record:
-        return self._submit(self._finish_write(record_id, status, **outcome), single_statement=True)
+    def _finish_record(self, record_id: str, outcome: rules.Outcome) -> Record:
+        return self._submit(self._finish_write(record_id, outcome), single_statement=True)
 
-    async def afinish_record(self, record_id: str, status: RecordStatus, **outcome: Any) -> Record:
-        return await self._submit_async(self._finish_write(record_id, status, **outcome), single_statement=True)
+    async def _afinish_record(self, record_id: str, outcome: rules.Outcome) -> Record:
+        return await self._submit_async(self._finish_write(record_id, outcome), single_statement=True)
 
-    def _finish_write(
-        self,
-        record_id: str,
-        status: RecordStatus,
-        *,
-        response: dict | None = None,
-        token_ids: list[int] | None = None,
-        logprobs: list[float] | None = None,
-        spans: Sequence[TokenSpan] = (),
-        error: str | None = None,
-        timings: dict[str, float] | None = None,
-    ) -> Write:
+    def _finish_write(self, record_id: str, outcome: rules.Outcome) -> Write:
         def write(conn: sqlite3.Connection) -> Record:
             stored = _load_record(conn, record_id)
             if stored is None:
                 raise NotFound(f"unknown record {record_id}")
-            done = rules.finished(stored, status, response, token_ids, logprobs, spans, error, timings)
+            done = rules.finished(stored, outcome)
             return stored if done is None else _finish(conn, stored, done)
 
         return write
@@ -336,55 +326,14 @@ class SQLiteStore(ExperienceStore):
         )
         return [rules.record_from_row(body, seq) for body, seq in rows]
 
-    def iter_records(
-        self,
-        scenario: str,
-        *,
-        release_id: str | None = None,
-        statuses: Collection[RecordStatus] | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        reported_only: bool = False,
-        after_seq: int = 0,
-        page_size: int = 500,
-        newest_first: bool = False,
-    ) -> Iterator[StoredRecord]:
-        if page_size < 1:
-            raise ValueError("page_size must be at least 1")
-        # the page cursor bounds seq from the side the pages walk away from; index (scenario, seq) serves both
-        clauses: list[str] = ["scenario = ?", "seq < ?" if newest_first else "seq > ?", "seq > ?"]
-        params: list[Any] = [after_seq]
-        if statuses is not None:
-            values = sorted({RecordStatus(s).value for s in statuses})
-            clauses.append(f"status IN ({','.join('?' * len(values))})" if values else "0")
-            params += values
-        if since is not None:
-            clauses.append("created_at >= ?")
-            params.append(since)
-        if until is not None:
-            clauses.append("created_at < ?")
-            params.append(until)
-        if reported_only:
-            clauses.append("EXISTS (SELECT 1 FROM report_refs f WHERE f.record_id = records.id)")
-        query = (f"SELECT body, seq, created_at, finished_at FROM records WHERE {' AND '.join(clauses)}"
-                 f" ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT ?")
-        cursor = rules.NO_SEQ_ABOVE if newest_first else after_seq
-        while True:
-            conn = self._reader()
-            conn.execute("BEGIN")  # one snapshot for a page and its reports; none held between pages
-            try:
-                rows = conn.execute(query, (scenario, cursor, *params, page_size)).fetchall()
-                page = [(rules.record_from_row(body, seq), created, finished) for body, seq, created, finished in rows]
-                if release_id is not None:
-                    page = [p for p in page if p[0].release is not None and p[0].release.release_id == release_id]
-                reports = _reports_naming(conn, [record.id for record, _, _ in page])
-            finally:
-                conn.execute("COMMIT")
-            for record, created, finished in page:
-                yield StoredRecord(record, created, finished, tuple(reports.get(record.id, ())))
-            if len(rows) < page_size:
-                return
-            cursor = rows[-1][1]
+    def _records_page(self, query: RecordQuery, cursor: int) -> RecordPage:
+        conn = self._reader()
+        conn.execute("BEGIN")  # one snapshot for a page and its reports; none held between pages
+        try:
+            rows = conn.execute(query.select("?"), query.params(cursor)).fetchall()
+            return query.page(rows, cursor, lambda ids: _reports_naming(conn, ids))
+        finally:
+            conn.execute("COMMIT")
 
     def compact(self, scenario: str, record_ids: Sequence[str]) -> int:
         def write(conn: sqlite3.Connection) -> int:
@@ -595,20 +544,18 @@ def _known_ids(conn: sqlite3.Connection, scenario: str, ids: Sequence[str]) -> s
 
 
 def _reports_naming(conn: sqlite3.Connection, record_ids: Sequence[str]) -> dict[str, list[Report]]:
-    """The reports that name each record, oldest first (a report naming several is parsed once)."""
-    out: dict[str, list[Report]] = {}
-    parsed: dict[int, Report] = {}
-    for start in range(0, len(record_ids), _IDS_PER_QUERY):
-        chunk = list(record_ids[start:start + _IDS_PER_QUERY])
-        rows = conn.execute(
-            "SELECT DISTINCT f.record_id, r.body, r.seq FROM report_refs f JOIN reports r ON r.seq = f.report_seq"
-            f" WHERE f.record_id IN ({','.join('?' * len(chunk))}) ORDER BY r.seq",
-            chunk,
-        )
-        for record_id, body, seq in rows:
-            report = parsed.get(seq) or parsed.setdefault(seq, rules.report_from_row(body, seq))
-            out.setdefault(record_id, []).append(report)
-    return out
+    """The reports that name each record, oldest first."""
+
+    def rows() -> Iterator[tuple[str, str, int]]:
+        for start in range(0, len(record_ids), _IDS_PER_QUERY):
+            chunk = list(record_ids[start:start + _IDS_PER_QUERY])
+            yield from conn.execute(
+                "SELECT DISTINCT f.record_id, r.body, r.seq FROM report_refs f JOIN reports r ON r.seq = f.report_seq"
+                f" WHERE f.record_id IN ({','.join('?' * len(chunk))}) ORDER BY r.seq",
+                chunk,
+            )
+
+    return rules.reports_by_record(rows())
 
 
 def _count(conn: sqlite3.Connection, table: str, scenario: str | None) -> int:

@@ -21,21 +21,11 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Any, Collection, Iterator, Sequence
 
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
-
-
-@dataclass(frozen=True)
-class StoredRecord:
-    """A record as `iter_records` reads it: with the store's clock (epoch seconds when it was
-    stored and finished) and the reports that name it, oldest first."""
-
-    record: Record
-    created_at: float
-    finished_at: float | None
-    reports: tuple[Report, ...]
+from reef.observe.record_query import RecordPage, RecordQuery, StoredRecord
+from reef.observe.rules import Outcome
 
 
 class ExperienceStore(ABC):
@@ -43,7 +33,6 @@ class ExperienceStore(ABC):
     def put_record(self, record: Record) -> Record:
         """Store a new record (any status); idempotent on identical content."""
 
-    @abstractmethod
     def finish_record(
         self,
         record_id: str,
@@ -57,6 +46,12 @@ class ExperienceStore(ABC):
         timings: dict[str, float] | None = None,
     ) -> Record:
         """Move an `in_progress` record to `complete` or `incomplete`."""
+        return self._finish_record(record_id, Outcome(status, response, token_ids, logprobs, spans, error, timings))
+
+    @abstractmethod
+    def _finish_record(self, record_id: str, outcome: Outcome) -> Record:
+        """`finish_record`: the record as `rules.finished` makes it, stored (the stored record
+        when it is an identical retry); `NotFound` if there is none."""
 
     @abstractmethod
     def replace_incomplete(self, record: Record) -> Record:
@@ -90,7 +85,6 @@ class ExperienceStore(ABC):
     def session_records(self, scenario: str, session: str) -> list[Record]:
         """Records of one session, in the order they were created."""
 
-    @abstractmethod
     def iter_records(
         self,
         scenario: str,
@@ -111,6 +105,19 @@ class ExperienceStore(ABC):
         any), stored at `since` <= t < `until` (epoch seconds), only records some report names,
         sequence above `after_seq`. A record committed while the iteration runs may or may not
         be seen."""
+        query = RecordQuery(scenario, release_id, statuses, since, until, reported_only, after_seq, page_size,
+                            newest_first)
+        cursor = query.first_cursor()
+        while True:
+            page = self._records_page(query, cursor)
+            yield from page.records
+            if not page.full:
+                return
+            cursor = page.last_seq
+
+    @abstractmethod
+    def _records_page(self, query: RecordQuery, cursor: int) -> RecordPage:
+        """One page of `iter_records` from `cursor` on, read in one snapshot (`RecordQuery.page`)."""
 
     @abstractmethod
     def compact(self, scenario: str, record_ids: Sequence[str]) -> int:
@@ -136,7 +143,10 @@ class ExperienceStore(ABC):
         return await asyncio.to_thread(self.put_record, record)
 
     async def afinish_record(self, record_id: str, status: RecordStatus, **outcome: Any) -> Record:
-        return await asyncio.to_thread(lambda: self.finish_record(record_id, status, **outcome))
+        return await self._afinish_record(record_id, Outcome(status, **outcome))
+
+    async def _afinish_record(self, record_id: str, outcome: Outcome) -> Record:
+        return await asyncio.to_thread(self._finish_record, record_id, outcome)
 
     async def aput_report(self, report: Report) -> Report:
         return await asyncio.to_thread(self.put_report, report)
