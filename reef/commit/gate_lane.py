@@ -65,8 +65,17 @@ class Line(Protocol):  # the learner that feeds the lane (reef.grow.learner.Lear
 
 
 class GateLane:
-    def __init__(self, scenario: str, decide: Decide, span_attributes: Callable[[str], dict], *, gate_after: int = 1,
-                 warm: Warm | None = None, overtake: Overtake | None = None, overtake_after: int = 1) -> None:
+    def __init__(
+        self,
+        scenario: str,
+        decide: Decide,
+        span_attributes: Callable[[str], dict],
+        *,
+        gate_after: int = 1,
+        warm: Warm | None = None,
+        overtake: Overtake | None = None,
+        overtake_after: int = 1,
+    ) -> None:
         self.scenario = scenario
         self.decide = decide
         self.span_attributes = span_attributes
@@ -89,8 +98,11 @@ class GateLane:
         assert self.line is not None
         replaced, self.waiting = self.waiting, queued
         if replaced is not None:
-            await self.line.abandon(replaced[0].batch_id, f"superseded: batch {queued[0].batch_id}, trained on "
-                                    "from it, goes to the gate instead", routine=True)
+            await self.line.abandon(
+                replaced[0].batch_id,
+                f"superseded: batch {queued[0].batch_id}, trained on from it, goes to the gate instead",
+                routine=True,
+            )
 
     async def go(self) -> None:
         """Start the gate's turns if it is idle, or tell it a newer candidate may overtake."""
@@ -104,8 +116,9 @@ class GateLane:
         try:
             with spans.span("reef.gate", self.span_attributes(candidate.batch_id), ok=(StaleHead,)) as span:
                 verdict = await self.decide(candidate)
-                span.set_attributes({"reef.gate.decision": verdict.decision,
-                                     **spans.numeric("reef.gate.", verdict.metrics)})
+                span.set_attributes(
+                    {"reef.gate.decision": verdict.decision, **spans.numeric("reef.gate.", verdict.metrics)}
+                )
         except Exception as exc:  # noqa: BLE001 - the line settles it (and raises what is not StaleHead)
             return Outcome(candidate, position, error=exc)
         return Outcome(candidate, position, verdict)
@@ -152,8 +165,11 @@ class GateLane:
         if self.waiting is None or self.line is None:
             return False
         candidate, lineage, position = self.waiting
-        return (lineage != self.line.lineage or position - self.line.line_published >= self.gate_after
-                or candidate.batch_id == self.unheld)
+        return (
+            lineage != self.line.lineage
+            or position - self.line.line_published >= self.gate_after
+            or candidate.batch_id == self.unheld
+        )
 
     def _overtake_at_gate(self) -> None:
         """Tell the gate when the candidate waiting is `overtake_after` batches further along the
@@ -177,8 +193,9 @@ class GateLane:
             queued, self.waiting, self.unheld = self.waiting, None, None
             candidate, lineage, position = queued
             if lineage != self.line.lineage:
-                await self.line.abandon(candidate.batch_id,
-                                        f"trained on from a candidate that was dropped: {self.line.drop_reason}")
+                await self.line.abandon(
+                    candidate.batch_id, f"trained on from a candidate that was dropped: {self.line.drop_reason}"
+                )
                 continue
             self.at_gate = queued
             try:
@@ -197,6 +214,7 @@ class GateLane:
         try:
             return int(await self.warm(self.line.starved()) or 0)
         except Exception as exc:  # noqa: BLE001 - the verdict will answer them itself
-            log.warning("learner %s: the gate could not answer its tasks ahead: %s: %s", self.scenario,
-                        type(exc).__name__, exc)
+            log.warning(
+                "learner %s: the gate could not answer its tasks ahead: %s: %s", self.scenario, type(exc).__name__, exc
+            )
             return 0

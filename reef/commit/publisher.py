@@ -31,8 +31,7 @@ def _no_pin(runtime_load_id: str | None) -> AbstractContextManager[Any]:
 
 
 class CandidatePublisher:
-    def __init__(self, chain: ReleaseChain, gate: WeightsGate | None, serve_release: Serve,
-                 pin: Pin = _no_pin) -> None:
+    def __init__(self, chain: ReleaseChain, gate: WeightsGate | None, serve_release: Serve, pin: Pin = _no_pin) -> None:
         self.chain = chain
         self.gate = gate
         self.serve_release = serve_release
@@ -53,13 +52,25 @@ class CandidatePublisher:
         # load then goes only once the verdict is in (which the moved head makes stale)
         with self.pin(serving.runtime_load_id):
             head_files = await self.head_files()
-            verdict = await self.gate.judge(serving, head_files, content_id, candidate.files, candidate.held_out,
-                                            starved=candidate.starved, live=candidate.live)
+            verdict = await self.gate.judge(
+                serving,
+                head_files,
+                content_id,
+                candidate.files,
+                candidate.held_out,
+                starved=candidate.starved,
+                live=candidate.live,
+            )
         # the head's harness (a seeded one) stays with the new weights
         files = {**candidate.files, **{p: d for p, d in head_files.items() if p.startswith(HARNESS_PREFIX)}}
-        return await self.settle(candidate, artifact(candidate, files), verdict, head.release_id,
-                                 # the next batch may already be logged with a later cursor: never go back
-                                 high_water=max(candidate.high_water, self.chain.high_water()))
+        return await self.settle(
+            candidate,
+            artifact(candidate, files),
+            verdict,
+            head.release_id,
+            # the next batch may already be logged with a later cursor: never go back
+            high_water=max(candidate.high_water, self.chain.high_water()),
+        )
 
     def overtake(self, candidate: LearnedCandidate) -> None:
         """A newer candidate of its line waits: the gate may stop judging this one undecided."""
@@ -74,13 +85,18 @@ class CandidatePublisher:
         with self.pin(serving.runtime_load_id):
             return await self.gate.warm(serving, starved, files=self.head_files)
 
-    async def settle(self, candidate: LearnedCandidate, artifact: Candidate, verdict: Verdict, judged_head: str, *,
-                     high_water: int) -> Verdict:
+    async def settle(
+        self, candidate: LearnedCandidate, artifact: Candidate, verdict: Verdict, judged_head: str, *, high_water: int
+    ) -> Verdict:
         """Log a candidate judged against `judged_head` (StaleHead if the head moved since):
         rejected, published and served (`select`), or published pending review (`review`,
         served only once promoted)."""
-        common = dict(batch_id=candidate.batch_id, algorithm_state=candidate.algorithm_state, high_water=high_water,
-                      metrics=candidate.metrics)
+        common = dict(
+            batch_id=candidate.batch_id,
+            algorithm_state=candidate.algorithm_state,
+            high_water=high_water,
+            metrics=candidate.metrics,
+        )
         if verdict.decision == "reject":
             await asyncio.to_thread(self.chain.reject, artifact.content_id, judged_head, verdict=verdict, **common)
             return verdict
@@ -92,5 +108,9 @@ class CandidatePublisher:
 
 def artifact(candidate: LearnedCandidate, files: dict[str, bytes]) -> Candidate:
     """The content to commit, with where it came from: the recipe and what it recorded."""
-    return Candidate(files, artifact_kind(files), {"kind": "training", "batch_id": candidate.batch_id},
-                     {"recipe": candidate.recipe, **candidate.metadata})
+    return Candidate(
+        files,
+        artifact_kind(files),
+        {"kind": "training", "batch_id": candidate.batch_id},
+        {"recipe": candidate.recipe, **candidate.metadata},
+    )

@@ -2,19 +2,19 @@
 
 The newest weights candidate of the line the gate judges (the one it judges now or takes next)
 is served by the server (`reef.serve.canary`) to `learner.canary.<scenario>` of that scenario's
-new requests, until a newer candidate replaces it, the gate has judged it, or its line is dropped: recorded, receipted and reportable
-like any other, marked by their release id `canary-<batch id>`. Its reported records are the
-freshest samples the learner has (the policy being trained continues from that candidate), and
-their live scores are compared with the serving release's latest (SERVING_WINDOW, so a canary
-serving every request still has a yardstick): a canary whose live scores are worse (one-sided
-two-sample z-test at WORSE_Z on the pooled variance, at least MIN_SCORES of each; and from its
-WITHDRAW_BY-th score on, any mean below the serving release's) is withdrawn at once, whatever the
-gate is still doing, so a worse candidate serves at most WITHDRAW_BY reported requests (a client
-whose scores favour it, flipped or lying, is bounded only by the fraction, at most
-`learner.canary_max_fraction`). The variance is pooled because scores are skewed: a few
-scores of a canary as good as the serving release are often all 0 (variance 0), and a test on
-each side's own variance would then withdraw it on the serving side's spread alone. A scenario
-that does not opt in never gets one.
+new requests, until a newer candidate replaces it, the gate has judged it, or its line is
+dropped: recorded, receipted and reportable like any other, marked by their release id
+`canary-<batch id>`. Its reported records are the freshest samples the learner has (the policy
+being trained continues from that candidate), and their live scores are compared with the
+serving release's latest (SERVING_WINDOW, so a canary serving every request still has a
+yardstick): a canary whose live scores are worse (one-sided two-sample z-test at WORSE_Z on the
+pooled variance, at least MIN_SCORES of each; and from its WITHDRAW_BY-th score on, any mean
+below the serving release's) is withdrawn at once, whatever the gate is still doing, so a worse
+candidate serves at most WITHDRAW_BY reported requests (a client whose scores favour it, flipped
+or lying, is bounded only by the fraction, at most `learner.canary_max_fraction`). The variance
+is pooled because scores are skewed: a few scores of a canary as good as the serving release are
+often all 0 (variance 0), and a test on each side's own variance would then withdraw it on the
+serving side's spread alone. A scenario that does not opt in never gets one.
 
 The split (`gate.live_split`): once the gate's tasks have left STALLED_VERDICTS candidates in a
 row undecided against the same serving release, none of them behind on the tasks, the canaries
@@ -33,7 +33,8 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from reef.core.learned import LearnedCandidate
 from reef.core.live_evidence import LiveEvidence, ScoreSummary, two_sample_z
-from reef.core.types import ReportedRecords
+from reef.core.types import ReportedRecords, Verdict
+from reef.grow.learner_stats import behind_on_tasks
 from reef.grow.loop import HasLastError
 
 log = logging.getLogger("reef.learner")
@@ -148,8 +149,9 @@ class LiveScores:
         if not self.split:
             return None
         # a side that dropped nothing covers the split from its start; one that did, from its oldest kept
-        since = max([side[0][0] for side in (self.line_split, self.serving_split) if len(side) == side.maxlen],
-                    default=0.0)
+        since = max(
+            [side[0][0] for side in (self.line_split, self.serving_split) if len(side) == side.maxlen], default=0.0
+        )
         line = [score for at, score in self.line_split if at >= since]
         serving = [score for at, score in self.serving_split if at >= since]
         if min(len(line), len(serving)) < MIN_SPLIT_SCORES:
@@ -161,11 +163,19 @@ class LiveScores:
 
     def summary(self, **more: object) -> dict[str, object]:
         canary = self.canary
-        return {**more, "withdrawn": self.withdrawn, "release_id": self.canary_id, "running": self.running,
-                "scores": len(canary),
-                "mean": _mean(canary) if canary else None, "serving_release_id": self.serving_id,
-                "serving_scores": len(self.serving), "serving_mean": _mean(self.serving) if self.serving else None,
-                "split": self.split, "split_scores": [len(self.line_split), len(self.serving_split)]}
+        return {
+            **more,
+            "withdrawn": self.withdrawn,
+            "release_id": self.canary_id,
+            "running": self.running,
+            "scores": len(canary),
+            "mean": _mean(canary) if canary else None,
+            "serving_release_id": self.serving_id,
+            "serving_scores": len(self.serving),
+            "serving_mean": _mean(self.serving) if self.serving else None,
+            "split": self.split,
+            "split_scores": [len(self.line_split), len(self.serving_split)],
+        }
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -177,8 +187,9 @@ class CanaryLoop:
     the learner reads (`watch`, which withdraws a worse canary at once) and the gate's outcomes
     (`left_gate`, `published`); a moved head stops it (`stop`). `serving` None: no canary."""
 
-    def __init__(self, scenario: str, serving: CanaryServing | None, live_split: float | None,
-                 stats: HasLastError) -> None:
+    def __init__(
+        self, scenario: str, serving: CanaryServing | None, live_split: float | None, stats: HasLastError
+    ) -> None:
         self.scenario = scenario
         self.serving = serving
         self.fraction = serving.fraction if serving is not None else 0.0  # learner.canary's
@@ -186,6 +197,7 @@ class CanaryLoop:
         self.stats = stats
         self.live = LiveScores()  # the canary's live scores and the serving release's
         self.batch: str | None = None  # the candidate the canary serves
+        self.stalled = ("", 0)  # (head, verdicts in a row left undecided against it), for the split
 
     async def serve(self, candidate: LearnedCandidate, line_live: Callable[[], bool]) -> None:
         """Serve the newest candidate of the line the gate judges (in place of an older one): the
@@ -210,8 +222,11 @@ class CanaryLoop:
         # that moved the head while it loaded is seen here before any request meets the canary (one
         # that moves it later stops it itself, `head_moved`)
         if not line_live():
-            log.warning("learner %s: the canary of batch %s stopped as it started: the head moved under its line",
-                        self.scenario, candidate.batch_id)
+            log.warning(
+                "learner %s: the canary of batch %s stopped as it started: the head moved under its line",
+                self.scenario,
+                candidate.batch_id,
+            )
             await self.stop()
 
     async def stop(self) -> None:
@@ -226,8 +241,9 @@ class CanaryLoop:
         self.live.add(items, serving_id)
         if self.live.worse():
             self.live.withdrawn += 1
-            log.warning("learner %s: canary withdrawn, its live scores are worse: %s", self.scenario,
-                        self.live.summary())
+            log.warning(
+                "learner %s: canary withdrawn, its live scores are worse: %s", self.scenario, self.live.summary()
+            )
             await self.stop()
 
     async def left_gate(self, batch_id: str, line_dropped: bool) -> None:
@@ -238,6 +254,28 @@ class CanaryLoop:
     def published(self, head: str, batch_id: str) -> None:
         if self.serving is not None:
             self.live.published(head, canary_release_id(batch_id))
+
+    def undecided(self, verdict: Verdict, head: str) -> None:
+        """A rejected candidate of the line the learner trains on: once STALLED_VERDICTS in a row
+        against `head` ran to their last look undecided, none behind on the tasks (verdicts of
+        other kinds in between are not counted), the tasks alone cannot tell: the split begins."""
+        if not self.live_split or self.live.split or verdict.metrics.get("early") is not False:
+            return
+        if behind_on_tasks(verdict):
+            return
+        count = self.stalled[1] + 1 if self.stalled[0] == head else 1
+        self.stalled = (head, count)
+        if count >= STALLED_VERDICTS:
+            self.live.begin_split()  # serve the line beside the head
+            log.info(
+                "learner %s: the line and the serving release now share the traffic (%s to the line)",
+                self.scenario,
+                self.live_split,
+            )
+
+    def line_dropped(self) -> None:
+        if self.live.split:  # the new line's live scores are its own
+            self.live.begin_split()
 
     def summary(self) -> dict[str, object] | None:
         return None if self.serving is None else self.live.summary(fraction=self.serving.fraction)

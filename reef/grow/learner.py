@@ -1,27 +1,20 @@
 """The learner of one scenario, the same loop for every recipe: reported records in, candidates out.
 
-One of three loops (docs/architecture.md): intake and training here, judging in the gate's lane
-(`reef.commit.gate_lane`), the canary in `reef.grow.canary.CanaryLoop`. In a fixed, visible order:
-read new reports since the cursor, show them to the canary and let the recipe take them in (or
-count why not); once the recipe has a batch, log it (invariant 9, before any work), let the
-recipe make a candidate of it (train through the primitives, or propose a harness change), and
-hand the candidate on. A weights candidate goes to the canary and to the lane's one-place queue,
-and training goes on from it while the gate judges; a harness candidate is made from the head
-and judged against exactly that head, here, one at a time. A recipe that gives no candidate
-closes its batch as abandoned, with its reason. At most three batches are open: at the gate,
-waiting, in training.
-
-Each outcome comes back here (`settle`): a published candidate starts the line's count again; a
-candidate trained on from one the gate then found surely worse is abandoned unjudged; a rollback
-or promote sends training back to the head: the canary stops at once (`head_moved`, called by the
-route on this front end; on another front end's, the learner sees the head moved at its next
-step), and no candidate of a line begun before the head moved is canaried or judged. With
-`gate.live_split` and a canary, once STALLED_VERDICTS verdicts in a row against one head run to
-their last look undecided with the candidate not behind on the tasks, the canary serves the
-split's fraction until the head moves, and each later candidate goes to the gate with the split's
-live scores (in memory only). Making a candidate is a span `reef.learn` (`reef.observe.spans`). On
-start, the batches the log shows open are resumed in order if their records are all still there,
-and abandoned (logged) otherwise. Serving never waits on any of this.
+The first of three loops (docs/architecture.md): intake and training here, judging in the gate's
+lane (`reef.commit.gate_lane`), the canary in `reef.grow.canary.CanaryLoop`. Each step: read new
+reports since the cursor, show them to the canary, let the recipe take them in (or count why
+not); once it has a batch, log it (invariant 9, before any work), let it make a candidate (train
+through the primitives, or propose a harness change; a span `reef.learn`) and hand it on. A
+weights candidate goes to the canary and the lane's one-place queue, and training goes on from
+it (at most three batches open: at the gate, waiting, in training); a harness candidate is made
+from the head and judged against exactly that head, here. No candidate: the batch is abandoned
+with its reason. Each outcome comes back to `settle`: a publication starts the line's count
+again; a line the gate found surely worse is dropped (a candidate trained on from it is
+abandoned unjudged); a rollback or promote stops the canary at once (`head_moved`, by the route on
+this front end, or seen at the next step on another's) and drops the line, so no candidate of a
+line begun before the head moved is canaried or judged. On start, the batches the log shows open
+are resumed in order if their records are all still there, abandoned (logged) otherwise. Serving
+never waits on any of this.
 """
 
 from __future__ import annotations
@@ -31,16 +24,17 @@ import contextlib
 import dataclasses
 import logging
 import time
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any
 
 from reef.commit.gate_lane import Decide, GateLane, Outcome, Overtake, Queued, Warm
 from reef.core.canonical import new_id
 from reef.core.errors import NotFound, StaleHead
 from reef.core.learned import LearnedCandidate
 from reef.core.training import checkpoint_part
-from reef.core.types import CommitEntry, Operation, Release, ReleaseRef, ReportedRecords
-from reef.grow.canary import STALLED_VERDICTS, CanaryLoop, CanaryServing
-from reef.grow.learner_stats import LearnerStats, LineageEvidence, SampleWait, behind_on_tasks, promising
+from reef.core.types import Operation
+from reef.grow.canary import CanaryLoop, CanaryServing
+from reef.grow.chain_view import Chain, ChainView, HeadFiles, batched_record_ids, reported_record
+from reef.grow.learner_stats import LearnerStats, LineageEvidence, SampleWait, promising
 from reef.grow.loop import keep_stepping
 from reef.grow.recipe import Abandon, Batch, Job, LearnerView, Made, Recipe
 from reef.grow.training_client import TrainingClient
@@ -49,63 +43,64 @@ from reef.observe.store import ExperienceStore
 
 log = logging.getLogger("reef.learner")
 WORKING_STATE = {"weights": "training", "harness": "proposing"}
-HeadFiles = Callable[[], Awaitable[dict[str, bytes]]]
-
-
-class Chain(Protocol):  # the parts of commit's ReleaseChain a learner uses
-    scenario: str
-
-    def last_step(self) -> int: ...
-    def head(self) -> Release: ...
-    def serving(self) -> ReleaseRef: ...
-    def high_water(self) -> int: ...
-    def algorithm_state(self) -> dict | None: ...
-    def releases(self) -> list[Release]: ...
-    def open_batches(self) -> list[dict]: ...
-    def history(self) -> list[CommitEntry]: ...
-    def begin_batch(self, batch_id: str, record_ids: list[str], report_ids: list[str], *, high_water: int,
-                    expected_step: int, max_open: int = 1) -> Any: ...
-    def abandon_batch(self, batch_id: str, reason: str) -> Any: ...
-
-
-# The gate answers ahead of the first candidate once the learner has waited this long for samples:
-# traffic that thin (an agent's turns) leaves the gate idle, and the first verdict then asks only its
-# candidate (about half its seconds, bench/first_verdict.py); faster traffic brings the first batch
-# sooner, and answering at once would slow its first batches instead.
+# The gate answers ahead of the first candidate once the learner has waited this long for samples
+# (thin traffic; bench/first_verdict.py): answering at once would slow faster traffic's first batches.
 ANSWER_AHEAD_AFTER_S = 15.0
 
 
 class Learner:
-    def __init__(self, chain: Chain, store: ExperienceStore, recipe: Recipe, decide: Decide, head_files: HeadFiles,
-                 trainer: TrainingClient | None = None, poll_interval: float = 0.5,
-                 canary: CanaryServing | None = None, gate_after: int = 1, warm: Warm | None = None,
-                 overtake: Overtake | None = None, overtake_after: int = 1,
-                 live_split: float | None = None, answer_ahead_after: float = ANSWER_AHEAD_AFTER_S) -> None:
+    def __init__(
+        self,
+        chain: Chain,
+        store: ExperienceStore,
+        recipe: Recipe,
+        decide: Decide,
+        head_files: HeadFiles,
+        trainer: TrainingClient | None = None,
+        poll_interval: float = 0.5,
+        canary: CanaryServing | None = None,
+        gate_after: int = 1,
+        warm: Warm | None = None,
+        overtake: Overtake | None = None,
+        overtake_after: int = 1,
+        live_split: float | None = None,
+        answer_ahead_after: float = ANSWER_AHEAD_AFTER_S,
+    ) -> None:
         self.chain, self.scenario, self.store, self.recipe = chain, chain.scenario, store, recipe
-        self.head_files, self.trainer, self.poll_interval = head_files, trainer, poll_interval
+        self.reader, self.trainer, self.poll_interval = ChainView(chain, head_files), trainer, poll_interval
         self.answer_ahead_after = answer_ahead_after
         self.pipelined = recipe.surface == "weights"
         self.stats = LearnerStats()
-        self.lane = GateLane(self.scenario, decide, self._span_attributes, gate_after=gate_after, warm=warm,
-                             overtake=overtake, overtake_after=overtake_after)
+        self.lane = GateLane(
+            self.scenario,
+            decide,
+            self._span_attributes,
+            gate_after=gate_after,
+            warm=warm,
+            overtake=overtake,
+            overtake_after=overtake_after,
+        )
         self.lane.line = self
         self.canary = CanaryLoop(self.scenario, canary if self.pipelined else None, live_split, self.stats)
-        self.undecided = ("", 0)  # (head, verdicts in a row left undecided against it), for the split
         self.evidence = LineageEvidence()  # the gate's wins and losses since the working line began
         self.wait = SampleWait(idle_since=time.monotonic())  # waiting for samples from the start
         self.cursor = chain.high_water()
         self.consumed = batched_record_ids(chain)
         self.algorithm_state = dict(chain.algorithm_state() or {})  # ahead of the log while a candidate is judged
-        self.view = LearnerView(self.scenario, self.consumed, self._staleness_of, chain.head, self._head_files,
-                                self.stats.dropped, store)
+        self.view = LearnerView(
+            self.scenario,
+            self.consumed,
+            self._staleness_of,
+            chain.head,
+            self.reader.head_files,
+            self.stats.dropped,
+            store,
+        )
         self.working: dict[str, bytes] | None = None  # the last candidate, once training goes on from it
         self.working_head = chain.head().release_id  # the head `working` continues from; a rollback resets it
-        self.lineage = 0  # bumped whenever `working` is dropped: candidates trained from it are void
-        self.drop_reason = ""
+        self.lineage, self.drop_reason = 0, ""  # bumped whenever `working` is dropped: its candidates are void
         self.line_made = 0  # batches in the working line, counted from the head it began at
         self.line_published = 0  # the position in that line of the release this learner published last
-        self._head: tuple[str, dict[str, bytes]] | None = None
-        self._positions: tuple[int, dict[str, int]] | None = None  # (log step, release id -> releases since)
 
     # the lane's and the canary's state, as the learner's tests and status read it
     waiting = property(lambda self: self.lane.waiting)
@@ -171,9 +166,15 @@ class Learner:
         gate's lane, while the next trains on from it; a harness candidate to the gate, here."""
         if not logged:
             self.stats.state = "logging batch"
-            await asyncio.to_thread(self.chain.begin_batch, batch_id, batch.record_ids, batch.report_ids,
-                                    high_water=high_water, expected_step=self.chain.last_step(),
-                                    max_open=3 if self.pipelined else 1)
+            await asyncio.to_thread(
+                self.chain.begin_batch,
+                batch_id,
+                batch.record_ids,
+                batch.report_ids,
+                high_water=high_water,
+                expected_step=self.chain.last_step(),
+                max_open=3 if self.pipelined else 1,
+            )
         self.consumed.update(batch.record_ids)
         self.stats.batches += 1
         if self._line_outrun():  # a rollback or promote: this batch trains from the new head
@@ -182,8 +183,13 @@ class Learner:
         job = await self._job(batch_id)
         self.stats.state = WORKING_STATE[self.recipe.surface]
         try:
-            with spans.span("reef.learn", self._span_attributes(batch_id, {
-                    "reef.surface": self.recipe.surface, "reef.batch.records": len(batch.record_ids)}), ok=(Abandon,)):
+            with spans.span(
+                "reef.learn",
+                self._span_attributes(
+                    batch_id, {"reef.surface": self.recipe.surface, "reef.batch.records": len(batch.record_ids)}
+                ),
+                ok=(Abandon,),
+            ):
                 made = await self.recipe.candidate(batch, job)
         except Abandon as exc:
             await self.abandon(batch_id, f"{exc.kind}: {exc.reason}")
@@ -212,15 +218,34 @@ class Learner:
 
     async def _job(self, batch_id: str) -> Job:
         head = self.chain.head()
-        head_files = await self._head_files()
+        head_files = await self.reader.head_files()
         start = self.working if self.working is not None else checkpoint_part(head_files)
-        return Job(self.scenario, batch_id, start, head, head_files, self.chain.serving(), self.trainer,
-                   dict(self.algorithm_state))
+        return Job(
+            self.scenario,
+            batch_id,
+            start,
+            head,
+            head_files,
+            self.chain.serving(),
+            self.trainer,
+            dict(self.algorithm_state),
+        )
 
     def _candidate(self, batch_id: str, high_water: int, job: Job, made: Made) -> LearnedCandidate:
         state = {**job.algorithm_state, "recipe": self.recipe.name}
-        return LearnedCandidate(self.scenario, batch_id, self.recipe.name, made.files, job.head.release_id,
-                                job.head_files, high_water, made.metadata, made.metrics, state, made.held_out)
+        return LearnedCandidate(
+            self.scenario,
+            batch_id,
+            self.recipe.name,
+            made.files,
+            job.head.release_id,
+            job.head_files,
+            high_water,
+            made.metadata,
+            made.metrics,
+            state,
+            made.held_out,
+        )
 
     def starved(self) -> bool:
         return self.wait.starved()
@@ -256,13 +281,12 @@ class Learner:
         elif not promising(verdict):  # the next candidate starts from the head
             self._drop_working("the gate found it worse than the serving release")
         elif self.evidence.add(verdict).surely_worse():
-            self._drop_working(f"its line lost {self.evidence.losses} to {self.evidence.wins} over "
-                               f"{self.evidence.verdicts} rejected candidates")
-        elif (self.canary.live_split and not self.live.split and verdict.metrics.get("early") is False
-              and not behind_on_tasks(verdict) and self._stalled(head)):
-            self.live.begin_split()  # the tasks alone cannot tell: serve the line beside the head
-            log.info("learner %s: the line and the serving release now share the traffic (%s to the line)",
-                     self.scenario, self.canary.live_split)
+            self._drop_working(
+                f"its line lost {self.evidence.losses} to {self.evidence.wins} over "
+                f"{self.evidence.verdicts} rejected candidates"
+            )
+        else:
+            self.canary.undecided(verdict, head)
         self.working_head = head
 
     async def left_gate(self, queued: Queued) -> None:
@@ -270,13 +294,6 @@ class Learner:
 
     def failed(self, exc: Exception) -> None:
         self.stats.last_error = f"{type(exc).__name__}: {exc}"
-
-    def _stalled(self, head: str) -> bool:
-        """Count one more verdict left undecided against `head`, its candidate not behind on the
-        tasks: whether STALLED_VERDICTS are (verdicts of other kinds in between are not counted)."""
-        count = self.undecided[1] + 1 if self.undecided[0] == head else 1
-        self.undecided = (head, count)
-        return count >= STALLED_VERDICTS
 
     async def head_moved(self) -> None:
         """The head moved away from the line being trained (a rollback or promote): the canary
@@ -294,55 +311,65 @@ class Learner:
         head = self.chain.head()
         if head.release_id == self.working_head:
             return False
-        own = (self.lane.at_gate is not None and head.operation is Operation.TRAINING
-               and head.parent_release_id == self.working_head)
+        own = (
+            self.lane.at_gate is not None
+            and head.operation is Operation.TRAINING
+            and head.parent_release_id == self.working_head
+        )
         return not own
 
     def _span_attributes(self, batch_id: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {"reef.scenario": self.scenario, "reef.batch_id": batch_id, "reef.recipe": self.recipe.name,
-                **(extra or {})}
+        return {
+            "reef.scenario": self.scenario,
+            "reef.batch_id": batch_id,
+            "reef.recipe": self.recipe.name,
+            **(extra or {}),
+        }
 
     def _drop_working(self, reason: str) -> None:
         self.working, self.lineage, self.drop_reason = None, self.lineage + 1, reason
         self.line_made = self.line_published = 0
         self.evidence = LineageEvidence()
-        if self.live.split:  # the new line's live scores are its own
-            self.live.begin_split()
+        self.canary.line_dropped()
 
     async def abandon(self, batch_id: str, reason: str, routine: bool = False) -> None:
         """Close the batch in the log as abandoned. `routine`: superseded by a newer candidate that
         carries its steps, every few seconds in normal work, so not a warning."""
-        log.log(logging.INFO if routine else logging.WARNING, "learner %s: batch %s abandoned: %s",
-                self.scenario, batch_id, reason)
+        log.log(
+            logging.INFO if routine else logging.WARNING,
+            "learner %s: batch %s abandoned: %s",
+            self.scenario,
+            batch_id,
+            reason,
+        )
         with contextlib.suppress(NotFound):
             await asyncio.to_thread(self.chain.abandon_batch, batch_id, reason)
         self.stats.abandoned += 1
 
     def _staleness_of(self, release_id: str) -> int | None:
-        """How many releases were published after `release_id` (None: not in this chain); a
-        canary of this learner's counts as the newest."""
-        if release_id in self.live.scores:
-            return 0
-        step = self.chain.last_step()
-        if self._positions is None or self._positions[0] != step:
-            self._positions = (step, {r.release_id: i for i, r in enumerate(self.chain.releases())})  # 0 = the head
-        return self._positions[1].get(release_id)
-
-    async def _head_files(self) -> dict[str, bytes]:
-        """The head's content, read once per head."""
-        head = self.chain.head().release_id
-        if self._head is None or self._head[0] != head:
-            self._head = (head, await self.head_files())
-        return self._head[1]
+        """Releases published after `release_id` (None: not in this chain); a canary of this learner's is the newest."""
+        return 0 if release_id in self.live.scores else self.reader.releases_since(release_id)
 
     def status(self) -> dict[str, Any]:
         s = self.stats
-        out = {"scenario": self.scenario, "recipe": self.recipe.name, "surface": self.recipe.surface,
-               "state": s.state, "cursor": self.cursor, **self.recipe.status(), "batches": s.batches,
-               "candidates": s.candidates, "published": s.published, "pending_review": s.review,
-               "rejected": s.rejected, "abandoned": s.abandoned, "dropped": dict(s.dropped),
-               "last_verdict": s.last_verdict, "last_error": s.last_error,
-               "waiting_for_samples": None if self.wait.fraction is None else round(self.wait.fraction, 3)}
+        out = {
+            "scenario": self.scenario,
+            "recipe": self.recipe.name,
+            "surface": self.recipe.surface,
+            "state": s.state,
+            "cursor": self.cursor,
+            **self.recipe.status(),
+            "batches": s.batches,
+            "candidates": s.candidates,
+            "published": s.published,
+            "pending_review": s.review,
+            "rejected": s.rejected,
+            "abandoned": s.abandoned,
+            "dropped": dict(s.dropped),
+            "last_verdict": s.last_verdict,
+            "last_error": s.last_error,
+            "waiting_for_samples": None if self.wait.fraction is None else round(self.wait.fraction, 3),
+        }
         if self.pipelined:
             out["batches_past_release"] = self.line_made - self.line_published
         if self.canary.serving is not None:
@@ -350,18 +377,3 @@ class Learner:
         if self.trainer is not None:
             out["training_queue"] = self.trainer.worker.pending().get(self.scenario, 0)
         return out
-
-
-def reported_record(store: ExperienceStore, record_id: str) -> ReportedRecords:
-    """A record with its latest report, as a logged batch is read back after a restart."""
-    record = store.get_record(record_id)
-    reports = store.reports_for(record_id)
-    if not reports:
-        raise NotFound(f"record {record_id} has no report")
-    return ReportedRecords(reports[-1], (record,))
-
-
-def batched_record_ids(chain: Chain) -> set[str]:
-    """Every record a logged batch named, however the batch ended: none is used twice."""
-    return {rid for entry in chain.history() if entry.operation is Operation.BATCH and entry.batch
-            for rid in entry.batch["record_ids"]}

@@ -13,8 +13,9 @@ class HasLastError(Protocol):
     last_error: str | None
 
 
-async def keep_stepping(name: str, step: Callable[[], Awaitable[bool]], stats: HasLastError,
-                        poll_interval: float) -> None:
+async def keep_stepping(
+    name: str, step: Callable[[], Awaitable[bool]], stats: HasLastError, poll_interval: float
+) -> None:
     """Run `step` until cancelled, sleeping `poll_interval` after a step that found no work; a
     failing step is logged and shown as `stats.last_error`, and learning goes on."""
     while True:

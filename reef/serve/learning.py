@@ -2,7 +2,8 @@
 
 The scenario's bound recipe (a name or dotted path, `reef.config.find_recipe`) says which
 surface it learns; this file only builds what that surface needs and starts the generic
-learner (`reef.grow.learner`). Learners run as tasks on the server's event loop. Weights
+learner (`reef.grow.learner`, which feeds its gate's lane, `reef.commit.gate_lane`, and its
+canary loop, `reef.grow.canary`). Learners run as tasks on the server's event loop. Weights
 recipes share one training process, which serves their jobs round-robin, so several scenarios
 train at once without one starving another; a scenario whose recipe needs weights but whose
 runtime cannot load them (an upstream provider) is listed with the reason instead of a learner.
@@ -59,8 +60,15 @@ class Leases(Protocol):  # reef.commit.leases.PgLeases
 
 
 class Learning:
-    def __init__(self, config: LearnerConfig, state: ReefState, runtime: Runtime, scenarios: ScenarioDirectory,
-                 leases: Leases | None = None, front_end: str | None = None) -> None:
+    def __init__(
+        self,
+        config: LearnerConfig,
+        state: ReefState,
+        runtime: Runtime,
+        scenarios: ScenarioDirectory,
+        leases: Leases | None = None,
+        front_end: str | None = None,
+    ) -> None:
         self.config = config
         self.state = state
         self.runtime = runtime
@@ -104,14 +112,25 @@ class Learning:
             return
         if not self.config.enabled:
             self.idle[scenario] = "learning is disabled (learner.enabled: false)"
-            log.info("no learner", extra={"reef": {"event": "learner_idle", "scenario": scenario, "recipe": name,
-                                                    "reason": self.idle[scenario]}})
+            log.info(
+                "no learner",
+                extra={
+                    "reef": {
+                        "event": "learner_idle",
+                        "scenario": scenario,
+                        "recipe": name,
+                        "reason": self.idle[scenario],
+                    }
+                },
+            )
             return
         reason = self._can_train() if recipe_class.surface == "weights" else None
         if reason:
             self.idle[scenario] = reason
-            log.info("no learner", extra={"reef": {"event": "learner_idle", "scenario": scenario, "recipe": name,
-                                                    "reason": reason}})
+            log.info(
+                "no learner",
+                extra={"reef": {"event": "learner_idle", "scenario": scenario, "recipe": name, "reason": reason}},
+            )
             return
         if self.leases is not None:
             self.wanted.add(scenario)  # the lease loop starts it once this front end holds the lease
@@ -134,18 +153,33 @@ class Learning:
             log.error("scenario %s: %s", scenario, self.idle[scenario])
             return
         fraction = self.config.canary.get(scenario)
-        overtake_after = self.config.gate.overtake_after
         canary = ScenarioCanary(self.scenarios, scenario, fraction) if fraction else None
-        learner = Learner(chain, self.state.store, recipe, _logged(chain, name, publisher.decide), publisher.head_files,
-                          trainer, poll_interval=self.config.poll_interval, canary=canary,
-                          gate_after=self.config.gate.after_batches,
-                          warm=publisher.warm if recipe_class.surface == "weights" else None,
-                          overtake=publisher.overtake if recipe_class.surface == "weights" and overtake_after else None,
-                          overtake_after=overtake_after or 1, live_split=self.config.gate.live_split)
+        learner = Learner(
+            chain,
+            self.state.store,
+            recipe,
+            _logged(chain, name, publisher.decide),
+            publisher.head_files,
+            trainer,
+            poll_interval=self.config.poll_interval,
+            canary=canary,
+            gate_after=self.config.gate.after_batches,
+            warm=publisher.warm if recipe_class.surface == "weights" else None,
+            live_split=self.config.gate.live_split,
+        )
         self.learners[scenario] = learner
         self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"learner:{scenario}")
-        log.info("learner started", extra={"reef": {"event": "learner_started", "scenario": scenario, "recipe": name,
-                                                     "surface": recipe_class.surface}})
+        log.info(
+            "learner started",
+            extra={
+                "reef": {
+                    "event": "learner_started",
+                    "scenario": scenario,
+                    "recipe": name,
+                    "surface": recipe_class.surface,
+                }
+            },
+        )
 
     async def _stop_learner(self, scenario: str, reason: str) -> None:
         learner, task = self.learners.pop(scenario, None), self.tasks.pop(scenario, None)
@@ -154,8 +188,9 @@ class Learning:
             await asyncio.gather(task, return_exceptions=True)
         if learner is not None:
             await learner.recipe.close()
-            log.warning("learner stopped", extra={"reef": {"event": "learner_stopped", "scenario": scenario,
-                                                            "reason": reason}})
+            log.warning(
+                "learner stopped", extra={"reef": {"event": "learner_stopped", "scenario": scenario, "reason": reason}}
+            )
 
     async def _keep_leases(self) -> None:
         """Every LEASE_INTERVAL_S: stop the learners whose lease was lost, take the free leases
@@ -180,15 +215,19 @@ class Learning:
         held = await asyncio.to_thread(self.leases.keep)
         for scenario in list(self.learners):
             if scenario not in held:
-                await self._stop_learner(scenario, f"lost its lease ({self.leases.kind}: its connection or lock is gone)")
+                await self._stop_learner(
+                    scenario, f"lost its lease ({self.leases.kind}: its connection or lock is gone)"
+                )
             elif self.tasks[scenario].done():  # its loop ended (e.g. it could not read the log): start again
                 await self._stop_learner(scenario, "its loop ended")
         for scenario in sorted(self.wanted - set(self.learners)):
             if scenario in self.idle:
                 continue
             if await asyncio.to_thread(self.leases.try_take, scenario):
-                log.info("learner lease taken", extra={"reef": {"event": "lease_taken", "scenario": scenario,
-                                                                 "front_end": self.leases.holder}})
+                log.info(
+                    "learner lease taken",
+                    extra={"reef": {"event": "lease_taken", "scenario": scenario, "front_end": self.leases.holder}},
+                )
                 await self._start_learner(scenario)
                 if scenario in self.idle:  # its recipe cannot start here: let another front end try
                     await asyncio.to_thread(self.leases.release, scenario)
@@ -197,9 +236,13 @@ class Learning:
     async def _weights_publisher(self, chain: Any) -> CandidatePublisher:
         if self.worker is None:
             threads = self.config.train_threads or max(1, (os.cpu_count() or 2) // 2)  # the other half of the cores
-            worker = TrainingWorker(Path(getattr(self.runtime, "model_dir")), threads=threads,
-                                    device=self.config.device, dtype=self.config.dtype,
-                                    engine_dtype=getattr(self.runtime, "engine_dtype", None))
+            worker = TrainingWorker(
+                Path(getattr(self.runtime, "model_dir")),
+                threads=threads,
+                device=self.config.device,
+                dtype=self.config.dtype,
+                engine_dtype=getattr(self.runtime, "engine_dtype", None),
+            )
             gate = WeightsGate(self.config.gate, self.runtime, worker)
             await gate.check_lengths()  # InvalidInput before the trainer starts
             await worker.start()  # TrainingFailed (e.g. learner.device: cuda without a GPU) leaves no worker
@@ -219,8 +262,13 @@ class Learning:
         gate_config = recipe.harness_gate
         if name not in self._harness_gates:
             self._harness_gates[name] = HarnessGate(gate_config, self.runtime)
-        return HarnessPublisher(chain, self._harness_gates[name], CandidatePublisher(chain, None, self.scenarios.serve_release),
-                                self.scenarios.admit, gate_config.publish)
+        return HarnessPublisher(
+            chain,
+            self._harness_gates[name],
+            CandidatePublisher(chain, None, self.scenarios.serve_release),
+            self.scenarios.admit,
+            gate_config.publish,
+        )
 
     async def close(self) -> None:
         if self._lease_task is not None:
@@ -239,38 +287,68 @@ class Learning:
             await self.worker.close()
 
     def status(self) -> dict[str, Any]:
-        leases = [{"scenario": s, "holder": self.holders.get(s), "held_here": s in self.learners}
-                  for s in sorted(self.wanted) if s not in self.idle]
-        return {"learners": [learner.status() for learner in self.learners.values()],
-                "idle": [{"scenario": s, "reason": r} for s, r in self.idle.items()],
-                "training_queue": self.worker.pending() if self.worker else {},
-                "training_busy_s": {k: round(v, 1) for k, v in self.worker.busy_s.items()} if self.worker else {},
-                "front_end": self.front_end, "lease_kind": self.leases.kind if self.leases else None,
-                "leases": leases, "lease_error": self.lease_error}
+        leases = [
+            {"scenario": s, "holder": self.holders.get(s), "held_here": s in self.learners}
+            for s in sorted(self.wanted)
+            if s not in self.idle
+        ]
+        return {
+            "learners": [learner.status() for learner in self.learners.values()],
+            "idle": [{"scenario": s, "reason": r} for s, r in self.idle.items()],
+            "training_queue": self.worker.pending() if self.worker else {},
+            "training_busy_s": {k: round(v, 1) for k, v in self.worker.busy_s.items()} if self.worker else {},
+            "front_end": self.front_end,
+            "lease_kind": self.leases.kind if self.leases else None,
+            "leases": leases,
+            "lease_error": self.lease_error,
+        }
 
 
-def _logged(chain: Any, recipe: str, decide: Callable[[Any], Awaitable[Verdict]]) -> Callable[[Any], Awaitable[Verdict]]:
+def _logged(
+    chain: Any, recipe: str, decide: Callable[[Any], Awaitable[Verdict]]
+) -> Callable[[Any], Awaitable[Verdict]]:
     """The publisher's `decide` (gate, then publish or reject), with one info line per candidate:
     the decision, the gate's numeric metrics (never a task's prompt or answer), the chain's head
     after it (the new release when published) and how long it took."""
 
     async def decide_and_log(candidate: Any) -> Verdict:
         started = time.monotonic()
-        fields: dict[str, Any] = {"event": "gate", "scenario": chain.scenario, "recipe": recipe,
-                                  "batch_id": getattr(candidate, "batch_id", None)}
+        fields: dict[str, Any] = {
+            "event": "gate",
+            "scenario": chain.scenario,
+            "recipe": recipe,
+            "batch_id": getattr(candidate, "batch_id", None),
+        }
         try:
             verdict = await decide(candidate)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("gate failed", extra={"reef": {**fields, "error": type(exc).__name__,
-                                                        "seconds": round(time.monotonic() - started, 3)}})
+            log.warning(
+                "gate failed",
+                extra={
+                    "reef": {**fields, "error": type(exc).__name__, "seconds": round(time.monotonic() - started, 3)}
+                },
+            )
             raise
-        numbers = {f"gate_{k}": v for k, v in verdict.metrics.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        numbers = {
+            f"gate_{k}": v
+            for k, v in verdict.metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         seconds = round(time.monotonic() - started, 3)
-        log.info("gate verdict", extra={"reef": {**fields, "decision": verdict.decision, **numbers,
-                                                  "head_release_id": chain.head().release_id, "seconds": seconds}})
+        log.info(
+            "gate verdict",
+            extra={
+                "reef": {
+                    **fields,
+                    "decision": verdict.decision,
+                    **numbers,
+                    "head_release_id": chain.head().release_id,
+                    "seconds": seconds,
+                }
+            },
+        )
         return verdict
 
     return decide_and_log
