@@ -92,7 +92,6 @@ class ReefArm:
     gate_from_train: int = 0  # also give the gate one in N training questions (bench/race_gate_split.py)
     gate_half: bool = False  # the gate judges on half its questions (bench/race_gate_split.py)
     gate_halves: bool | str = GATE_HALVES  # learner.gate.halves: each head's successors judged on the other half
-    gate_overtake: int | None = None  # learner.gate.overtake_after: a verdict stops once a line is this far on
     batching: str | None = None  # embedded.continuous_batching: "static", "continuous"; None: Reef's default
     turn_steps: int | None = None  # embedded.turn_steps; None: Reef's default
     live_split: float | None = LIVE_SPLIT  # learner.gate.live_split: the line beside the head once the tasks stall
@@ -164,7 +163,6 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
                              canary=arm.canary, loss=arm.loss, gate_concurrency=arm.gate_concurrency,
                              gate_concurrency_when=arm.gate_concurrency_when,
                              gate_after_batches=arm.gate_after_batches, gate_halves=arm.gate_halves)
-    settings["learner"]["gate"]["overtake_after"] = arm.gate_overtake
     settings["learner"]["gate"]["live_split"] = arm.live_split or None
     settings["learner"].update(canary_bound(arm.canary, arm.live_split))  # an arm's fraction above the bound
     settings["learner"]["gate"]["answer_on"] = arm.gate_answer_on
@@ -495,9 +493,6 @@ def main() -> None:
                         help="reef: learner.gate.halves, each candidate judged on the half of the gate's questions "
                              "its serving release was not selected on; after_first: the base's candidates on every "
                              f"question; off: every candidate on every question  [default: the demo's, {GATE_HALVES}]")
-    parser.add_argument("--gate-overtake", type=int, default=None, metavar="N",
-                        help="reef: learner.gate.overtake_after, a verdict still undecided after a look stops once a "
-                             "candidate N batches further along its line waits  [default: off]")
     parser.add_argument("--batching", choices=["static", "continuous"], default=None,
                         help="reef: embedded.continuous_batching false (static: a batch runs from start to end, joined "
                              f"by nothing) or true (continuous)  [default: Reef's, {REEF_BATCHING}]")
@@ -555,7 +550,7 @@ def main() -> None:
             else:
                 arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
                               args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
-                              args.gate_half, args.gate_halves, args.gate_overtake, args.batching,
+                              args.gate_half, args.gate_halves, args.batching,
                               args.turn_steps, args.live_split, args.flip_scores, args.serve_threads,
                               args.train_threads, args.gate_answer_on, args.steps_per_candidate, args.fresh,
                               args.eps_clip_high)
@@ -576,7 +571,7 @@ def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]],
                 "gate_concurrency": args.gate_concurrency, "gate_concurrency_when": args.gate_concurrency_when,
                 "gate_after_batches": args.gate_after, "line": args.line,
                 "gate_from_train": args.gate_from_train, "gate_half": args.gate_half, "gate_halves": args.gate_halves,
-                "gate_overtake": args.gate_overtake, "batching": args.batching or REEF_BATCHING,
+                "batching": args.batching or REEF_BATCHING,
                 "turn_steps": args.turn_steps, "live_split": args.live_split,
                 "serve_threads": args.serve_threads, "train_threads": args.train_threads,
                 "gate_answer_on": args.gate_answer_on,

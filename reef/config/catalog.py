@@ -51,7 +51,7 @@ class Setting:
 
     @property
     def name(self) -> str:
-        return _joined([leaf.name for leaf in self.leaves])
+        return _joined([leaf.name for leaf in self.leaves]) or self.leaves[0].name
 
     @property
     def type(self) -> str:
@@ -66,10 +66,14 @@ class Setting:
 
     @property
     def description(self) -> str:
-        return self.leaves[0].description
+        """The declaring model's words (a subclass that gives another default may reword it)."""
+        model, name = self.leaves[0].declared_by
+        declared = model.model_fields[name].description if _is_model(model) else None
+        return declared or self.leaves[0].description
 
     def line(self) -> str:
-        return f"- `{self.name}` ({self.type}, default {self.default}): {self.description}"
+        return f"- {_code_names([leaf.name for leaf in self.leaves])} ({self.type}, default {self.default}): " \
+               f"{self.description}"
 
 
 def leaves() -> Iterator[Leaf]:
@@ -153,9 +157,9 @@ def _declaring_model(model: type[BaseModel], name: str) -> type:
 def _type_name(annotation: Any) -> str:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Literal:
-        return " \\| ".join(str(a) for a in args)
+        return " | ".join(str(a) for a in args)
     if origin in (types.UnionType, typing.Union):
-        return " \\| ".join("null" if a is type(None) else _type_name(a) for a in args)
+        return " | ".join("null" if a is type(None) else _type_name(a) for a in args)
     if origin is not None:
         return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
     if annotation is Path:
@@ -170,8 +174,8 @@ def _default(field: FieldInfo) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
-def _joined(names: list[str]) -> str:
-    """`learner.{sao,ttt_discover}.lr` for keys that differ in one segment, else the names listed."""
+def _joined(names: list[str]) -> str | None:
+    """`learner.{sao,ttt_discover}.lr` for keys that differ in one segment; None otherwise."""
     if len(names) == 1:
         return names[0]
     split = [n.split(".") for n in names]
@@ -181,7 +185,17 @@ def _joined(names: list[str]) -> str:
             i = differ[0]
             parts = split[0][:i] + ["{" + ",".join(p[i] for p in split) + "}"] + split[0][i + 1:]
             return ".".join(parts)
-    return "`, `".join(names)
+    return None
+
+
+def _code_names(names: list[str]) -> str:
+    """The keys of one setting as the docs write them: one name, or the first and the other
+    sections it is also set under."""
+    joined = _joined(names)
+    if joined is not None:
+        return f"`{joined}`"
+    others = [f"`{name.rsplit('.', 1)[0]}`" for name in names[1:]]
+    return f"`{names[0]}`, also under {', '.join(others[:-1]) + ' and ' if others[:-1] else ''}{others[-1]}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,16 +78,16 @@ class GateConfig(Strict):
     """How a weights candidate is judged against the serving release."""
 
     tasks: Path | None = Field(None, description="JSONL of evaluation tasks: {prompt | messages, ...scorer fields}")
-    scorer: str | None = Field(None, description="module:function(task, text) -> float, for the tasks")
-    max_tokens: int = Field(48, ge=1)
+    scorer: str | None = Field(None, description="module:function(task, text) -> float for the tasks, imported (and the "
+                               "tasks read) before reef serve starts")
+    max_tokens: int = Field(48, ge=1, description="Tokens of one evaluation answer")
     temperature: float = Field(0.0, ge=0, description="0: greedy, the same answer every time")
     margin: float = Field(0.0, ge=0, description="Mean score gain the candidate must show")
     confidence: float = Field(0.8, gt=0, lt=1, description="One-sided confidence of the paired sign test")
     looks: int = Field(3, ge=1, description="Parts the tasks are answered in, with an early decision possible "
                                             "after each (1: all tasks, then decide)")
     halves: bool | Literal["after_first"] = Field(False, description="Judge each candidate on the fixed half of the "
-        "tasks its serving release was not selected on (that release scores high there by luck as well as merit). "
-        "after_first: a release no half chose (the base) on every task, so the first selection needs no more margin")
+        "tasks its serving release was not selected on (after_first: the base's candidates on every task)")
     concurrency: int | None = Field(None, ge=1, description="The gate's requests in flight at once (null: a look's "
                                     "tasks all at once); fewer leave more of the serving runtime to live traffic")
     concurrency_when: Literal["always", "starved"] = Field(
@@ -96,22 +96,12 @@ class GateConfig(Strict):
     after_batches: int = Field(1, ge=1, description="A candidate goes to the gate once its line of training has taken "
                                "this many batches past the release it would replace (1: every candidate); until "
                                "then each waits for the next, which takes its place")
-    overtake_after: int | None = Field(None, ge=1, description="A verdict still undecided after a look stops (a reject "
-                                       "marked overtaken) once a candidate this many batches further along the same "
-                                       "line waits, and the gate judges that one (null: every verdict runs to its "
-                                       "decision)")
-    live_split: float | None = Field(None, gt=0, lt=1, description="For scenarios with a canary: once three "
-                                     "verdicts in a row against one serving release run to their last look undecided, "
-                                     "their candidates not behind on the tasks, "
-                                     "the canary serves this fraction of "
-                                     "requests (in place of learner.canary's) until the head moves, so the line and "
-                                     "the serving release are served side by side, and the line's live scores since "
-                                     "then join each later verdict's sign test (one combined test at `confidence`, "
-                                     "the tasks bringing at least half the evidence; null: off)")
+    live_split: float | None = Field(None, gt=0, lt=1, description="With a canary, once three verdicts in a row end "
+                                     "undecided, it serves this fraction and the line's live scores join the gate's "
+                                     "test (docs/learning.md; null: off)")
     answer_on: Literal["runtime", "trainer"] = Field(
-        "runtime", description="Where the tasks are answered: the serving runtime, beside live traffic, or the "
-        "training process, which loads the base model too and waits while the learner waits for samples (greedy "
-        "answers only; the same prompt ids, stop tokens and decoding as the embedded runtime)")
+        "runtime", description="Where the tasks are answered: the serving runtime, beside live traffic, or greedily in "
+        "the training process while it waits for samples (docs/learning.md)")
     holdout_fraction: float = Field(0.2, ge=0, lt=1, description="Offline check: reported records kept out of training")
     offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
 
@@ -131,10 +121,10 @@ class ModelEndpointConfig(Strict):
     url: str | None = Field(None, description="Base URL; default: the scenario's own runtime")
     api_key: str | None = Field(None, description="Sent to that model; never logged")
     model: str | None = Field(None, description="Model name sent")
-    dialect: Literal["openai", "anthropic"] = "openai"
-    timeout: float = Field(120.0, gt=0)
-    max_tokens: int = Field(1024, ge=1)
-    temperature: float = Field(0.0, ge=0)
+    dialect: Literal["openai", "anthropic"] = Field("openai", description="The API that model speaks")
+    timeout: float = Field(120.0, gt=0, description="Seconds per read before a call fails")
+    max_tokens: int = Field(1024, ge=1, description="Tokens of one answer")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature of its answers")
 
 
 class LLMProposerConfig(ModelEndpointConfig):
@@ -151,8 +141,8 @@ class HarnessGateConfig(Strict):
     publish: Literal["auto", "review"] = Field("auto", description="review: a selected candidate waits for promote")
     holdout_fraction: float = Field(0.25, ge=0, lt=1, description="Without tasks: reported records kept as gate tasks")
     max_holdout: int = Field(32, ge=1, description="Without tasks: most recent held-out records used")
-    max_tokens: int = Field(128, ge=1)
-    temperature: float = Field(0.0, ge=0)
+    max_tokens: int = Field(128, ge=1, description="Tokens of one evaluation answer")
+    temperature: float = Field(0.0, ge=0, description="0: greedy, the same answer every time")
 
 
 class LearnerConfig(Strict):
@@ -162,22 +152,22 @@ class LearnerConfig(Strict):
     model_config = ConfigDict(extra="allow")
 
     enabled: bool = Field(True, description="Train scenarios whose recipe learns weights")
-    poll_interval: float = Field(0.5, gt=0)
-    train_threads: int | None = Field(None, ge=1, description="torch threads of the training process")
+    poll_interval: float = Field(0.5, gt=0, description="Seconds between looks at new reports when idle")
+    train_threads: int | None = Field(None, ge=1, description="Torch threads of the training process; default: half "
+                                      "the cores")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the training process trains: auto "
                                                   "takes a CUDA GPU when torch sees one")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="The trainer's weights: auto is float32 on the CPU, the engine's dtype on a GPU")
     gate: GateConfig = Field(default_factory=GateConfig)
     canary: dict[str, float] = Field(default_factory=dict, description="Scenarios that opt in to a canary: the "
-                                     "fraction (0-1] of their requests the weights candidate under test serves "
-                                     "(a candidate the gate has not selected), at most canary_max_fraction")
+                                     "fraction of their requests served by the candidate under test, which the gate "
+                                     "has not selected")
     # 0.1: a candidate the gate has not judged (a sabotaged one too, until its verdict or withdrawal)
     # reaches at most one request in ten, while a canary still brings its line on-policy samples
-    canary_max_fraction: float = Field(CANARY_MAX_FRACTION, gt=0, le=1, description="The largest fraction of a "
-                                       "scenario's requests a canary (learner.canary) or the live split "
-                                       "(learner.gate.live_split) may serve: their requests are served by a "
-                                       "candidate the gate has not selected; raise it only knowingly")
+    canary_max_fraction: float = Field(CANARY_MAX_FRACTION, gt=0, le=1, description="The largest fraction a canary "
+                                       "or gate.live_split may serve, a larger one refused at start; raise it only "
+                                       "knowingly")
 
     @field_validator("canary")
     @classmethod

@@ -72,22 +72,26 @@ class RequestLimits(Strict):
 
 
 class ServeConfig(Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
-    state_dir: Path = Path(".reef")
-    tokens: list[str] = Field(default_factory=list, description="Accepted bearer tokens (several for rotation)")
-    insecure: bool = Field(False, description="Allow a non-loopback address without a token")
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    host: str = Field("127.0.0.1", description="Address to listen on; beyond loopback it needs a token, or insecure")
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="Port to listen on (0: any free port)")
+    state_dir: Path = Field(Path(".reef"), description="Where records, reports, commit logs and artifacts live")
+    tokens: list[str] = Field(default_factory=list, description="Accepted bearer tokens, several at once for rotation; "
+                              "with none, only loopback Host values are served")
+    insecure: bool = Field(False, description="Allow a non-loopback address without a token (the Host check is then off)")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; past it, 413")
     limits: RequestLimits = Field(default_factory=RequestLimits)
     runtime: Literal["embedded", "upstream", "vllm", "sglang"] | None = Field(
-        None, description="Default: upstream if a URL is set")
-    store: str = Field("sqlite", description="'sqlite' (in the state dir) or a postgresql:// DSN")
+        None, description="The runtime that answers; default: upstream when upstream.url is set, else embedded")
+    store: str = Field("sqlite", description="sqlite (in state_dir) or a postgresql:// DSN shared by several front ends "
+                       "(docs/state.md)")
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
-    shared_state_dir: bool = Field(False, description="Several processes on this machine serve state_dir together "
-                                                      "(set for the workers of --workers): each follows the others' "
-                                                      "releases, one learner per scenario by a file lock")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["text", "json"] = Field("text", description="text: key=value lines; json: one object a line")
+    shared_state_dir: bool = Field(False, description="Several processes on this machine serve state_dir together, "
+                                                      "one learner a scenario by a file lock (--workers sets it; "
+                                                      "docs/deploy.md)")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Level of Reef's and uvicorn's "
+                                                                    "log lines (other libraries: warning and up)")
+    log_format: Literal["text", "json"] = Field("text", description="text: key=value lines; json: one object a line "
+                                                "(never a token, key, prompt or answer)")
     public_url: str | None = Field(None, description="The URL the agent install script names; default: the Host asked")
     keep_alive_timeout: float = Field(5.0, gt=0, description="Seconds an idle connection stays open after an answer")
     header_timeout: float = Field(10.0, gt=0, description="Seconds a client has to send a whole request head")

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+# Settings Reef once had, by dotted key: a config that still names one is told what became of it.
+REMOVED_SETTINGS = {
+    "learner.gate.overtake_after": "every verdict runs to its decision (one race, in which it fired once, "
+                                   "never made it a default)",
+}
+
 
 class Strict(BaseModel):
     """Unknown keys are an error that names them, so a typo never silently falls back to a default."""
@@ -17,7 +23,9 @@ def explain_errors(exc: ValidationError, prefix: str = "") -> str:
     problems = []
     for err in exc.errors():
         loc = prefix + ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "extra_forbidden" and loc in REMOVED_SETTINGS:
+            problems.append(f"'{loc}' was removed: {REMOVED_SETTINGS[loc]}; delete it from the config")
+        elif err["type"] == "extra_forbidden":
             problems.append(f"unknown key '{loc}'")
         elif err["type"] == "value_error":  # our validators' own words; a model's name where they are
             message = str(err["ctx"]["error"])
