@@ -18,7 +18,8 @@ MAX_DESCRIPTION = 200  # one line of the page, not a paragraph
 def test_the_generated_section_of_configuration_md_is_current() -> None:
     assert generated_section(PAGE.read_text()) == markdown(), (
         "docs/configuration.md's settings differ from the code: run "
-        "`python -m reef.config.catalog --write docs/configuration.md`")
+        "`python -m reef.config.catalog --write docs/configuration.md`"
+    )
 
 
 def test_every_setting_says_what_it_does_in_one_sentence() -> None:
@@ -37,15 +38,26 @@ def test_every_setting_says_what_it_does_in_one_sentence() -> None:
 def test_the_catalog_walks_every_section_and_each_declaration_once() -> None:
     keys = [leaf.name for leaf in leaves()]
     assert len(keys) == len(set(keys))
-    assert {"port", "upstream.url", "learner.gate.margin", "learner.sao.lr", "learner.ttt_discover.lr",
-            "learner.skills.gate.judge.url", "harness.scenarios.<name>.mode", "learner.openclaw_rl.hints.weight",
-            "recipes.scenarios", "learner.canary"} <= set(keys)
+    assert {
+        "port",
+        "upstream.url",
+        "learner.gate.margin",
+        "learner.sao.lr",
+        "learner.ttt_discover.lr",
+        "learner.skills.gate.judge.url",
+        "harness.scenarios.<name>.mode",
+        "learner.openclaw_rl.hints.weight",
+        "recipes.scenarios",
+        "learner.canary",
+    } <= set(keys)
     lines = {setting.name: setting.line() for setting in settings()}
     assert lines["learner.{sao,ttt_discover,openclaw_rl}.lr"].startswith(
-        "- `learner.{sao,ttt_discover,openclaw_rl}.lr` (float, default `0.0005`): ")
+        "- `learner.{sao,ttt_discover,openclaw_rl}.lr` (float, default `0.0005`): "
+    )
     assert "default `0.0` (learner.ttt_discover: `0.05`)" in lines["learner.{sao,ttt_discover,openclaw_rl}.kl_coef"]
     assert lines["learner.skills.llm.url"].startswith(
-        "- `learner.skills.llm.url`, also under `learner.skills.gate.judge` and `learner.openclaw_rl.judge` ")
+        "- `learner.skills.llm.url`, also under `learner.skills.gate.judge` and `learner.openclaw_rl.judge` "
+    )
     assert len(settings()) <= 150, "every setting earns its place (issue 61): at most 150"
 
 
@@ -56,6 +68,7 @@ def test_write_replaces_only_the_section_between_the_markers(tmp_path: Path) -> 
     text = page.read_text()
     assert text.startswith("# Title\n\nprose before\n\n") and text.endswith("\n\nprose after\n")
     assert "`stale`" not in text and generated_section(text) == markdown()
-    done = subprocess.run([sys.executable, "-m", "reef.config.catalog", "--write", str(page)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "reef.config.catalog", "--write", str(page)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and "already current" in done.stdout

@@ -18,8 +18,12 @@ class WeightsTrainingConfig(Strict):
     lr: float = Field(5e-4, gt=0, description="AdamW's learning rate")
     warmup_steps: int = Field(0, ge=0, description="A fresh optimiser's first steps ramp lr up linearly over this many")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the base model")
-    steps_per_candidate: int = Field(1, ge=1, description="Optimiser steps over a batch before the gate judges the "
-                                     "adapter (fewer keep samples closer to the weights)")
+    steps_per_candidate: int = Field(
+        1,
+        ge=1,
+        description="Optimiser steps over a batch before the gate judges the "
+        "adapter (fewer keep samples closer to the weights)",
+    )
     max_staleness: int = Field(2, ge=0, description="Oldest release a sample may come from, in publications")
 
     @property
@@ -35,5 +39,6 @@ class ClippedLossConfig(WeightsTrainingConfig):
     """The importance ratio's clip range, for the recipes whose loss clips it."""
 
     eps_clip: float = Field(0.2, gt=0, lt=1, description="The ratio's lower bound is 1 - eps_clip")
-    eps_clip_high: float = Field(0.28, gt=0, description="The ratio's upper bound (cispo: its weight's cap) is "
-                                 "1 + eps_clip_high")
+    eps_clip_high: float = Field(
+        0.28, gt=0, description="The ratio's upper bound (cispo: its weight's cap) is 1 + eps_clip_high"
+    )
