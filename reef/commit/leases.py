@@ -33,6 +33,7 @@ from typing import Any, Iterable
 import psycopg
 
 from reef.core.errors import StorageUnavailable
+from reef.observe.pg_connections import close_quietly
 
 APPLICATION_PREFIX = "reef learner "
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 2, "keepalives_interval": 1, "keepalives_count": 3,
@@ -147,8 +148,4 @@ class PgLeases:
     def _drop(self) -> None:
         self._held.clear()
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except psycopg.Error:
-                pass
+        close_quietly(conn)

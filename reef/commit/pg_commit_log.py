@@ -54,7 +54,7 @@ import threading
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -63,16 +63,24 @@ from reef.commit.commit_log import adopt_entries
 from reef.core.canonical import canonical_json, check_scenario_name
 from reef.core.errors import Conflict, Corruption, InvalidInput, StaleHead, StorageUnavailable
 from reef.core.types import CommitEntry, Operation
-from reef.observe.postgres_store import ConnectionPool, _describe, run_with_retries
+from reef.observe.pg_connections import (
+    Connection,
+    ConnectionPool,
+    Cursor,
+    DeadConnection,
+    close_quietly,
+    connect,
+    describe,
+    retrying,
+    rollback_quietly,
+    run_with_retries,
+)
 
 T = TypeVar("T")
-Cursor = psycopg.Cursor[Any]
-Connection = psycopg.Connection[Any]
 
 COMMIT_LOG_VERSION = 1
 LOCK_TIMEOUT_MS = 60_000  # a writer waits this long for another front end's hold on a scenario
 IDLE_TIMEOUT_MS = 300_000  # a holder idle this long (a hung front end) loses its hold
-_ATTEMPTS = 3
 _SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 NOTIFY_CHANNEL = "reef_commit_log"  # payload: schema, scenario, step (tab-separated)
 
@@ -109,7 +117,7 @@ class PgCommitLogs:
     def __init__(self, dsn: str, *, schema: str = "reef", pool_size: int = 8) -> None:
         self.dsn = dsn
         self.schema = schema
-        self.where = _describe(dsn, schema)
+        self.where = describe(dsn, schema)
         self.pool = ConnectionPool(self._connect, pool_size)
         try:
             self.run(self._migrate, begin="BEGIN")
@@ -118,16 +126,8 @@ class PgCommitLogs:
             raise
 
     def _connect(self) -> Connection:
-        conn: Connection = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
-        try:
-            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
-            conn.execute("SET synchronous_commit TO on")
-            conn.execute(f"SET lock_timeout TO {LOCK_TIMEOUT_MS}")
-            conn.execute(f"SET idle_in_transaction_session_timeout TO {IDLE_TIMEOUT_MS}")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return connect(self.dsn, self.schema, f"SET lock_timeout TO {LOCK_TIMEOUT_MS}",
+                       f"SET idle_in_transaction_session_timeout TO {IDLE_TIMEOUT_MS}")
 
     def _migrate(self, cur: Cursor) -> None:
         # The experience store's migration lock: one migrator per schema, whichever tables.
@@ -320,23 +320,24 @@ class PgCommitLog:
 
     def _acquire(self) -> None:
         """Take a pooled connection for the transaction and lock the scenario's row on it; a
-        connection found dead before anything was written is replaced."""
-        for attempt in range(1, _ATTEMPTS + 1):
-            stack = ExitStack()
-            try:
-                self._conn = stack.enter_context(self._logs.pool.connection())
-                self._stack = stack
-                self._hold()
-                return
-            except psycopg.OperationalError as exc:
-                dead = self._conn is not None and self._conn.broken
-                self._release()
-                if not dead or attempt == _ATTEMPTS:
-                    raise StorageUnavailable(f"{self.where}: cannot hold the commit log: {exc}") from exc
-                self._logs.pool.discard_idle()
-            except BaseException:
-                self._release()
-                raise
+        connection found dead before anything was written is replaced (`retrying`)."""
+        retrying(self._logs.pool, f"{self.where}: cannot hold the commit log", self._take_and_hold)
+
+    def _take_and_hold(self) -> None:
+        stack = ExitStack()
+        try:
+            self._conn = stack.enter_context(self._logs.pool.connection())
+            self._stack = stack
+            self._hold()
+        except psycopg.OperationalError as exc:
+            dead = self._conn is not None and self._conn.broken
+            self._release()
+            if dead:
+                raise DeadConnection() from exc
+            raise StorageUnavailable(f"{self.where}: cannot hold the commit log: {exc}") from exc
+        except BaseException:
+            self._release()
+            raise
 
     def _hold(self) -> None:
         """Begin a transaction that locks the scenario's row, unless one is open (an append
@@ -395,10 +396,7 @@ class PgCommitLog:
 
     def _abort(self) -> None:
         if self._held and self._conn is not None:
-            try:
-                self._conn.rollback()
-            except psycopg.Error:
-                self._conn.close()  # the pool drops a closed connection
+            rollback_quietly(self._conn)
         self._held = False
 
     def _release(self) -> None:
@@ -456,11 +454,7 @@ class PgHeadWatch:
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except psycopg.Error:
-                pass
+        close_quietly(conn)
 
 
 def _parse(where: str, scenario: str, expected_step: int, step: int, body: str) -> CommitEntry:

@@ -12,28 +12,30 @@ become visible in sequence order and a learner's cursor never skips a report com
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import TransactionStatus
 
-from reef.core.errors import InvalidInput, NotFound, RecordConflict, StorageUnavailable
+from reef.core.errors import NotFound, RecordConflict, StorageUnavailable
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords
 from reef.observe import rules
 from reef.observe.instances import PgInstances, interrupted
+from reef.observe.pg_connections import (
+    ATTEMPTS,
+    Connection,
+    ConnectionPool,
+    Cursor,
+    connect,
+    describe,
+    run_with_retries,
+)
 from reef.observe.record_query import RecordPage, RecordQuery
 from reef.observe.store import ExperienceStore
 
 T = TypeVar("T")
-Cursor = psycopg.Cursor[Any]
-Connection = psycopg.Connection[Any]
 
 SCHEMA_VERSION = 2
 # Runs with search_path set to the store's schema, so the names below live there.
@@ -79,75 +81,14 @@ CREATE INDEX IF NOT EXISTS records_in_progress ON records (owner) WHERE status =
 """
 log = logging.getLogger("reef.store")
 
-_ATTEMPTS = 3  # a dead pooled connection, a deadlock or a lost insert race is retried
 _SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-
-
-class _DeadConnection(Exception):
-    """A pooled connection was found dead before any write reached the server: retry the work."""
-
-
-class ConnectionPool:
-    """At most `size` connections, created on demand, reused last-in first-out."""
-
-    def __init__(self, connect: Callable[[], Connection], size: int, *, timeout: float = 30.0) -> None:
-        if size < 1:
-            raise InvalidInput("pool_size must be at least 1")
-        self._connect = connect
-        self._timeout = timeout
-        self._idle: queue.LifoQueue[Connection] = queue.LifoQueue()
-        self._slots = threading.BoundedSemaphore(size)
-        self.closed = False
-
-    @contextmanager
-    def connection(self) -> Iterator[Connection]:
-        if self.closed:
-            raise StorageUnavailable("postgres store is closed")
-        if not self._slots.acquire(timeout=self._timeout):
-            raise StorageUnavailable(f"no free postgres connection after {self._timeout:.0f} s")
-        conn: Connection | None = None
-        try:
-            conn = self._take()
-            yield conn
-        finally:
-            if conn is not None:
-                self._give_back(conn)
-            self._slots.release()
-
-    def _take(self) -> Connection:
-        while True:
-            try:
-                conn = self._idle.get_nowait()
-            except queue.Empty:
-                return self._connect()
-            if not conn.closed:
-                return conn
-
-    def _give_back(self, conn: Connection) -> None:
-        healthy = not conn.closed and not conn.broken and conn.info.transaction_status == TransactionStatus.IDLE
-        if healthy and not self.closed:
-            self._idle.put(conn)
-        else:
-            conn.close()
-
-    def discard_idle(self) -> None:
-        """Close every idle connection (after one was found dead, the rest likely are)."""
-        while True:
-            try:
-                self._idle.get_nowait().close()
-            except queue.Empty:
-                return
-
-    def close(self) -> None:
-        self.closed = True
-        self.discard_idle()
 
 
 class PostgresStore(ExperienceStore):
     def __init__(self, dsn: str, *, schema: str = "reef", pool_size: int = 8) -> None:
         self.dsn = dsn
         self.schema = schema
-        self._where = _describe(dsn, schema)
+        self._where = describe(dsn, schema)
         self._pool = ConnectionPool(self._connect, pool_size)
         self._run(self._migrate)
         try:
@@ -160,14 +101,7 @@ class PostgresStore(ExperienceStore):
     # -- connections ---------------------------------------------------------------------
 
     def _connect(self) -> Connection:
-        conn: Connection = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
-        try:
-            conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
-            conn.execute("SET synchronous_commit TO on")  # durable commit whatever the server default
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return connect(self.dsn, self.schema)
 
     def _migrate(self, cur: Cursor) -> None:
         # One migrator per schema at a time: concurrent CREATE ... IF NOT EXISTS can still collide.
@@ -222,7 +156,7 @@ class PostgresStore(ExperienceStore):
         body = rules.record_body(record)
 
         def work(cur: Cursor) -> Record:
-            for _ in range(_ATTEMPTS):
+            for _ in range(ATTEMPTS):
                 stored = _load_record(cur, record.id, lock=True)
                 if stored is not None:
                     resolved, must_finish = rules.resolve_record_retry(stored, record)
@@ -327,7 +261,7 @@ class PostgresStore(ExperienceStore):
 
         def work(cur: Cursor) -> Report:
             cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock_key,))
-            for _ in range(_ATTEMPTS):
+            for _ in range(ATTEMPTS):
                 row = cur.execute("SELECT body, seq FROM reports WHERE id = %s", (report.id,)).fetchone()
                 if row is not None:
                     return rules.check_report_retry(rules.report_from_row(*row), report)
@@ -376,52 +310,6 @@ class PostgresStore(ExperienceStore):
 
     def count_reports(self, scenario: str | None = None) -> int:
         return self._run(lambda cur: _count(cur, "reports", scenario), begin=None)
-
-
-def run_with_retries(pool: ConnectionPool, where: str, work: Callable[[Cursor], T], begin: str | None) -> T:
-    """`work` on a pooled connection (`begin`: in one transaction, else one autocommitted
-    statement), committed; retried when the connection was found dead before anything was
-    written, or on a deadlock or serialization failure. Every other failure is StorageUnavailable."""
-    for attempt in range(1, _ATTEMPTS + 1):
-        try:
-            with pool.connection() as conn:
-                return _in_transaction(conn, begin, work)
-        except _DeadConnection as exc:
-            pool.discard_idle()
-            if attempt == _ATTEMPTS:
-                raise StorageUnavailable(f"{where}: {exc.__cause__}") from exc.__cause__
-        except psycopg.errors.TransactionRollback as exc:  # deadlock or serialization failure
-            if attempt == _ATTEMPTS:
-                raise StorageUnavailable(f"{where}: write kept failing: {exc}") from exc
-        except psycopg.Error as exc:
-            raise StorageUnavailable(f"{where}: {type(exc).__name__}: {exc}") from exc
-    raise AssertionError("unreachable")
-
-
-def _in_transaction(conn: Connection, begin: str | None, work: Callable[[Cursor], T]) -> T:
-    with conn.cursor() as cur:
-        try:
-            if begin is None:
-                return work(cur)  # a read: safe to retry whatever happened
-            cur.execute(begin)
-        except psycopg.OperationalError as exc:
-            if conn.broken:
-                raise _DeadConnection() from exc
-            raise
-        try:
-            result = work(cur)
-        except BaseException:
-            _rollback_quietly(conn)
-            raise
-        cur.execute("COMMIT")
-        return result
-
-
-def _rollback_quietly(conn: Connection) -> None:
-    try:
-        conn.rollback()
-    except psycopg.Error:
-        conn.close()  # the pool drops a closed connection
 
 
 def _schema_version(cur: Cursor, schema: str) -> int:
@@ -525,13 +413,3 @@ def _count(cur: Cursor, table: str, scenario: str | None) -> int:
         row = cur.execute(query + sql.SQL(" WHERE scenario = %s"), (scenario,)).fetchone()
     assert row is not None
     return int(row[0])
-
-
-def _describe(dsn: str, schema: str) -> str:
-    """Where the store lives, for error messages (never the password)."""
-    try:
-        info = conninfo_to_dict(dsn)
-    except psycopg.Error:
-        return f"postgres store (schema {schema})"
-    host, port, db = info.get("host", "localhost"), info.get("port", "5432"), info.get("dbname", "")
-    return f"postgresql://{host}:{port}/{db} (schema {schema})"
