@@ -212,18 +212,10 @@ class JsonlCommitLog:
         if self.scenario is not None and entry.scenario != self.scenario:
             raise InvalidInput(f"entry for scenario {entry.scenario!r} in the log of {self.scenario!r}")
         with self._locked():
-            last = len(self._entries)
-            if 1 <= entry.step <= last:
-                existing = self._entries[entry.step - 1]
-                if canonical_json(existing.identity()) == canonical_json(entry.identity()):
-                    return existing
-                raise Conflict(f"{self.path}: step {entry.step} is already committed with other content")
-            if expected_step != last:
-                raise StaleHead(f"{self.path}: expected step {expected_step}, but the last step is {last}")
-            if entry.step != last + 1:
-                raise InvalidInput(f"step must be {last + 1}, got {entry.step}")
-            if not entry.recorded_at:
-                entry = _with_time(entry)
+            existing = committed_retry(str(self.path), self._entries, entry, expected_step)
+            if existing is not None:
+                return existing
+            entry = stamped(entry)
             self._write_line(canonical_json(entry.to_json()).encode("utf-8") + b"\n")
             self._entries.append(entry)
             return entry
@@ -231,14 +223,10 @@ class JsonlCommitLog:
     def append_all(self, entries: Sequence[CommitEntry]) -> None:
         """Write a whole log (steps 1..n) into this empty one with one write and one fsync."""
         with self._locked():
-            if self._entries:
-                raise Conflict(f"{self.path}: the log already has {len(self._entries)} steps")
-            for i, entry in enumerate(entries, 1):
-                if entry.step != i or (self.scenario is not None and entry.scenario != self.scenario):
-                    raise InvalidInput(f"{self.path}: cannot adopt step {entry.step} of {entry.scenario!r} as step {i}")
-            stamped = [e if e.recorded_at else _with_time(e) for e in entries]
-            self._write_line(b"".join(canonical_json(e.to_json()).encode("utf-8") + b"\n" for e in stamped))
-            self._entries.extend(stamped)
+            check_whole_log(str(self.path), self.scenario, self._entries, entries)
+            new = [stamped(e) for e in entries]
+            self._write_line(b"".join(canonical_json(e.to_json()).encode("utf-8") + b"\n" for e in new))
+            self._entries.extend(new)
 
     def _write_line(self, line: bytes) -> None:
         start = self._offset
@@ -317,8 +305,39 @@ class JsonlCommitLog:
         return entry
 
 
-def _with_time(entry: CommitEntry) -> CommitEntry:
-    return replace(entry, recorded_at=time.time())
+def committed_retry(where: str, entries: Sequence[CommitEntry], entry: CommitEntry,
+                    expected_step: int) -> CommitEntry | None:
+    """The compare-and-swap of `append`, decided alike by both logs over the steps `entries`
+    committed so far: the committed step when `entry` is an identical retry of it, None when
+    `entry` is the next step. Other content for a committed step is a `Conflict`, an
+    `expected_step` that is no longer the last step `StaleHead`."""
+    last = len(entries)
+    if 1 <= entry.step <= last:
+        existing = entries[entry.step - 1]
+        if canonical_json(existing.identity()) == canonical_json(entry.identity()):
+            return existing
+        raise Conflict(f"{where}: step {entry.step} is already committed with other content")
+    if expected_step != last:
+        raise StaleHead(f"{where}: expected step {expected_step}, but the last step is {last}")
+    if entry.step != last + 1:
+        raise InvalidInput(f"step must be {last + 1}, got {entry.step}")
+    return None
+
+
+def check_whole_log(where: str, scenario: str | None, entries: Sequence[CommitEntry],
+                    new: Sequence[CommitEntry]) -> None:
+    """That `new` may be written by `append_all` into a log holding `entries`: the log is empty
+    and `new` is steps 1..n of its scenario."""
+    if entries:
+        raise Conflict(f"{where}: the log already has {len(entries)} steps")
+    for i, entry in enumerate(new, 1):
+        if entry.step != i or (scenario is not None and entry.scenario != scenario):
+            raise InvalidInput(f"{where}: cannot adopt step {entry.step} of {entry.scenario!r} as step {i}")
+
+
+def stamped(entry: CommitEntry) -> CommitEntry:
+    """The entry with the time it is recorded at, unless it has one (an import keeps its own)."""
+    return entry if entry.recorded_at else replace(entry, recorded_at=time.time())
 
 
 def _fsync_dir(path: Path) -> None:

@@ -53,15 +53,14 @@ import json
 import threading
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import replace
 from typing import Callable, Iterator, Sequence, TypeVar
 
 import psycopg
 from psycopg import sql
 
-from reef.commit.commit_log import adopt_entries
+from reef.commit.commit_log import adopt_entries, check_whole_log, committed_retry, stamped
 from reef.core.canonical import canonical_json, check_scenario_name
-from reef.core.errors import Conflict, Corruption, InvalidInput, StaleHead, StorageUnavailable
+from reef.core.errors import Corruption, InvalidInput, StaleHead, StorageUnavailable
 from reef.core.types import CommitEntry, Operation
 from reef.observe.pg_connections import (
     Connection,
@@ -243,32 +242,20 @@ class PgCommitLog:
             raise InvalidInput(f"entry for scenario {entry.scenario!r} in the log of {self.scenario!r}")
         with self.transaction():
             self._refresh()
-            last = len(self._entries)
-            if 1 <= entry.step <= last:
-                existing = self._entries[entry.step - 1]
-                if canonical_json(existing.identity()) == canonical_json(entry.identity()):
-                    return existing
-                raise Conflict(f"{self.where}: step {entry.step} is already committed with other content")
-            if expected_step != last:
-                raise StaleHead(f"{self.where}: expected step {expected_step}, but the last step is {last}")
-            if entry.step != last + 1:
-                raise InvalidInput(f"step must be {last + 1}, got {entry.step}")
-            if not entry.recorded_at:
-                entry = replace(entry, recorded_at=time.time())
-            self._commit([entry], last)
+            existing = committed_retry(self.where, self._entries, entry, expected_step)
+            if existing is not None:
+                return existing
+            entry = stamped(entry)
+            self._commit([entry], expected_step)
             return entry
 
     def append_all(self, entries: Sequence[CommitEntry]) -> None:
         """Write a whole log (steps 1..n) into this empty one, in one transaction."""
         with self.transaction():
             self._refresh()
-            if self._entries:
-                raise Conflict(f"{self.where}: the log already has {len(self._entries)} steps")
-            for i, entry in enumerate(entries, 1):
-                if entry.step != i or entry.scenario != self.scenario:
-                    raise InvalidInput(f"{self.where}: cannot adopt step {entry.step} of {entry.scenario!r} as step {i}")
+            check_whole_log(self.where, self.scenario, self._entries, entries)
             if entries:
-                self._commit([e if e.recorded_at else replace(e, recorded_at=time.time()) for e in entries], 0)
+                self._commit([stamped(e) for e in entries], 0)
 
     @contextmanager
     def transaction(self) -> Iterator[PgCommitLog]:
