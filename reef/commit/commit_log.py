@@ -134,8 +134,9 @@ class JsonlCommitLogs:
                 scenario = entries[0].scenario
                 if scenario_key(scenario) != path.stem or entries[0].operation.value != "creation":
                     log.close()
-                    raise Corruption(str(path), 1,
-                                     "the first line must be the creation of the scenario the file is named for")
+                    raise Corruption(
+                        str(path), 1, "the first line must be the creation of the scenario the file is named for"
+                    )
                 log.scenario = scenario
                 logs.append(log)
         except BaseException:
@@ -305,8 +306,9 @@ class JsonlCommitLog:
         return entry
 
 
-def committed_retry(where: str, entries: Sequence[CommitEntry], entry: CommitEntry,
-                    expected_step: int) -> CommitEntry | None:
+def committed_retry(
+    where: str, entries: Sequence[CommitEntry], entry: CommitEntry, expected_step: int
+) -> CommitEntry | None:
     """The compare-and-swap of `append`, decided alike by both logs over the steps `entries`
     committed so far: the committed step when `entry` is an identical retry of it, None when
     `entry` is the next step. Other content for a committed step is a `Conflict`, an
@@ -324,8 +326,9 @@ def committed_retry(where: str, entries: Sequence[CommitEntry], entry: CommitEnt
     return None
 
 
-def check_whole_log(where: str, scenario: str | None, entries: Sequence[CommitEntry],
-                    new: Sequence[CommitEntry]) -> None:
+def check_whole_log(
+    where: str, scenario: str | None, entries: Sequence[CommitEntry], new: Sequence[CommitEntry]
+) -> None:
     """That `new` may be written by `append_all` into a log holding `entries`: the log is empty
     and `new` is steps 1..n of its scenario."""
     if entries:

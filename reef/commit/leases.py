@@ -36,10 +36,19 @@ from reef.core.errors import StorageUnavailable
 from reef.observe.pg_connections import close_quietly
 
 APPLICATION_PREFIX = "reef learner "
-_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 2, "keepalives_interval": 1, "keepalives_count": 3,
-               "tcp_user_timeout": 5000}  # the client side notices a silent server within ~5 s
-_SERVER_SIDE = ("SET tcp_keepalives_idle = 2", "SET tcp_keepalives_interval = 1", "SET tcp_keepalives_count = 3",
-                "SET tcp_user_timeout = 5000")  # and PostgreSQL drops a silent holder (and its locks) likewise
+_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 2,
+    "keepalives_interval": 1,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 5000,
+}  # the client side notices a silent server within ~5 s
+_SERVER_SIDE = (
+    "SET tcp_keepalives_idle = 2",
+    "SET tcp_keepalives_interval = 1",
+    "SET tcp_keepalives_count = 3",
+    "SET tcp_user_timeout = 5000",
+)  # and PostgreSQL drops a silent holder (and its locks) likewise
 
 
 def lease_key(schema: str, scenario: str) -> int:
@@ -109,11 +118,16 @@ class PgLeases:
             return out
         with self._lock:
             try:
-                rows = self._connection().execute(
-                    "SELECT l.classid, l.objid, a.application_name FROM pg_locks l"
-                    " JOIN pg_stat_activity a ON a.pid = l.pid"
-                    " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
-                    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())").fetchall()
+                rows = (
+                    self._connection()
+                    .execute(
+                        "SELECT l.classid, l.objid, a.application_name FROM pg_locks l"
+                        " JOIN pg_stat_activity a ON a.pid = l.pid"
+                        " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+                        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                    )
+                    .fetchall()
+                )
             except psycopg.Error as exc:
                 self._drop()
                 raise StorageUnavailable(f"cannot read the learner leases: {exc}") from exc
@@ -122,7 +136,7 @@ class PgLeases:
             key = key - (1 << 64) if key >= 1 << 63 else key
             if key in wanted:
                 name = application or ""
-                out[wanted[key]] = name[len(APPLICATION_PREFIX):] if name.startswith(APPLICATION_PREFIX) else name
+                out[wanted[key]] = name[len(APPLICATION_PREFIX) :] if name.startswith(APPLICATION_PREFIX) else name
         return out
 
     def close(self) -> None:
@@ -134,8 +148,12 @@ class PgLeases:
             return self._conn
         self._drop()
         conn: psycopg.Connection[Any] = psycopg.connect(
-            self.dsn, autocommit=True, connect_timeout=self.connect_timeout,
-            application_name=(APPLICATION_PREFIX + self.holder)[:63], **_KEEPALIVES)
+            self.dsn,
+            autocommit=True,
+            connect_timeout=self.connect_timeout,
+            application_name=(APPLICATION_PREFIX + self.holder)[:63],
+            **_KEEPALIVES,
+        )
         try:
             for statement in _SERVER_SIDE:
                 conn.execute(statement)

@@ -125,19 +125,26 @@ class PgCommitLogs:
             raise
 
     def _connect(self) -> Connection:
-        return connect(self.dsn, self.schema, f"SET lock_timeout TO {LOCK_TIMEOUT_MS}",
-                       f"SET idle_in_transaction_session_timeout TO {IDLE_TIMEOUT_MS}")
+        return connect(
+            self.dsn,
+            self.schema,
+            f"SET lock_timeout TO {LOCK_TIMEOUT_MS}",
+            f"SET idle_in_transaction_session_timeout TO {IDLE_TIMEOUT_MS}",
+        )
 
     def _migrate(self, cur: Cursor) -> None:
         # The experience store's migration lock: one migrator per schema, whichever tables.
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"reef:{self.schema}:migrate",))
         version = 0
-        if cur.execute("SELECT to_regclass(%s)", (sql.Identifier(self.schema, "meta").as_string(cur),)).fetchone() != (None,):
+        if cur.execute("SELECT to_regclass(%s)", (sql.Identifier(self.schema, "meta").as_string(cur),)).fetchone() != (
+            None,
+        ):
             row = cur.execute("SELECT value FROM meta WHERE key = 'commit_log_version'").fetchone()
             version = int(row[0]) if row else 0
         if version > COMMIT_LOG_VERSION:
             raise StorageUnavailable(
-                f"{self.where}: commit log version {version} is newer than this Reef ({COMMIT_LOG_VERSION})")
+                f"{self.where}: commit log version {version} is newer than this Reef ({COMMIT_LOG_VERSION})"
+            )
         if version == COMMIT_LOG_VERSION:
             return  # no DDL, so a role without CREATE rights can open a prepared schema
         cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
@@ -176,8 +183,11 @@ class PgCommitLogs:
             if entries[0].operation is not Operation.CREATION:
                 raise Corruption(where, 1, "the first step must be the creation of the scenario")
             if heads.get(scenario) != len(entries):
-                raise Corruption(where, None, f"commit_heads says last step {heads.get(scenario)}, "
-                                              f"the log ends at step {len(entries)}")
+                raise Corruption(
+                    where,
+                    None,
+                    f"commit_heads says last step {heads.get(scenario)}, the log ends at step {len(entries)}",
+                )
             logs.append(PgCommitLog(self, scenario, entries))
         return logs
 
@@ -186,8 +196,9 @@ class PgCommitLogs:
 
     def heads(self) -> dict[str, int]:
         """Every scenario's last step, in one query (what a follower compares)."""
-        rows = self.run(lambda cur: cur.execute("SELECT scenario, last_step FROM commit_heads WHERE last_step > 0")
-                        .fetchall())
+        rows = self.run(
+            lambda cur: cur.execute("SELECT scenario, last_step FROM commit_heads WHERE last_step > 0").fetchall()
+        )
         return {scenario: int(step) for scenario, step in rows}
 
     def watch(self) -> PgHeadWatch:
@@ -292,16 +303,19 @@ class PgCommitLog:
             self._hold()
             with self._conn.cursor() as cur:
                 self._entries.extend(self._read_new(cur))
-                (last_step,) = cur.execute("SELECT last_step FROM commit_heads WHERE scenario = %s",
-                                           (self.scenario,)).fetchone() or (0,)
+                (last_step,) = cur.execute(
+                    "SELECT last_step FROM commit_heads WHERE scenario = %s", (self.scenario,)
+                ).fetchone() or (0,)
         if last_step != len(self._entries):
-            raise Corruption(self.where, None, f"commit_heads says last step {last_step}, "
-                                               f"the log ends at step {len(self._entries)}")
+            raise Corruption(
+                self.where, None, f"commit_heads says last step {last_step}, the log ends at step {len(self._entries)}"
+            )
 
     def _read_new(self, cur: Cursor) -> list[CommitEntry]:
         after = len(self._entries)
-        rows = cur.execute("SELECT step, body FROM commit_log WHERE scenario = %s AND step > %s ORDER BY step",
-                           (self.scenario, after)).fetchall()
+        rows = cur.execute(
+            "SELECT step, body FROM commit_log WHERE scenario = %s AND step > %s ORDER BY step", (self.scenario, after)
+        ).fetchall()
         assert self.scenario is not None
         return [_parse(self.where, self.scenario, after + i, int(step), body) for i, (step, body) in enumerate(rows, 1)]
 
@@ -337,8 +351,10 @@ class PgCommitLog:
             self._held = True
             lock = "SELECT last_step FROM commit_heads WHERE scenario = %s FOR UPDATE"
             if cur.execute(lock, (self.scenario,)).fetchone() is None:
-                cur.execute("INSERT INTO commit_heads (scenario, last_step) VALUES (%s, 0)"
-                            " ON CONFLICT (scenario) DO NOTHING", (self.scenario,))
+                cur.execute(
+                    "INSERT INTO commit_heads (scenario, last_step) VALUES (%s, 0) ON CONFLICT (scenario) DO NOTHING",
+                    (self.scenario,),
+                )
                 cur.execute(lock, (self.scenario,))
 
     def _commit(self, entries: list[CommitEntry], expected: int) -> None:
@@ -350,26 +366,33 @@ class PgCommitLog:
                 try:
                     cur.executemany(
                         "INSERT INTO commit_log (scenario, step, operation, body, recorded_at) VALUES (%s, %s, %s, %s, %s)",
-                        [(e.scenario, e.step, e.operation.value, canonical_json(e.to_json()), e.recorded_at)
-                         for e in entries],
+                        [
+                            (e.scenario, e.step, e.operation.value, canonical_json(e.to_json()), e.recorded_at)
+                            for e in entries
+                        ],
                     )
-                    cur.execute("UPDATE commit_heads SET last_step = %s WHERE scenario = %s AND last_step = %s",
-                                (expected + len(entries), self.scenario, expected))
+                    cur.execute(
+                        "UPDATE commit_heads SET last_step = %s WHERE scenario = %s AND last_step = %s",
+                        (expected + len(entries), self.scenario, expected),
+                    )
                 except psycopg.errors.UniqueViolation as exc:
                     self._abort()
                     raise StaleHead(f"{self.where}: step {expected + 1} was committed by another writer") from exc
                 if cur.rowcount != 1:
                     self._abort()
                     raise StaleHead(f"{self.where}: the last step is no longer {expected}")
-                cur.execute("SELECT pg_notify(%s, %s)",  # delivered at COMMIT, and only if it commits
-                            (NOTIFY_CHANNEL, f"{self._logs.schema}\t{self.scenario}\t{entries[-1].step}"))
+                cur.execute(
+                    "SELECT pg_notify(%s, %s)",  # delivered at COMMIT, and only if it commits
+                    (NOTIFY_CHANNEL, f"{self._logs.schema}\t{self.scenario}\t{entries[-1].step}"),
+                )
                 try:
                     cur.execute("COMMIT")
                 except psycopg.Error as exc:
                     self._held = False
                     raise StorageUnavailable(
                         f"{self.where}: the commit of step {entries[-1].step} failed and may or may not have "
-                        f"happened ({exc}); an identical retry settles it") from exc
+                        f"happened ({exc}); an identical retry settles it"
+                    ) from exc
                 self._held = False
         self._entries.extend(entries)
 
@@ -379,7 +402,9 @@ class PgCommitLog:
             yield
         except psycopg.Error as exc:
             self._abort()
-            raise StorageUnavailable(f"{self.where}: cannot {what} the commit log: {type(exc).__name__}: {exc}") from exc
+            raise StorageUnavailable(
+                f"{self.where}: cannot {what} the commit log: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _abort(self) -> None:
         if self._held and self._conn is not None:

@@ -108,7 +108,9 @@ class PostgresStore(ExperienceStore):
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"reef:{self.schema}:migrate",))
         version = _schema_version(cur, self.schema)
         if version > SCHEMA_VERSION:
-            raise StorageUnavailable(f"{self._where}: schema version {version} is newer than this Reef ({SCHEMA_VERSION})")
+            raise StorageUnavailable(
+                f"{self._where}: schema version {version} is newer than this Reef ({SCHEMA_VERSION})"
+            )
         if version == SCHEMA_VERSION:
             return  # no DDL, so a role without CREATE rights can open a prepared schema
         cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
@@ -134,14 +136,20 @@ class PostgresStore(ExperienceStore):
         (instances.py); a failure leaves them for the next open."""
 
         def work(cur: Cursor) -> int:
-            owners = [row[0] for row in cur.execute(
-                "SELECT DISTINCT owner FROM records WHERE status = 'in_progress' AND owner IS NOT NULL")]
+            owners = [
+                row[0]
+                for row in cur.execute(
+                    "SELECT DISTINCT owner FROM records WHERE status = 'in_progress' AND owner IS NOT NULL"
+                )
+            ]
             return _mark_interrupted(cur, [owner for owner in owners if not self.instances.alive(owner, cur)])
 
         try:
             marked = self._run(work)
         except StorageUnavailable as exc:
-            log.warning("%s: records left in progress by a stopped server could not be closed now: %s", self._where, exc)
+            log.warning(
+                "%s: records left in progress by a stopped server could not be closed now: %s", self._where, exc
+            )
             return
         if marked:
             log.warning("%s: %d record(s) left in progress by a stopped server marked incomplete", self._where, marked)
@@ -190,8 +198,14 @@ class PostgresStore(ExperienceStore):
             now = time.time()
             cur.execute(
                 "UPDATE records SET status = %s, body = %s, created_at = %s, finished_at = %s, owner = %s WHERE id = %s",
-                (record.status.value, body, now, None if record.status is RecordStatus.IN_PROGRESS else now,
-                 self._owner(record), record.id),
+                (
+                    record.status.value,
+                    body,
+                    now,
+                    None if record.status is RecordStatus.IN_PROGRESS else now,
+                    self._owner(record),
+                    record.id,
+                ),
             )
             return replace(record, seq=stored.seq)
 
@@ -341,11 +355,14 @@ def _insert_record(cur: Cursor, record: Record, body: str, owner: str | None) ->
 def _mark_interrupted(cur: Cursor, owners: Sequence[str] | None) -> int:
     """Mark `incomplete` the records `in_progress` of `owners` (None: of no owner); how many."""
     if owners is None:
-        rows = cur.execute("SELECT body, seq FROM records WHERE status = 'in_progress' AND owner IS NULL"
-                           " ORDER BY id FOR UPDATE").fetchall()
+        rows = cur.execute(
+            "SELECT body, seq FROM records WHERE status = 'in_progress' AND owner IS NULL ORDER BY id FOR UPDATE"
+        ).fetchall()
     elif owners:
-        rows = cur.execute("SELECT body, seq FROM records WHERE status = 'in_progress' AND owner = ANY(%s)"
-                           " ORDER BY id FOR UPDATE", (list(owners),)).fetchall()
+        rows = cur.execute(
+            "SELECT body, seq FROM records WHERE status = 'in_progress' AND owner = ANY(%s) ORDER BY id FOR UPDATE",
+            (list(owners),),
+        ).fetchall()
     else:
         return 0
     for body, seq in rows:
@@ -398,11 +415,13 @@ def _reports_naming(cur: Cursor, record_ids: list[str]) -> dict[str, list[Report
     """The reports that name each record, oldest first."""
     if not record_ids:
         return {}
-    return rules.reports_by_record(cur.execute(
-        "SELECT DISTINCT f.record_id, r.body, r.seq FROM report_refs f JOIN reports r ON r.seq = f.report_seq"
-        " WHERE f.record_id = ANY(%s) ORDER BY r.seq",
-        (record_ids,),
-    ))
+    return rules.reports_by_record(
+        cur.execute(
+            "SELECT DISTINCT f.record_id, r.body, r.seq FROM report_refs f JOIN reports r ON r.seq = f.report_seq"
+            " WHERE f.record_id = ANY(%s) ORDER BY r.seq",
+            (record_ids,),
+        )
+    )
 
 
 def _count(cur: Cursor, table: str, scenario: str | None) -> int:

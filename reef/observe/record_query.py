@@ -70,8 +70,10 @@ class RecordQuery:
             clauses.append(f"created_at < {mark}")
         if self.reported_only:
             clauses.append("EXISTS (SELECT 1 FROM report_refs f WHERE f.record_id = records.id)")
-        return (f"SELECT body, seq, created_at, finished_at FROM records WHERE {' AND '.join(clauses)}"
-                f" ORDER BY seq {'DESC' if self.newest_first else 'ASC'} LIMIT {mark}")
+        return (
+            f"SELECT body, seq, created_at, finished_at FROM records WHERE {' AND '.join(clauses)}"
+            f" ORDER BY seq {'DESC' if self.newest_first else 'ASC'} LIMIT {mark}"
+        )
 
     def params(self, cursor: int) -> list[Any]:
         params: list[Any] = [self.scenario, cursor, self.after_seq]
@@ -83,14 +85,20 @@ class RecordQuery:
     def _status_values(self) -> list[str]:
         return sorted({RecordStatus(s).value for s in self.statuses or ()})
 
-    def page(self, rows: Sequence[Row], cursor: int,
-             reports_naming: Callable[[list[str]], dict[str, list[Report]]]) -> RecordPage:
+    def page(
+        self, rows: Sequence[Row], cursor: int, reports_naming: Callable[[list[str]], dict[str, list[Report]]]
+    ) -> RecordPage:
         """The page that `rows` (read at `cursor`) hold, each record with the reports that
         `reports_naming` (read in the same snapshot) finds for it."""
         records = [(rules.record_from_row(body, int(seq)), created, finished) for body, seq, created, finished in rows]
         if self.release_id is not None:
             records = [r for r in records if r[0].release is not None and r[0].release.release_id == self.release_id]
         reports = reports_naming([record.id for record, _, _ in records])
-        return RecordPage([StoredRecord(record, created, finished, tuple(reports.get(record.id, ())))
-                           for record, created, finished in records],
-                          full=len(rows) >= self.page_size, last_seq=int(rows[-1][1]) if rows else cursor)
+        return RecordPage(
+            [
+                StoredRecord(record, created, finished, tuple(reports.get(record.id, ())))
+                for record, created, finished in records
+            ],
+            full=len(rows) >= self.page_size,
+            last_seq=int(rows[-1][1]) if rows else cursor,
+        )

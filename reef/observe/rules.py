@@ -59,8 +59,15 @@ class Outcome:
 
     @classmethod
     def of(cls, record: Record) -> Outcome:
-        return cls(record.status, record.response, record.token_ids, record.logprobs, record.spans, record.error,
-                   record.timings)
+        return cls(
+            record.status,
+            record.response,
+            record.token_ids,
+            record.logprobs,
+            record.spans,
+            record.error,
+            record.timings,
+        )
 
 
 def resolve_record_retry(stored: Record, new: Record) -> tuple[Record, bool]:
@@ -120,7 +127,9 @@ def require_references(report: Report, known: Iterable[str]) -> None:
     known_set = set(known)
     missing = [ref for ref in report.references if ref not in known_set]
     if missing:
-        raise NotFound(f"report {report.id} references unknown records in scenario {report.scenario!r}: {', '.join(missing)}")
+        raise NotFound(
+            f"report {report.id} references unknown records in scenario {report.scenario!r}: {', '.join(missing)}"
+        )
 
 
 def record_from_row(body: str, seq: int) -> Record:

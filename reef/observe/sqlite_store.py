@@ -118,7 +118,9 @@ class SQLiteStore(ExperienceStore):
     def _migrate(self, conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise StorageUnavailable(f"{self.path}: schema version {version} is newer than this Reef ({SCHEMA_VERSION})")
+            raise StorageUnavailable(
+                f"{self.path}: schema version {version} is newer than this Reef ({SCHEMA_VERSION})"
+            )
         if version == SCHEMA_VERSION:
             return  # opening a current store writes nothing, so it opens on a full disk too
         try:
@@ -136,12 +138,16 @@ class SQLiteStore(ExperienceStore):
         """Mark `incomplete` the records that store instances now gone left `in_progress`
         (instances.py); a failure (a full disk) leaves them for the next open."""
         try:
-            owners = [row[0] for row in self._reader().execute(
-                "SELECT DISTINCT owner FROM records WHERE status = 'in_progress'")]
+            owners = [
+                row[0]
+                for row in self._reader().execute("SELECT DISTINCT owner FROM records WHERE status = 'in_progress'")
+            ]
             gone = [owner for owner in owners if not self.instances.alive(owner)]
             if gone:
                 marked = self._submit(lambda conn: _mark_interrupted(conn, gone))
-                log.warning("%s: %d record(s) left in progress by a stopped server marked incomplete", self.path, marked)
+                log.warning(
+                    "%s: %d record(s) left in progress by a stopped server marked incomplete", self.path, marked
+                )
             self.instances.sweep()
         except (ReefError, sqlite3.Error, OSError) as exc:
             log.warning("%s: records left in progress by a stopped server could not be closed now: %s", self.path, exc)
@@ -258,8 +264,16 @@ class SQLiteStore(ExperienceStore):
             cur = conn.execute(
                 "INSERT INTO records (id, scenario, session, status, body, created_at, finished_at, owner)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-                (record.id, record.scenario, record.session, record.status.value, body, time.time(), finished_at,
-                 owner),
+                (
+                    record.id,
+                    record.scenario,
+                    record.session,
+                    record.status.value,
+                    body,
+                    time.time(),
+                    finished_at,
+                    owner,
+                ),
             )
             if cur.rowcount == 1:
                 return replace(record, seq=cur.lastrowid)
@@ -510,8 +524,9 @@ def _statements(script: str) -> Iterator[str]:
 def _mark_interrupted(conn: sqlite3.Connection, owners: Sequence[str] | None) -> int:
     """Mark `incomplete` the records `in_progress` of `owners` (None: of no owner); how many."""
     query = "SELECT body, seq FROM records WHERE status = 'in_progress' AND owner IS ?"  # IS: NULL matches NULL
-    rows = [row for owner in (owners if owners is not None else [None])
-            for row in conn.execute(query, (owner,)).fetchall()]
+    rows = [
+        row for owner in (owners if owners is not None else [None]) for row in conn.execute(query, (owner,)).fetchall()
+    ]
     for body, seq in rows:
         stored = rules.record_from_row(body, seq)
         _finish(conn, stored, interrupted(stored))
@@ -526,8 +541,6 @@ def _finish(conn: sqlite3.Connection, stored: Record, done: Record) -> Record:
     return replace(done, seq=stored.seq)
 
 
-
-
 _IDS_PER_QUERY = 500  # well under SQLite's limit on bound variables (32,766; 999 before 3.32)
 
 
@@ -535,7 +548,7 @@ def _known_ids(conn: sqlite3.Connection, scenario: str, ids: Sequence[str]) -> s
     known: set[str] = set()
     unique = sorted(set(ids))
     for start in range(0, len(unique), _IDS_PER_QUERY):
-        chunk = unique[start:start + _IDS_PER_QUERY]
+        chunk = unique[start : start + _IDS_PER_QUERY]
         marks = ",".join("?" * len(chunk))
         for table in ("records", "tombstones"):
             rows = conn.execute(f"SELECT id FROM {table} WHERE scenario = ? AND id IN ({marks})", (scenario, *chunk))
@@ -548,7 +561,7 @@ def _reports_naming(conn: sqlite3.Connection, record_ids: Sequence[str]) -> dict
 
     def rows() -> Iterator[tuple[str, str, int]]:
         for start in range(0, len(record_ids), _IDS_PER_QUERY):
-            chunk = list(record_ids[start:start + _IDS_PER_QUERY])
+            chunk = list(record_ids[start : start + _IDS_PER_QUERY])
             yield from conn.execute(
                 "SELECT DISTINCT f.record_id, r.body, r.seq FROM report_refs f JOIN reports r ON r.seq = f.report_seq"
                 f" WHERE f.record_id IN ({','.join('?' * len(chunk))}) ORDER BY r.seq",

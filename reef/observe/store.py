@@ -105,8 +105,9 @@ class ExperienceStore(ABC):
         any), stored at `since` <= t < `until` (epoch seconds), only records some report names,
         sequence above `after_seq`. A record committed while the iteration runs may or may not
         be seen."""
-        query = RecordQuery(scenario, release_id, statuses, since, until, reported_only, after_seq, page_size,
-                            newest_first)
+        query = RecordQuery(
+            scenario, release_id, statuses, since, until, reported_only, after_seq, page_size, newest_first
+        )
         cursor = query.first_cursor()
         while True:
             page = self._records_page(query, cursor)

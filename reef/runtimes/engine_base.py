@@ -66,9 +66,20 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
     generate_route = ""
     health_timeout = 10.0
 
-    def __init__(self, *, url: str | None, adapter_dir: Path, model_name: str | None, model_dir: Path | None,
-                 engine_dtype: str | None, default_max_tokens: int, timeout: float, load_timeout: float,
-                 health_interval: float, down: str) -> None:
+    def __init__(
+        self,
+        *,
+        url: str | None,
+        adapter_dir: Path,
+        model_name: str | None,
+        model_dir: Path | None,
+        engine_dtype: str | None,
+        default_max_tokens: int,
+        timeout: float,
+        load_timeout: float,
+        health_interval: float,
+        down: str,
+    ) -> None:
         self._url = url
         self.model_name = model_name
         # the base model's folder: the training process trains on it (reef/serve/learning.py); None: no weights learning
@@ -97,8 +108,9 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
     async def start(self) -> None:
         if self._client is not None:
             return
-        self._client = aiohttp.ClientSession(timeout=self._timeout,
-                                             connector=aiohttp.TCPConnector(limit=256, limit_per_host=256))
+        self._client = aiohttp.ClientSession(
+            timeout=self._timeout, connector=aiohttp.TCPConnector(limit=256, limit_per_host=256)
+        )
         self.adapter_dir.mkdir(parents=True, exist_ok=True)
         await self._attach()
         self._down = None
@@ -130,8 +142,9 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
     async def _healthy(self) -> bool:
         assert self._client is not None
         try:
-            async with self._client.get(f"{self.url}/health",
-                                        timeout=aiohttp.ClientTimeout(total=self.health_timeout)) as response:
+            async with self._client.get(
+                f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=self.health_timeout)
+            ) as response:
                 return response.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
@@ -172,8 +185,9 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
     def _serving_again(self) -> None:
         self.restarts += 1
         self._down = None
-        self.log.warning("%s serving again at %s with %d adapter(s) reloaded", self.engine, self.url,
-                         len(self.resident_adapters()))
+        self.log.warning(
+            "%s serving again at %s with %d adapter(s) reloaded", self.engine, self.url, len(self.resident_adapters())
+        )
 
     # -- releases ----------------------------------------------------------------------------
 
@@ -188,9 +202,15 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
         if self._down:
             raise EngineUnavailable(f"cannot load content {content_id}: {self._down}")
         folder = self.adapter_dir / name
-        await load_adapter(self.engine, content_id, folder, adapter, timeout=self.load_timeout,
-                           load=lambda: self._post_adapter("load", {"lora_name": name, "lora_path": str(folder)}),
-                           unload=lambda: self._post_adapter("unload", {"lora_name": name}))
+        await load_adapter(
+            self.engine,
+            content_id,
+            folder,
+            adapter,
+            timeout=self.load_timeout,
+            load=lambda: self._post_adapter("load", {"lora_name": name, "lora_path": str(folder)}),
+            unload=lambda: self._post_adapter("unload", {"lora_name": name}),
+        )
         self._loads[name] = folder
         return name
 
@@ -213,7 +233,9 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise RuntimeFailure(f"{self.engine} {action}_lora_adapter failed: {type(exc).__name__} {exc}") from None
         if response.status != 200 or self._says_failed(text):
-            raise RuntimeFailure(f"{self.engine} {action}_lora_adapter answered {response.status}: {error_message(text)}")
+            raise RuntimeFailure(
+                f"{self.engine} {action}_lora_adapter answered {response.status}: {error_message(text)}"
+            )
 
     def _says_failed(self, text: str) -> bool:
         """Whether an adapter update the engine answered with 200 failed all the same."""
@@ -261,7 +283,9 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
         answer = self._answer(request, release)
         assert self._client is not None
         try:
-            async with self._client.post(f"{self.url}{self.generate_route}", json=self._body(request, answer)) as response:
+            async with self._client.post(
+                f"{self.url}{self.generate_route}", json=self._body(request, answer)
+            ) as response:
                 if response.status != 200:
                     raise await self._refused(response.status, await response.text(), answer)
                 events = SSEParser()
@@ -287,5 +311,9 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
             yield TextDelta(rest, (), (), answer.load_id)
         for index, call in enumerate(calls):
             yield ToolCallDelta(call, index)
-        yield Finish("tool_calls" if calls else answer.reason, answer.final_usage(), model=self.model_name,
-                     prompt_token_ids=answer.prompt_ids)
+        yield Finish(
+            "tool_calls" if calls else answer.reason,
+            answer.final_usage(),
+            model=self.model_name,
+            prompt_token_ids=answer.prompt_ids,
+        )

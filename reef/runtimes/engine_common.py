@@ -37,13 +37,22 @@ def adapter_files(files: Mapping[str, bytes]) -> dict[str, bytes] | None:
     trainer's `save_pretrained` puts a named adapter), or None when the content carries no
     weights (a harness-only release serves the base model). The same rule as the embedded
     runtime's, without importing torch."""
-    config = next((name for name in sorted(files) if name.rsplit("/", 1)[-1] == "adapter_config.json"
-                   and not name.startswith("harness/")), None)
+    config = next(
+        (
+            name
+            for name in sorted(files)
+            if name.rsplit("/", 1)[-1] == "adapter_config.json" and not name.startswith("harness/")
+        ),
+        None,
+    )
     if config is None:
         return None
     prefix = config[: -len("adapter_config.json")]
-    return {name[len(prefix):]: data for name, data in files.items()
-            if name.startswith(prefix) and "/" not in name[len(prefix):]}
+    return {
+        name[len(prefix) :]: data
+        for name, data in files.items()
+        if name.startswith(prefix) and "/" not in name[len(prefix) :]
+    }
 
 
 def error_message(raw: str) -> str:
@@ -59,9 +68,16 @@ def error_message(raw: str) -> str:
     return error_text(body)[0][:500]
 
 
-async def load_adapter(engine: str, content_id: str, folder: Path, adapter: Mapping[str, bytes], *,
-                       load: Callable[[], Awaitable[None]], unload: Callable[[], Awaitable[None]],
-                       timeout: float) -> None:
+async def load_adapter(
+    engine: str,
+    content_id: str,
+    folder: Path,
+    adapter: Mapping[str, bytes],
+    *,
+    load: Callable[[], Awaitable[None]],
+    unload: Callable[[], Awaitable[None]],
+    timeout: float,
+) -> None:
     """Write `adapter` as a PEFT folder and have the engine load it (`load`) within `timeout`
     seconds. A load that fails or times out is unloaded again (the engine may hold half of it)
     and its folder deleted before RuntimeFailure is raised: the serving pointer has not moved,

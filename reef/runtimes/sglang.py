@@ -70,8 +70,10 @@ class _GenerateAnswer(EngineAnswer):
             yield TextDelta(self.stream.push(self.ids), tuple(tokens), tuple(logprobs), self.load_id)
         if meta.get("finish_reason"):
             self.reason = _finish_reason(meta["finish_reason"])
-            self.usage = Usage(int(meta.get("prompt_tokens") or len(self.prompt_ids)),
-                               int(meta.get("completion_tokens") or len(self.ids)))
+            self.usage = Usage(
+                int(meta.get("prompt_tokens") or len(self.prompt_ids)),
+                int(meta.get("completion_tokens") or len(self.ids)),
+            )
 
 
 class SGLangRuntime(EngineRuntime[_GenerateAnswer]):
@@ -81,14 +83,31 @@ class SGLangRuntime(EngineRuntime[_GenerateAnswer]):
     generate_route = "/generate"
     health_timeout = 25.0  # SGLang's /health generates one token (it can take a second or more while busy)
 
-    def __init__(self, url: str, *, adapter_dir: Path, model_dir: Path | None = None, model_name: str | None = None,
-                 default_max_tokens: int = 256, timeout: float = 120.0, load_timeout: float = 120.0,
-                 health_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        adapter_dir: Path,
+        model_dir: Path | None = None,
+        model_name: str | None = None,
+        default_max_tokens: int = 256,
+        timeout: float = 120.0,
+        load_timeout: float = 120.0,
+        health_interval: float = 1.0,
+    ) -> None:
         # engine_dtype is not asked of SGLang: learner.dtype auto takes bf16 on a GPU
-        super().__init__(url=url.rstrip("/"), adapter_dir=adapter_dir, model_name=model_name,
-                         model_dir=Path(model_dir) if model_dir else None, engine_dtype=None,
-                         default_max_tokens=default_max_tokens, timeout=timeout, load_timeout=load_timeout,
-                         health_interval=health_interval, down="SGLang is not attached yet")
+        super().__init__(
+            url=url.rstrip("/"),
+            adapter_dir=adapter_dir,
+            model_name=model_name,
+            model_dir=Path(model_dir) if model_dir else None,
+            engine_dtype=None,
+            default_max_tokens=default_max_tokens,
+            timeout=timeout,
+            load_timeout=load_timeout,
+            health_interval=health_interval,
+            down="SGLang is not attached yet",
+        )
         self.tokenizer: Any = None
         self._stop_ids: frozenset[int] = frozenset()
 
@@ -156,21 +175,31 @@ class SGLangRuntime(EngineRuntime[_GenerateAnswer]):
             "max_new_tokens": request.max_tokens or self.default_max_tokens,
             "temperature": 1.0 if request.temperature is None else request.temperature,
             "top_p": 1.0 if request.top_p is None else request.top_p,
-            "stop_token_ids": sorted(self._stop_ids), **_NEUTRAL,
+            "stop_token_ids": sorted(self._stop_ids),
+            **_NEUTRAL,
         }
         if request.stop:
             params["stop"] = list(request.stop)
         if request.seed is not None:  # honoured by SGLang started with --enable-deterministic-inference
             params["sampling_seed"] = request.seed % 2**63
-        body: dict[str, Any] = {"input_ids": list(answer.prompt_ids), "sampling_params": params,
-                                "return_logprob": True, "stream": True}
+        body: dict[str, Any] = {
+            "input_ids": list(answer.prompt_ids),
+            "sampling_params": params,
+            "return_logprob": True,
+            "stream": True,
+        }
         if answer.lora is not None:
             body["lora_path"] = answer.lora
         return body
 
     def _decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode([t for t in ids if t not in self._stop_ids], skip_special_tokens=False,
-                                         clean_up_tokenization_spaces=False))
+        return str(
+            self.tokenizer.decode(
+                [t for t in ids if t not in self._stop_ids],
+                skip_special_tokens=False,
+                clean_up_tokenization_spaces=False,
+            )
+        )
 
     async def _refused(self, status: int, raw: str, answer: _GenerateAnswer) -> RuntimeFailure:
         """SGLang's refusal of a request: its 4xx (and the error event that opens a refused
@@ -183,8 +212,9 @@ class SGLangRuntime(EngineRuntime[_GenerateAnswer]):
             self.log.error("%s", self._down)
             return EngineUnavailable(f"SGLang is not serving ({self._down}); retry shortly")
         if 400 <= status < 500:
-            return RuntimeFailure(f"SGLang refused the request ({status}): {message}", status=400,
-                                  error_type="invalid_request_error")
+            return RuntimeFailure(
+                f"SGLang refused the request ({status}): {message}", status=400, error_type="invalid_request_error"
+            )
         return await self._unavailable(f"failed ({status}): {message}")
 
     async def _stream_error(self, data: str, chunk: dict[str, Any], answer: _GenerateAnswer) -> RuntimeFailure:
@@ -223,8 +253,9 @@ def _tokenizer(source: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as exc:
-        raise RuntimeFailure(f"cannot load the tokenizer of {source} ({exc}); set sglang.model_dir to the model's "
-                             "folder on this machine") from None
+        raise RuntimeFailure(
+            f"cannot load the tokenizer of {source} ({exc}); set sglang.model_dir to the model's folder on this machine"
+        ) from None
 
 
 def build_sglang_runtime(config: ServeConfig) -> SGLangRuntime:
@@ -235,10 +266,18 @@ def build_sglang_runtime(config: ServeConfig) -> SGLangRuntime:
 
     s = config.sglang
     if not s.url:
-        raise ValueError("runtime 'sglang' needs sglang.url (or REEF_SGLANG__URL): Reef attaches to a running "
-                         "SGLang server started with --enable-lora (docs/engines.md)")
+        raise ValueError(
+            "runtime 'sglang' needs sglang.url (or REEF_SGLANG__URL): Reef attaches to a running "
+            "SGLang server started with --enable-lora (docs/engines.md)"
+        )
     require("the SGLang runtime (runtime: sglang) tokenizes Reef's ChatML prompts with", "embedded")
     root = s.adapter_dir or (config.embedded.cache_dir or default_cache_dir()) / "sglang-adapters"
-    return SGLangRuntime(s.url, adapter_dir=root / f"{os.getpid()}-{secrets.token_hex(3)}",
-                         model_dir=s.model_dir or config.embedded.model_dir, model_name=s.model_name,
-                         default_max_tokens=s.default_max_tokens, timeout=s.timeout, load_timeout=s.load_timeout)
+    return SGLangRuntime(
+        s.url,
+        adapter_dir=root / f"{os.getpid()}-{secrets.token_hex(3)}",
+        model_dir=s.model_dir or config.embedded.model_dir,
+        model_name=s.model_name,
+        default_max_tokens=s.default_max_tokens,
+        timeout=s.timeout,
+        load_timeout=s.load_timeout,
+    )

@@ -89,19 +89,36 @@ class VLLMRuntime(EngineRuntime[_ChatAnswer]):
     api_prefix = "/v1"
     generate_route = "/v1/chat/completions"
 
-    def __init__(self, *, process: VLLMProcess | None = None, url: str | None = None, model_name: str | None = None,
-                 adapter_dir: Path, default_max_tokens: int = 256, timeout: float = 120.0,
-                 load_timeout: float = 120.0, health_interval: float = 1.0, engine_dtype: str | None = None,
-                 model_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        process: VLLMProcess | None = None,
+        url: str | None = None,
+        model_name: str | None = None,
+        adapter_dir: Path,
+        default_max_tokens: int = 256,
+        timeout: float = 120.0,
+        load_timeout: float = 120.0,
+        health_interval: float = 1.0,
+        engine_dtype: str | None = None,
+        model_dir: Path | None = None,
+    ) -> None:
         if (process is None) == (url is None):
             raise ValueError("a vLLM runtime either supervises a process or attaches to a url")
         # attached, the base model's folder is known only when the configuration names it
         # (vllm.model_dir: the weights that vLLM serves)
-        super().__init__(url=url.rstrip("/").removesuffix("/v1") if url else None, adapter_dir=adapter_dir,
-                         model_name=model_name or (process.served_name if process else None),
-                         model_dir=process.model_dir if process else model_dir, engine_dtype=engine_dtype,
-                         default_max_tokens=default_max_tokens, timeout=timeout, load_timeout=load_timeout,
-                         health_interval=health_interval, down="vLLM is not started")
+        super().__init__(
+            url=url.rstrip("/").removesuffix("/v1") if url else None,
+            adapter_dir=adapter_dir,
+            model_name=model_name or (process.served_name if process else None),
+            model_dir=process.model_dir if process else model_dir,
+            engine_dtype=engine_dtype,
+            default_max_tokens=default_max_tokens,
+            timeout=timeout,
+            load_timeout=load_timeout,
+            health_interval=health_interval,
+            down="vLLM is not started",
+        )
         self.process = process
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -114,7 +131,9 @@ class VLLMRuntime(EngineRuntime[_ChatAnswer]):
         if self.process is not None:
             started = time.monotonic()
             await self.process.start()
-            self.log.info("vLLM healthy on %s after %.1fs (pid %s)", self.url, time.monotonic() - started, self.process.pid)
+            self.log.info(
+                "vLLM healthy on %s after %.1fs (pid %s)", self.url, time.monotonic() - started, self.process.pid
+            )
         elif not await self._healthy():
             raise RuntimeFailure(f"no vLLM answers /health at {self.url}")
         if self.model_name is None:
@@ -173,12 +192,16 @@ class VLLMRuntime(EngineRuntime[_ChatAnswer]):
         from reef.runtimes.chatml import chat_messages
 
         body: dict[str, Any] = {
-            "model": answer.model, "messages": chat_messages(request), "stream": True,
+            "model": answer.model,
+            "messages": chat_messages(request),
+            "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": request.max_tokens or self.default_max_tokens,
             "temperature": 1.0 if request.temperature is None else request.temperature,
             "top_p": 1.0 if request.top_p is None else request.top_p,
-            "logprobs": True, "top_logprobs": 0, "return_token_ids": True,
+            "logprobs": True,
+            "top_logprobs": 0,
+            "return_token_ids": True,
         }
         if request.seed is not None:
             body["seed"] = request.seed % 2**63
@@ -190,8 +213,11 @@ class VLLMRuntime(EngineRuntime[_ChatAnswer]):
         if status == 404 and self._down is None and answer.load_id in self._loads:
             return await self._unavailable("does not hold the adapter (reloading)")
         if 400 <= status < 500:
-            return RuntimeFailure(f"vLLM refused the request ({status}): {error_message(raw)}",
-                                  status=status, error_type="invalid_request_error")
+            return RuntimeFailure(
+                f"vLLM refused the request ({status}): {error_message(raw)}",
+                status=status,
+                error_type="invalid_request_error",
+            )
         return await self._unavailable(f"failed ({status}): {error_message(raw)}")
 
     async def _stream_error(self, data: str, chunk: dict[str, Any], answer: _ChatAnswer) -> RuntimeFailure:
@@ -232,8 +258,12 @@ def build_vllm_runtime(config: ServeConfig, progress: Callable[[str], None] | No
     v = config.vllm
     cache = config.embedded.cache_dir or default_cache_dir()
     adapters = cache / "vllm-adapters" / f"{os.getpid()}-{secrets.token_hex(3)}"
-    common = {"adapter_dir": adapters, "default_max_tokens": v.default_max_tokens, "timeout": v.timeout,
-              "load_timeout": v.load_timeout}
+    common = {
+        "adapter_dir": adapters,
+        "default_max_tokens": v.default_max_tokens,
+        "timeout": v.timeout,
+        "load_timeout": v.load_timeout,
+    }
     if v.url:
         return VLLMRuntime(url=v.url, model_name=v.model_name, model_dir=v.model_dir, **common)  # type: ignore[arg-type]
     from reef.runtimes.model_files import ensure_embedded_model
@@ -247,14 +277,31 @@ def build_vllm_runtime(config: ServeConfig, progress: Callable[[str], None] | No
         require("converting SmolLM2 for the vLLM runtime (without vllm.model_dir)", "embedded")
         model_dir = ensure_embedded_model(cache, progress)
     python = ensure_vllm_env(v.env_dir or default_env_dir(cache), progress)
-    args = ["--enable-lora", "--max-lora-rank", str(v.max_lora_rank), "--max-loras", str(v.max_loras),
-            "--max-model-len", str(v.max_model_len), "--dtype", engine_dtype(config), *v.extra_args]
+    args = [
+        "--enable-lora",
+        "--max-lora-rank",
+        str(v.max_lora_rank),
+        "--max-loras",
+        str(v.max_loras),
+        "--max-model-len",
+        str(v.max_model_len),
+        "--dtype",
+        engine_dtype(config),
+        *v.extra_args,
+    ]
     if not any(a.startswith("--logprobs-mode") for a in v.extra_args):
         # the log-probs of the distribution each token was drawn from (temperature and top-p
         # applied; the model's own when greedy), as the embedded runtime records and the trainer assumes
         args += ["--logprobs-mode", "processed_logprobs"]
-    process = VLLMProcess(python, Path(model_dir), name, args=args, env={"VLLM_CPU_KVCACHE_SPACE": str(v.kv_cache_gb)},
-                          log_path=cache / "vllm-logs" / f"vllm-{os.getpid()}.log", startup_timeout=v.startup_timeout)
+    process = VLLMProcess(
+        python,
+        Path(model_dir),
+        name,
+        args=args,
+        env={"VLLM_CPU_KVCACHE_SPACE": str(v.kv_cache_gb)},
+        log_path=cache / "vllm-logs" / f"vllm-{os.getpid()}.log",
+        startup_timeout=v.startup_timeout,
+    )
     if progress:
         progress(f"starting vLLM on {model_dir} (about a minute on a CPU; log {process.log_path})")
     return VLLMRuntime(process=process, engine_dtype=engine_dtype(config), **common)  # type: ignore[arg-type]
