@@ -542,8 +542,8 @@ def test_a_gate_task_longer_than_the_context_idles_the_learner_with_the_reason(t
             reef = app.state.reef
             await reef.scenarios.resolve("w")
             status = reef.learning.status()
-            http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://reef")
-            async with openai.AsyncOpenAI(api_key="unused", base_url="http://reef/v1", http_client=http) as client:
+            http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1")
+            async with openai.AsyncOpenAI(api_key="unused", base_url="http://127.0.0.1/v1", http_client=http) as client:
                 answer = await client.chat.completions.with_raw_response.create(
                     model="reef", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4,
                     extra_headers={"x-reef-scenario": "w"})
