@@ -56,7 +56,6 @@ from contextlib import ExitStack, contextmanager
 from typing import Callable, Iterator, Sequence, TypeVar
 
 import psycopg
-from psycopg import sql
 
 from reef.commit.commit_log import adopt_entries, check_whole_log, committed_retry, stamped
 from reef.core.canonical import canonical_json, check_scenario_name
@@ -70,6 +69,7 @@ from reef.observe.pg_connections import (
     close_quietly,
     connect,
     describe,
+    migrate,
     retrying,
     rollback_quietly,
     run_with_retries,
@@ -133,28 +133,7 @@ class PgCommitLogs:
         )
 
     def _migrate(self, cur: Cursor) -> None:
-        # The experience store's migration lock: one migrator per schema, whichever tables.
-        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"reef:{self.schema}:migrate",))
-        version = 0
-        if cur.execute("SELECT to_regclass(%s)", (sql.Identifier(self.schema, "meta").as_string(cur),)).fetchone() != (
-            None,
-        ):
-            row = cur.execute("SELECT value FROM meta WHERE key = 'commit_log_version'").fetchone()
-            version = int(row[0]) if row else 0
-        if version > COMMIT_LOG_VERSION:
-            raise StorageUnavailable(
-                f"{self.where}: commit log version {version} is newer than this Reef ({COMMIT_LOG_VERSION})"
-            )
-        if version == COMMIT_LOG_VERSION:
-            return  # no DDL, so a role without CREATE rights can open a prepared schema
-        cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
-        cur.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        cur.execute(SCHEMA)
-        cur.execute(
-            "INSERT INTO meta (key, value) VALUES ('commit_log_version', %s)"
-            " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-            (str(COMMIT_LOG_VERSION),),
-        )
+        migrate(cur, self.schema, self.where, "commit log", COMMIT_LOG_VERSION, lambda _version: cur.execute(SCHEMA))
 
     def run(self, work: Callable[[Cursor], T], begin: str | None = None) -> T:
         """`work` on a pooled connection (`begin`: in one transaction), retried when the

@@ -174,6 +174,36 @@ def close_quietly(conn: Connection | None) -> None:
             pass
 
 
+def migrate(cur: Cursor, schema: str, where: str, tables: str, current: int, upgrade: Callable[[int], None]) -> None:
+    """Bring one set of Reef's tables in `schema` (the experience store's, the commit log's) to
+    version `current`, kept in the schema's `meta` table under `<tables>_version`: `upgrade`
+    runs the DDL from the version found (0: none yet). One migrator per schema at a time, whichever
+    tables (concurrent CREATE ... IF NOT EXISTS can still collide); a schema already current gets
+    no DDL, so a role without CREATE rights can open a prepared one."""
+    cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"reef:{schema}:migrate",))
+    key = f"{tables.replace(' ', '_')}_version"
+    version = _meta_version(cur, schema, key)
+    if version > current:
+        raise StorageUnavailable(f"{where}: {tables} version {version} is newer than this Reef ({current})")
+    if version == current:
+        return
+    cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    cur.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    upgrade(version)
+    cur.execute(
+        "INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+        (key, str(current)),
+    )
+
+
+def _meta_version(cur: Cursor, schema: str, key: str) -> int:
+    """The version in `meta` under `key`; 0 when the schema or its meta table does not exist yet."""
+    if cur.execute("SELECT to_regclass(%s)", (sql.Identifier(schema, "meta").as_string(cur),)).fetchone() == (None,):
+        return 0
+    row = cur.execute("SELECT value FROM meta WHERE key = %s", (key,)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def describe(dsn: str, schema: str) -> str:
     """Where the database lives, for error messages (never the password)."""
     try:

@@ -30,6 +30,7 @@ from reef.observe.pg_connections import (
     Cursor,
     connect,
     describe,
+    migrate,
     run_with_retries,
 )
 from reef.observe.record_query import RecordPage, RecordQuery
@@ -104,26 +105,13 @@ class PostgresStore(ExperienceStore):
         return connect(self.dsn, self.schema)
 
     def _migrate(self, cur: Cursor) -> None:
-        # One migrator per schema at a time: concurrent CREATE ... IF NOT EXISTS can still collide.
-        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"reef:{self.schema}:migrate",))
-        version = _schema_version(cur, self.schema)
-        if version > SCHEMA_VERSION:
-            raise StorageUnavailable(
-                f"{self._where}: schema version {version} is newer than this Reef ({SCHEMA_VERSION})"
-            )
-        if version == SCHEMA_VERSION:
-            return  # no DDL, so a role without CREATE rights can open a prepared schema
-        cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
-        cur.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        cur.execute(SCHEMA)
-        if version < 2:
-            cur.execute(TRACK_OWNERS)
-            _mark_interrupted(cur, None)  # left by a Reef before version 2: the processes this upgrade replaces
-        cur.execute(
-            "INSERT INTO meta (key, value) VALUES ('schema_version', %s)"
-            " ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-            (str(SCHEMA_VERSION),),
-        )
+        def upgrade(version: int) -> None:
+            cur.execute(SCHEMA)
+            if version < 2:
+                cur.execute(TRACK_OWNERS)
+                _mark_interrupted(cur, None)  # left by a Reef before version 2: the processes this upgrade replaces
+
+        migrate(cur, self.schema, self._where, "schema", SCHEMA_VERSION, upgrade)
 
     def close(self) -> None:
         if self._pool.closed:
@@ -324,14 +312,6 @@ class PostgresStore(ExperienceStore):
 
     def count_reports(self, scenario: str | None = None) -> int:
         return self._run(lambda cur: _count(cur, "reports", scenario), begin=None)
-
-
-def _schema_version(cur: Cursor, schema: str) -> int:
-    """The version in `meta`; 0 when the schema or its meta table does not exist yet."""
-    if cur.execute("SELECT to_regclass(%s)", (sql.Identifier(schema, "meta").as_string(cur),)).fetchone() == (None,):
-        return 0
-    row = cur.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    return int(row[0]) if row else 0
 
 
 def _load_record(cur: Cursor, record_id: str, *, lock: bool = False) -> Record | None:
