@@ -14,8 +14,19 @@ import httpx
 import openai
 import pytest
 
-from reef.commit.gate import (EVERY_TASK, TRAINER_JOB, WARM_CHUNK, WeightsGate, load_scorer, load_tasks, look_parts, paired_verdict,
-                              sequential_verdict, sign_test_p, split_halves)
+from reef.commit.gate import (
+    EVERY_TASK,
+    TRAINER_JOB,
+    WARM_CHUNK,
+    WeightsGate,
+    load_scorer,
+    load_tasks,
+    look_parts,
+    paired_verdict,
+    sequential_verdict,
+    sign_test_p,
+    split_halves,
+)
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
 from reef.config import GateConfig
@@ -46,7 +57,9 @@ def test_sign_test_and_paired_verdict() -> None:
 def test_the_tasks_are_looked_at_in_parts_of_a_mixed_order_drawn_per_candidate() -> None:
     parts = look_parts(range(92), 3, "sha256:a")
     assert [len(p) for p in parts] == [31, 30, 31] and sorted(sum(parts, [])) == list(range(92))
-    assert parts == look_parts(range(92), 3, "sha256:a") and parts[0] != list(range(31))  # the file's kinds mixed in every part
+    assert parts == look_parts(range(92), 3, "sha256:a") and parts[0] != list(
+        range(31)
+    )  # the file's kinds mixed in every part
     firsts = {tuple(sorted(look_parts(range(92), 3, f"sha256:{name}")[0])) for name in "abcdefgh"}
     assert len(firsts) == 8  # no subset of tasks is every candidate's first look
     assert look_parts(range(2), 5, "x") == [[i] for i in look_parts(range(2), 1, "x")[0]]  # no more parts than tasks
@@ -73,40 +86,14 @@ def test_the_sequential_gate_decides_early_only_on_strong_evidence() -> None:
     assert one_look is not None and one_look.decision == "select"  # all of 1 - confidence at the only look
 
 
-def test_an_overtaken_verdict_stops_undecided_but_never_stops_a_decision() -> None:
-    config = GateConfig(confidence=0.8, looks=3)
-    stopped = sequential_verdict(*pairs(4, 0, 26), config, look=1, looks=3, overtaken=True)  # would look further
-    assert stopped is not None and stopped.decision == "reject" and stopped.metrics["overtaken"] is True
-    assert stopped.metrics["p_worse"] == 1.0  # not evidence of being worse: the line is trained on
-    early = sequential_verdict(*pairs(6, 0, 24), config, look=1, looks=3, overtaken=True)
-    assert early is not None and early.decision == "select" and "overtaken" not in early.metrics
-    final = sequential_verdict(*pairs(6, 2, 84), config, look=3, looks=3, overtaken=True)
-    assert final is not None and final.decision == "select" and "overtaken" not in final.metrics
-
-
-def test_a_gate_told_a_newer_candidate_waits_stops_after_the_look_it_is_on(tmp_path: Path) -> None:
-    """`overtake` before or during a verdict: the verdict ends at its first undecided look, a
-    reject marked overtaken; the next candidate's verdict is not affected."""
-    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:right_scorer", looks=3)
-    base = ReleaseRef("r0", "sha256:base", "load:sha256:base")
-
-    async def run() -> tuple[Verdict, Verdict, Grader]:
-        runtime = Grader()
-        gate = WeightsGate(config, runtime, worker=None)  # type: ignore[arg-type]
-        gate.overtake("sha256:tied")
-        overtaken = await gate.judge(base, {}, "sha256:tied", {}, [])
-        full = await gate.judge(base, {}, "sha256:also-tied", {}, [])
-        return overtaken, full, runtime
-
-    overtaken, full, runtime = asyncio.run(run())
-    assert overtaken.decision == "reject" and overtaken.metrics["overtaken"] is True
-    assert overtaken.metrics["look"] == 1 and len(runtime.asked["load:sha256:tied"]) == 4  # one look of three
-    assert full.decision == "reject" and full.metrics["look"] == 3 and "overtaken" not in full.metrics
-
-
 def test_tasks_and_scorer_are_checked_when_loaded(tmp_path: Path) -> None:
     good = tmp_path / "tasks.jsonl"
-    good.write_text(json.dumps({"prompt": "hi", "answer": "x"}) + "\n\n" + json.dumps({"messages": [{"role": "user", "content": "yo"}]}) + "\n")
+    good.write_text(
+        json.dumps({"prompt": "hi", "answer": "x"})
+        + "\n\n"
+        + json.dumps({"messages": [{"role": "user", "content": "yo"}]})
+        + "\n"
+    )
     assert len(load_tasks(good)) == 2
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"nothing": 1}) + "\n")
@@ -129,8 +116,14 @@ def rollouts(model_dir: Path, n: int) -> list[tuple[list[int], list[int], list[f
         out = []
         for i in range(n):
             result = ChatResult()
-            request = ChatRequest(model="m", messages=(Message("user", f"Tell me about {i}."),), dialect="openai",
-                                  temperature=1.0, seed=i, max_tokens=6)
+            request = ChatRequest(
+                model="m",
+                messages=(Message("user", f"Tell me about {i}."),),
+                dialect="openai",
+                temperature=1.0,
+                seed=i,
+                max_tokens=6,
+            )
             async for delta in runtime.generate(request, ReleaseRef("r", "c", load)):
                 result.add(delta)
             out.append((result.prompt_token_ids, result.token_ids, result.logprobs))
@@ -170,8 +163,14 @@ def test_each_answer_on_the_tasks_keeps_its_task_index(tiny_model_dir: Path, tmp
     """Two candidates judged against one release: every per-task result names its task, in
     the order drawn for that candidate, and a task's current score is the same in both verdicts (the learner
     counts a task once across a line's verdicts by this index)."""
-    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:length_scorer", looks=3,
-                        max_tokens=6, temperature=0.0, confidence=0.8)
+    config = GateConfig(
+        tasks=str(twelve_tasks(tmp_path)),
+        scorer="tests.test_gate:length_scorer",
+        looks=3,
+        max_tokens=6,
+        temperature=0.0,
+        confidence=0.8,
+    )
     data = rollouts(tiny_model_dir, 4)
 
     async def verdicts() -> list[dict]:
@@ -195,7 +194,7 @@ def test_each_answer_on_the_tasks_keeps_its_task_index(tiny_model_dir: Path, tmp
     first, second = asyncio.run(verdicts())
     for name, metrics in zip("ab", (first, second)):
         order = sum(look_parts(range(12), 3, f"sha256:{name}"), [])
-        assert [t["index"] for t in metrics["per_task"]] == order[:metrics["n"]]
+        assert [t["index"] for t in metrics["per_task"]] == order[: metrics["n"]]
     current = {t["index"]: t["current"] for t in first["per_task"]}
     assert all(current[t["index"]] == t["current"] for t in second["per_task"] if t["index"] in current)
 
@@ -226,13 +225,21 @@ def test_the_gate_keeps_at_most_its_concurrency_in_flight(tiny_model_dir: Path, 
     bound holds only for a candidate the learner made while waiting for samples."""
     tasks = twelve_tasks(tmp_path)
 
-    async def batch_sizes(concurrency: int | None, when: str = "always",
-                          starved: bool = False) -> tuple[list[int], dict[str, Any]]:
-        config = GateConfig(tasks=str(tasks), scorer="tests.test_gate:length_scorer", looks=1, max_tokens=4,
-                            concurrency=concurrency, concurrency_when=when)
+    async def batch_sizes(
+        concurrency: int | None, when: str = "always", starved: bool = False
+    ) -> tuple[list[int], dict[str, Any]]:
+        config = GateConfig(
+            tasks=str(tasks),
+            scorer="tests.test_gate:length_scorer",
+            looks=1,
+            max_tokens=4,
+            concurrency=concurrency,
+            concurrency_when=when,
+        )
         async with observed_runtime(tiny_model_dir) as (runtime, current, sizes):
             verdict = await WeightsGate(config, runtime, worker=None).judge(  # type: ignore[arg-type]
-                current, {}, "sha256:candidate", {}, [], starved=starved)
+                current, {}, "sha256:candidate", {}, [], starved=starved
+            )
         return sizes, verdict.metrics
 
     bounded, metrics = asyncio.run(batch_sizes(2))
@@ -246,13 +253,15 @@ def test_the_gate_keeps_at_most_its_concurrency_in_flight(tiny_model_dir: Path, 
     assert max(starved) <= 2 and metrics["in_flight_bound"] == 2
 
 
-def test_warming_answers_the_serving_releases_tasks_once_ahead_of_a_verdict(tiny_model_dir: Path,
-                                                                            tmp_path: Path) -> None:
+def test_warming_answers_the_serving_releases_tasks_once_ahead_of_a_verdict(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """While no candidate is ready the gate answers its tasks for the serving release (bounded as a
     verdict would be), a chunk a call; the verdict that follows asks only the candidate, and its
     current scores are the warmed ones. Warming again answers nothing."""
-    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:length_scorer", looks=1,
-                        max_tokens=4, concurrency=2)
+    config = GateConfig(
+        tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:length_scorer", looks=1, max_tokens=4, concurrency=2
+    )
 
     async def run() -> tuple[list[int], int, list[int], list[int], dict[str, Any]]:
         async with observed_runtime(tiny_model_dir) as (runtime, current, sizes):
@@ -309,10 +318,12 @@ def test_with_halves_each_head_is_judged_on_the_half_it_was_not_selected_on(tmp_
     """The base is judged on the first half; a candidate selected there becomes the serving release
     and its successors are judged (and its answers warmed) on the second half only. A new gate
     learns from the chain's verdicts which half chose the serving release (a restart)."""
-    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:right_scorer", looks=1,
-                        halves=True)
+    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:right_scorer", looks=1, halves=True)
     first, second = split_halves(12)
-    base, good = ReleaseRef("r0", "sha256:base", "load:sha256:base"), ReleaseRef("r1", "sha256:good", "load:sha256:good")
+    base, good = (
+        ReleaseRef("r0", "sha256:base", "load:sha256:base"),
+        ReleaseRef("r1", "sha256:good", "load:sha256:good"),
+    )
 
     async def run() -> tuple[Grader, dict[str, Any], int, dict[str, Any], WeightsGate]:
         runtime = Grader()
@@ -325,7 +336,9 @@ def test_with_halves_each_head_is_judged_on_the_half_it_was_not_selected_on(tmp_
     runtime, selected, warmed, after, gate = asyncio.run(run())
     assert selected["half"] == 0 and selected["n"] == len(first) and selected["wins"] == len(first)
     assert sorted(t["index"] for t in selected["per_task"]) == first
-    assert warmed == len(second) and sorted(runtime.asked["load:sha256:good"][len(first):len(first) + warmed]) == second
+    assert (
+        warmed == len(second) and sorted(runtime.asked["load:sha256:good"][len(first) : len(first) + warmed]) == second
+    )
     assert after["half"] == 1 and sorted(t["index"] for t in after["per_task"]) == second
     assert sorted(runtime.asked["load:sha256:next"]) == second  # the successor never saw the tasks that chose its head
 
@@ -354,27 +367,35 @@ def rank_scorer(task: dict, text: str) -> float:
 
 
 def test_with_halves_after_first_the_base_is_judged_on_every_task_and_later_heads_on_the_other_half(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """`halves: after_first`: the base's candidate is judged on every task (the start needs no more
     margin than without halves); the head it selected has its successors judged on the first half,
     and the head selected there on the second. A restarted gate reads the same from the chain."""
-    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:rank_scorer", looks=1,
-                        halves="after_first")
+    config = GateConfig(
+        tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:rank_scorer", looks=1, halves="after_first"
+    )
     first, second = split_halves(12)
-    base, good = ReleaseRef("r0", "sha256:base", "load:sha256:base"), ReleaseRef("r1", "sha256:good", "load:sha256:good")
+    base, good = (
+        ReleaseRef("r0", "sha256:base", "load:sha256:base"),
+        ReleaseRef("r1", "sha256:good", "load:sha256:good"),
+    )
     best = ReleaseRef("r2", "sha256:best", "load:sha256:best")
 
     async def run() -> tuple[Ranks, list[Verdict], WeightsGate]:
         runtime = Ranks()
         gate = WeightsGate(config, runtime, worker=None)  # type: ignore[arg-type]
-        verdicts = [await gate.judge(base, {}, "sha256:good", {}, []), await gate.judge(good, {}, "sha256:best", {}, []),
-                    await gate.judge(best, {}, "sha256:next", {}, [])]
+        verdicts = [
+            await gate.judge(base, {}, "sha256:good", {}, []),
+            await gate.judge(good, {}, "sha256:best", {}, []),
+            await gate.judge(best, {}, "sha256:next", {}, []),
+        ]
         return runtime, verdicts, gate
 
     runtime, (on_every, on_first, on_second), gate = asyncio.run(run())
     assert on_every.decision == "select" and on_every.metrics["half"] == EVERY_TASK and on_every.metrics["n"] == 12
     assert on_first.decision == "select" and on_first.metrics["half"] == 0
-    chose, then = runtime.asked["load:sha256:best"][:len(first)], runtime.asked["load:sha256:best"][len(first):]
+    chose, then = runtime.asked["load:sha256:best"][: len(first)], runtime.asked["load:sha256:best"][len(first) :]
     assert (sorted(chose), sorted(then)) == (first, second)  # selected on the first half, then the head of the second
     assert on_second.decision == "reject" and on_second.metrics["half"] == 1
     assert sorted(runtime.asked["load:sha256:next"]) == second  # never the tasks that chose its head
@@ -382,8 +403,12 @@ def test_with_halves_after_first_the_base_is_judged_on_every_task_and_later_head
 
     restarted = WeightsGate(config, Ranks(), worker=None)  # type: ignore[arg-type]
     assert restarted.judged_on(good) == (EVERY_TASK, list(range(12)))  # before it reads the chain: as the base
-    restarted.remember([Release("s", 1, Operation.TRAINING, good, "r0", on_every, False, {}, 0.0),
-                        Release("s", 2, Operation.TRAINING, best, "r1", on_first, False, {}, 0.0)])
+    restarted.remember(
+        [
+            Release("s", 1, Operation.TRAINING, good, "r0", on_every, False, {}, 0.0),
+            Release("s", 2, Operation.TRAINING, best, "r1", on_first, False, {}, 0.0),
+        ]
+    )
     assert (restarted.judged_on(good), restarted.judged_on(best)) == ((0, first), (1, second))
 
 
@@ -391,14 +416,14 @@ def test_halves_need_two_tasks(tmp_path: Path) -> None:
     one = tmp_path / "one.jsonl"
     one.write_text('{"prompt": "hi"}\n')
     with pytest.raises(InvalidInput, match="halves needs at least two tasks"):
-        WeightsGate(GateConfig(tasks=str(one), scorer="tests.test_gate:right_scorer", halves=True), Grader(),
-                    worker=None)  # type: ignore[arg-type]
+        WeightsGate(
+            GateConfig(tasks=str(one), scorer="tests.test_gate:right_scorer", halves=True), Grader(), worker=None
+        )  # type: ignore[arg-type]
 
 
 def test_after_a_restart_the_publisher_tells_the_gate_which_half_chose_the_head(tmp_path: Path) -> None:
     """The chain, on disk, keeps each verdict's half; a new publisher on it hands them to its gate."""
-    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:right_scorer", looks=1,
-                        halves=True)
+    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:right_scorer", looks=1, halves=True)
     first, second = split_halves(12)
 
     async def select_one(chain: Any) -> ReleaseRef:
@@ -424,15 +449,25 @@ async def served_text(runtime: Runtime, load_id: str, request: ChatRequest) -> s
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-def test_the_training_process_answers_the_tasks_as_the_serving_runtime_does(tiny_model_dir: Path,
-                                                                            tmp_path: Path) -> None:
+def test_the_training_process_answers_the_tasks_as_the_serving_runtime_does(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """`answer_on: trainer`: the worker's greedy answers are the embedded runtime's, text for text,
     under the base and under an adapter, so a verdict is the same wherever the tasks are answered;
     on the trainer the gate never touches the serving runtime."""
     tasks = twelve_tasks(tmp_path)
     adapter = lora_files(tiny_model_dir, tmp_path / "adapter", seed=3)
-    requests = [ChatRequest(model="m", messages=(Message("user", f"Tell me about {i}."),), dialect="openai",
-                            max_tokens=8, temperature=0.0, seed=i) for i in range(12)]
+    requests = [
+        ChatRequest(
+            model="m",
+            messages=(Message("user", f"Tell me about {i}."),),
+            dialect="openai",
+            max_tokens=8,
+            temperature=0.0,
+            seed=i,
+        )
+        for i in range(12)
+    ]
 
     async def run() -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, Any], int]:
         worker = TrainingWorker(tiny_model_dir, threads=1)
@@ -442,12 +477,16 @@ def test_the_training_process_answers_the_tasks_as_the_serving_runtime_does(tiny
         try:
             loads = {"base": await runtime.load("base", {}), "adapter": await runtime.load("a", adapter)}
             served = {name: [await served_text(runtime, load, r) for r in requests] for name, load in loads.items()}
-            trained = {"base": await worker.generate(None, requests, 8), "adapter": await worker.generate(adapter, requests, 8)}
+            trained = {
+                "base": await worker.generate(None, requests, 8),
+                "adapter": await worker.generate(adapter, requests, 8),
+            }
             current = ReleaseRef("r", "sha256:base", loads["base"])
             verdicts = {}
             for answer_on in ("runtime", "trainer"):
-                config = GateConfig(tasks=str(tasks), scorer="tests.test_gate:length_scorer", looks=1, max_tokens=8,
-                                    answer_on=answer_on)
+                config = GateConfig(
+                    tasks=str(tasks), scorer="tests.test_gate:length_scorer", looks=1, max_tokens=8, answer_on=answer_on
+                )
                 gate = WeightsGate(config, runtime if answer_on == "runtime" else None, worker)  # type: ignore[arg-type]
                 if answer_on == "trainer":
                     gate.know_files(current, {})
@@ -488,14 +527,20 @@ def text_scorer(task: dict, text: str) -> float:
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
-def test_the_publisher_hands_the_gate_the_serving_releases_files_to_answer_on_the_trainer(tiny_model_dir: Path,
-                                                                                         tmp_path: Path) -> None:
+def test_the_publisher_hands_the_gate_the_serving_releases_files_to_answer_on_the_trainer(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """Warming on the trainer answers the serving release's tasks from its adapter files, which the
     publisher reads from the chain: the same adapter judged after it ties every task (the base's
     answers would not)."""
     adapter = lora_files(tiny_model_dir, tmp_path / "adapter", seed=3)
-    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_gate:text_scorer", looks=1,
-                        max_tokens=8, answer_on="trainer")
+    config = GateConfig(
+        tasks=str(twelve_tasks(tmp_path)),
+        scorer="tests.test_gate:text_scorer",
+        looks=1,
+        max_tokens=8,
+        answer_on="trainer",
+    )
 
     async def run(chain: Any) -> tuple[list[int], dict[str, Any], dict[str, Any]]:
         worker = TrainingWorker(tiny_model_dir, threads=1)
@@ -520,8 +565,9 @@ def test_the_publisher_hands_the_gate_the_serving_releases_files_to_answer_on_th
 
 
 @pytest.mark.parametrize("answer_on", ["runtime", "trainer"])
-def test_a_gate_task_longer_than_the_context_idles_the_learner_with_the_reason(tiny_model_dir: Path, tmp_path: Path,
-                                                                              answer_on: str) -> None:
+def test_a_gate_task_longer_than_the_context_idles_the_learner_with_the_reason(
+    tiny_model_dir: Path, tmp_path: Path, answer_on: str
+) -> None:
     """A task whose prompt fills the 2,048-token context would fail every verdict, so every
     candidate would be abandoned: the learner is refused at start instead, saying which task, and
     the scenario is still served."""
@@ -531,10 +577,12 @@ def test_a_gate_task_longer_than_the_context_idles_the_learner_with_the_reason(t
 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"prompt": "Say hi."}) + "\n" + json.dumps({"prompt": "word " * 2100}) + "\n")
-    config = ServeConfig(state_dir=tmp_path / "state", embedded={"model_dir": tiny_model_dir, "threads": 1},
-                         recipes={"scenarios": {"w": "sao"}},
-                         learner={"gate": {"tasks": str(tasks), "scorer": "tests.test_gate:length_scorer",
-                                           "answer_on": answer_on}})
+    config = ServeConfig(
+        state_dir=tmp_path / "state",
+        embedded={"model_dir": tiny_model_dir, "threads": 1},
+        recipes={"scenarios": {"w": "sao"}},
+        learner={"gate": {"tasks": str(tasks), "scorer": "tests.test_gate:length_scorer", "answer_on": answer_on}},
+    )
     app = create_app(config, build_runtime(config))
 
     async def start_the_learner_then_ask() -> tuple[dict[str, Any], Any]:
@@ -545,8 +593,11 @@ def test_a_gate_task_longer_than_the_context_idles_the_learner_with_the_reason(t
             http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1")
             async with openai.AsyncOpenAI(api_key="unused", base_url="http://127.0.0.1/v1", http_client=http) as client:
                 answer = await client.chat.completions.with_raw_response.create(
-                    model="reef", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4,
-                    extra_headers={"x-reef-scenario": "w"})
+                    model="reef",
+                    messages=[{"role": "user", "content": "Say hi."}],
+                    max_tokens=4,
+                    extra_headers={"x-reef-scenario": "w"},
+                )
             return status, answer
 
     status, answer = asyncio.run(start_the_learner_then_ask())

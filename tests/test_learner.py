@@ -17,7 +17,6 @@ import pytest
 from reef.commit.gate import sign_test_p
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
-from reef.core.canonical import content_id_of
 from reef.core.live_evidence import LiveEvidence
 from reef.core.types import Operation, Record, RecordStatus, ReleaseRef, Report, TokenSpan, Verdict
 from reef.grow.learner import Learner
@@ -41,10 +40,6 @@ class ScriptedGate:
         self.hold = asyncio.Event()
         self.hold.set()
         self.warmed: list[str] = []  # the serving release's content id, each time it was asked to warm
-        self.overtaken: list[str] = []  # candidates the learner said a newer one of their line waits behind
-
-    def overtake(self, candidate_id: str) -> None:
-        self.overtaken.append(candidate_id)
 
     def remember(self, releases: Any) -> None:  # the chain's verdicts, for `gate.halves`: nothing to keep here
         return None
@@ -53,8 +48,16 @@ class ScriptedGate:
         self.warmed.append(current.content_id)
         return 0
 
-    async def judge(self, current: ReleaseRef, current_files: Any, candidate_id: str, candidate_files: Any,
-                    holdout: Any, starved: bool = False, live: LiveEvidence | None = None) -> Verdict:
+    async def judge(
+        self,
+        current: ReleaseRef,
+        current_files: Any,
+        candidate_id: str,
+        candidate_files: Any,
+        holdout: Any,
+        starved: bool = False,
+        live: LiveEvidence | None = None,
+    ) -> Verdict:
         await self.hold.wait()
         self.judged.append(candidate_id)
         self.starved.append(starved)
@@ -89,8 +92,9 @@ class Rig:
         self.chain = state.chain("s") if "s" in state.scenarios() else state.create("s", "sao")
         self.fed = 0
 
-    async def feed(self, n: int, score: Callable[[int], float] = lambda i: float(i % 2),
-                   release_id: str | None = None) -> list[str]:
+    async def feed(
+        self, n: int, score: Callable[[int], float] = lambda i: float(i % 2), release_id: str | None = None
+    ) -> list[str]:
         """`n` reported records served by the head (or by `release_id`, a canary)."""
         head = self.chain.head().ref
         release = ReleaseRef(release_id or head.release_id, release_id or head.content_id, "load-test")
@@ -100,32 +104,54 @@ class Rig:
         for completion, lps in zip(completions, logprobs):
             rid = f"rec{self.fed}"
             self.state.store.put_record(Record(rid, "s", release, {"temperature": 1.0, "messages": []}))
-            self.state.store.finish_record(rid, RecordStatus.COMPLETE, response={"prompt_token_ids": PROMPT},
-                                           token_ids=completion, logprobs=list(lps),
-                                           spans=[TokenSpan(0, len(completion), "load-test")])
+            self.state.store.finish_record(
+                rid,
+                RecordStatus.COMPLETE,
+                response={"prompt_token_ids": PROMPT},
+                token_ids=completion,
+                logprobs=list(lps),
+                spans=[TokenSpan(0, len(completion), "load-test")],
+            )
             self.state.store.put_report(Report(f"rep{self.fed}", "s", (rid,), score(self.fed)))
             ids.append(rid)
             self.fed += 1
         return ids
 
-    def learner(self, gate: ScriptedGate, canary: Any = None, gate_after: int = 1,
-                overtake_after: int | None = None, live_split: float | None = None,
-                answer_ahead_after: float = 60.0) -> Learner:
+    def learner(
+        self,
+        gate: ScriptedGate,
+        canary: Any = None,
+        gate_after: int = 1,
+        live_split: float | None = None,
+        answer_ahead_after: float = 60.0,
+    ) -> Learner:
         async def serve_release(chain: Any, release: Any) -> None:
             chain.advance(chain.serving().release_id, release.ref)  # no runtime here: nothing to load
 
         publisher = CandidatePublisher(self.chain, gate, serve_release)  # type: ignore[arg-type]
         recipe = SAORecipe(SAOConfig(batch_size=4, steps_per_candidate=1, lr=0.01, max_staleness=5))
-        return Learner(self.chain, self.state.store, recipe, publisher.decide, publisher.head_files,
-                       TrainingClient(self.worker, "s"), poll_interval=0.05, canary=canary,
-                       gate_after=gate_after, warm=publisher.warm,
-                       overtake=publisher.overtake if overtake_after else None, overtake_after=overtake_after or 1,
-                       live_split=live_split, answer_ahead_after=answer_ahead_after)
+        return Learner(
+            self.chain,
+            self.state.store,
+            recipe,
+            publisher.decide,
+            publisher.head_files,
+            TrainingClient(self.worker, "s"),
+            poll_interval=0.05,
+            canary=canary,
+            gate_after=gate_after,
+            warm=publisher.warm,
+            live_split=live_split,
+            answer_ahead_after=answer_ahead_after,
+        )
 
     def closers(self) -> list[tuple[str, str]]:
         """(operation, batch id) of every step that closed a batch, in order."""
-        return [(e.operation.value, e.metrics["batch_id"]) for e in self.chain.history()
-                if e.operation is not Operation.BATCH and "batch_id" in e.metrics]
+        return [
+            (e.operation.value, e.metrics["batch_id"])
+            for e in self.chain.history()
+            if e.operation is not Operation.BATCH and "batch_id" in e.metrics
+        ]
 
     def batches(self) -> list[dict[str, Any]]:
         return [e.batch for e in self.chain.history() if e.operation is Operation.BATCH]
@@ -168,8 +194,9 @@ def test_the_next_candidate_trains_while_the_gate_judges(tiny_model_dir: Path, t
         b1, b2 = (b["batch_id"] for b in rig.batches())
         assert rig.closers() == [("rejection", b1), ("abandon", b2)] and len(gate.judged) == 1
         abandon = rig.chain.history()[-1]
-        assert abandon.metrics["reason"] == ("trained on from a candidate that was dropped: "
-                                             "the gate found it worse than the serving release")
+        assert abandon.metrics["reason"] == (
+            "trained on from a candidate that was dropped: the gate found it worse than the serving release"
+        )
         assert learner.working is None and learner.stats.abandoned == 1
 
         await rig.feed(4)
@@ -190,7 +217,8 @@ def test_the_next_candidate_trains_while_the_gate_judges(tiny_model_dir: Path, t
 
 
 def test_the_gate_judges_the_newest_candidate_and_logs_the_one_it_replaced(
-        tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     async def body(rig: Rig) -> None:
         gate = ScriptedGate(("reject", PROMISING), ("select", PROMISING))
         learner = rig.learner(gate)
@@ -213,37 +241,9 @@ def test_the_gate_judges_the_newest_candidate_and_logs_the_one_it_replaced(
     assert [r.levelno for r in superseded] == [logging.INFO]  # routine work, not a warning on the operator's terminal
 
 
-def test_a_candidate_far_enough_along_the_line_tells_the_gate_to_stop_the_verdict_it_is_on(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
-    """With `gate.overtake_after: 2`, while the gate judges candidate 1, candidate 2 (one batch on)
-    waits; candidate 3 (two on) takes its place and tells the gate about candidate 1, which the gate
-    then rejects undecided; that verdict is no evidence against the line, so candidate 3 goes next."""
-    async def body(rig: Rig) -> None:
-        overtaken = {"wins": 2, "losses": 1, "p_worse": sign_test_p(1, 2), "overtaken": True}
-        gate = ScriptedGate(("reject", overtaken), ("select", PROMISING))
-        learner = rig.learner(gate, overtake_after=2)
-        gate.hold.clear()
-        await rig.feed(4)
-        await learner.step()  # candidate 1, at the gate (held)
-        await until(lambda: learner.at_gate is not None, "candidate 1 at the gate")
-        first = content_id_of(learner.at_gate[0].files)  # type: ignore[index]
-        await rig.feed(4)
-        await learner.step()  # candidate 2: one batch on, waits
-        assert gate.overtaken == []
-        await rig.feed(4)
-        await learner.step()  # candidate 3: two batches on
-        assert gate.overtaken == [first]
-        gate.hold.set()
-        await until(lambda: len(gate.judged) == 2 and learner._gate_idle(), "candidate 3 judged")
-        b1, b2, b3 = (b["batch_id"] for b in rig.batches())
-        assert rig.closers() == [("abandon", b2), ("rejection", b1), ("training", b3)]
-        assert gate.judged[1] == content_id_of(rig.chain.artifacts.files(rig.chain.head().release_id))
-
-    run_with_rig(tmp_path, tiny_model_dir, body)
-
-
 def test_a_candidate_made_while_the_gate_answers_ahead_waits_for_one_chunk_not_every_task(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def body(rig: Rig) -> None:
         gate = ChunkedWarmGate(10_000, ("select", PROMISING))  # over eight minutes of answers ahead
         learner = rig.learner(gate, gate_after=2)
@@ -261,10 +261,12 @@ def test_a_candidate_made_while_the_gate_answers_ahead_waits_for_one_chunk_not_e
 
 
 def test_the_gate_answers_ahead_before_the_first_candidate_once_the_traffic_shows_thin(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """Thin traffic (no first batch after `answer_ahead_after` seconds) leaves the gate's side idle:
     it answers its tasks for the serving release then, so the first verdict asks only its
     candidate. Before that it waits, so as not to slow the first batches of busy traffic."""
+
     async def body(rig: Rig) -> None:
         gate = ChunkedWarmGate(30, ("select", PROMISING))  # 1.5 s of answers
         learner = rig.learner(gate, answer_ahead_after=1.0)
@@ -287,11 +289,13 @@ def test_the_gate_answers_ahead_before_the_first_candidate_once_the_traffic_show
 
 
 def test_a_line_goes_to_the_gate_once_it_is_enough_batches_past_the_release(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """With `gate.after_batches: 3` a candidate one or two batches past the release its line would
     replace waits, and the next takes its place (logged as superseded); the third goes. The count
     starts again at a publication (from the release published) and when the line is dropped. A
     held candidate goes once the learner has waited for samples longer than making one takes."""
+
     async def body(rig: Rig) -> None:
         gate = ScriptedGate(("select", PROMISING), ("reject", LOSING), ("reject", PROMISING))
         learner = rig.learner(gate, gate_after=3)
@@ -331,10 +335,12 @@ def test_a_line_goes_to_the_gate_once_it_is_enough_batches_past_the_release(
 
 
 def test_a_candidate_made_after_waiting_for_samples_goes_to_the_gate_marked_starved(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """The learner tells the gate when traffic is what it lacks (`gate.concurrency_when: starved`
     then leaves the serving runtime to the traffic): a batch it waited for, long against the
     time it took to make its candidate, marks that candidate."""
+
     async def body(rig: Rig) -> None:
         gate = ScriptedGate(("reject", PROMISING), ("reject", PROMISING))
         learner = rig.learner(gate)
@@ -358,6 +364,7 @@ def test_the_wait_for_the_first_batch_counts(tiny_model_dir: Path, tmp_path: Pat
     """A learner begins waiting for samples when it starts: a first candidate whose batch was
     long in coming is judged as made by a starved learner (the gate leaves the runtime to the
     traffic that the learner is waiting for)."""
+
     async def body(rig: Rig) -> None:
         gate = ScriptedGate(("reject", PROMISING))
         learner = rig.learner(gate)
@@ -404,18 +411,26 @@ def test_two_batches_open_at_a_crash_are_resumed_in_order(tiny_model_dir: Path, 
 
 
 def test_a_batch_that_fails_to_train_after_a_restart_is_abandoned_and_the_next_resumed(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def body(rig: Rig) -> None:
         bad = await rig.feed(3)
         broken = "broken0"  # one log-prob for two tokens: the trainer refuses the batch
         head = rig.chain.head().ref
         release = ReleaseRef(head.release_id, head.content_id, "load-test")
         rig.state.store.put_record(Record(broken, "s", release, {"temperature": 1.0, "messages": []}))
-        rig.state.store.finish_record(broken, RecordStatus.COMPLETE, response={"prompt_token_ids": PROMPT},
-                                      token_ids=[300, 2], logprobs=[-1.0], spans=[TokenSpan(0, 2, "load-test")])
+        rig.state.store.finish_record(
+            broken,
+            RecordStatus.COMPLETE,
+            response={"prompt_token_ids": PROMPT},
+            token_ids=[300, 2],
+            logprobs=[-1.0],
+            spans=[TokenSpan(0, 2, "load-test")],
+        )
         rig.state.store.put_report(Report("rep-broken", "s", (broken,), 1.0))
-        rig.chain.begin_batch("b1", [*bad, broken], [], high_water=rig.fed, expected_step=rig.chain.last_step(),
-                              max_open=2)
+        rig.chain.begin_batch(
+            "b1", [*bad, broken], [], high_water=rig.fed, expected_step=rig.chain.last_step(), max_open=2
+        )
         good = await rig.feed(4)
         rig.chain.begin_batch("b2", good, [], high_water=rig.fed, expected_step=rig.chain.last_step(), max_open=2)
         learner = rig.learner(ScriptedGate(("select", PROMISING)))
@@ -427,8 +442,9 @@ def test_a_batch_that_fails_to_train_after_a_restart_is_abandoned_and_the_next_r
     run_with_rig(tmp_path, tiny_model_dir, body)
 
 
-def test_three_batches_open_at_a_crash_resume_and_the_gate_takes_the_newest(tiny_model_dir: Path,
-                                                                             tmp_path: Path) -> None:
+def test_three_batches_open_at_a_crash_resume_and_the_gate_takes_the_newest(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def body(rig: Rig) -> None:
         for name in ("b1", "b2", "b3"):  # at the gate, waiting, in training when the process died
             ids = await rig.feed(4)

@@ -24,11 +24,9 @@ verdict records its `half`, and the publisher hands the chain's verdicts back af
 With `halves: after_first` a release no half chose (the base) is judged on every task, as
 without halves, so the first selection needs no more margin; its successors are then judged on
 the first half, and from the next selection on each head on the half that did not choose it.
-`overtake(candidate_id)`: the learner says a candidate far enough along the same line of training
-waits; a verdict still undecided after a look then stops, a reject marked `overtaken` (never
-evidence of being worse), and the gate turns to the newer one. `live`: with `live_split`, the
-learner hands over the live scores of the candidate's line and of the serving release, served
-side by side; each look's sign test is then one test of both (`reef.core.live_evidence`).
+`live`: with `live_split`, the learner hands over the live scores of the candidate's line and
+of the serving release, served side by side; each look's sign test is then one test of both
+(`reef.core.live_evidence`).
 With `answer_on: trainer` the tasks are answered greedily in the training process (the worker's
 `generate`, from each release's adapter files) instead of on the serving runtime: a verdict then
 takes no turns from live traffic, and uses the time the trainer waits for samples.
@@ -49,8 +47,8 @@ from reef.core.dotted import load_dotted
 from reef.core.errors import InvalidInput
 from reef.core.live_evidence import LiveEvidence, combined_p, tasks_share_p
 from reef.core.sign_test import sign_test_p
-from reef.core.types import Release, ReleaseRef, Verdict
 from reef.core.training import Sample, adapter_part
+from reef.core.types import Release, ReleaseRef, Verdict
 from reef.runtimes.base import Runtime
 from reef.runtimes.chatml import MAX_CONTEXT
 
@@ -69,11 +67,13 @@ EVERY_TASK = -1
 
 
 class TrainingProcess(Protocol):  # the training process's scoring and answers (`reef.grow.worker.TrainingWorker`)
-    async def logprobs(self, adapter_files: dict[str, bytes] | None,
-                       sequences: list[tuple[list[int], list[int]]]) -> list[list[float]]: ...
+    async def logprobs(
+        self, adapter_files: dict[str, bytes] | None, sequences: list[tuple[list[int], list[int]]]
+    ) -> list[list[float]]: ...
 
-    async def generate(self, adapter_files: dict[str, bytes] | None, requests: list[ChatRequest],
-                       max_tokens: int) -> list[str]: ...
+    async def generate(
+        self, adapter_files: dict[str, bytes] | None, requests: list[ChatRequest], max_tokens: int
+    ) -> list[str]: ...
 
 
 class WeightsGate:
@@ -85,13 +85,19 @@ class WeightsGate:
         self.halves = split_halves(len(self.tasks))
         self._selected_on: dict[str, int] = {}  # content_id -> the half its select verdict asked (halves only)
         self._scores: dict[str, dict[int, float]] = {}  # content_id -> task index -> score (deterministic)
-        self._overtaken: set[str] = set()  # candidates under judgment a newer one of their line waits behind
         self._in_flight = asyncio.Semaphore(config.concurrency) if config.concurrency else None
         self._files: dict[str, dict[str, bytes]] = {}  # content_id -> its files (answer_on: trainer)
 
-    async def judge(self, current: ReleaseRef, current_files: Mapping[str, bytes], candidate_id: str,
-                    candidate_files: Mapping[str, bytes], holdout: Sequence[tuple[float, Sample]],
-                    starved: bool = False, live: LiveEvidence | None = None) -> Verdict:
+    async def judge(
+        self,
+        current: ReleaseRef,
+        current_files: Mapping[str, bytes],
+        candidate_id: str,
+        candidate_files: Mapping[str, bytes],
+        holdout: Sequence[tuple[float, Sample]],
+        starved: bool = False,
+        live: LiveEvidence | None = None,
+    ) -> Verdict:
         """`starved`: the learner waits for samples, so with `concurrency_when: starved` the
         gate's requests are bounded by `concurrency`, leaving the runtime to live traffic.
         `live`: the candidate's line served side by side with `current` (`live_split`): its live
@@ -127,9 +133,11 @@ class WeightsGate:
         for index in range(len(self.tasks)):
             tokens = await self.runtime.count_tokens(self._request(index))
             if tokens >= context:
-                raise InvalidInput(f"gate task {index + 1} of {len(self.tasks)} in {self.config.tasks} has a "
-                                   f"{tokens}-token prompt; the model's context is {context} tokens, prompt and "
-                                   f"answer together: shorten it or leave it out")
+                raise InvalidInput(
+                    f"gate task {index + 1} of {len(self.tasks)} in {self.config.tasks} has a "
+                    f"{tokens}-token prompt; the model's context is {context} tokens, prompt and "
+                    f"answer together: shorten it or leave it out"
+                )
 
     def know_files(self, release: ReleaseRef, files: Mapping[str, bytes]) -> None:
         if self.answers_from_files:
@@ -137,11 +145,6 @@ class WeightsGate:
 
     def knows_files(self, release: ReleaseRef) -> bool:
         return release.content_id in self._files
-
-    def overtake(self, candidate_id: str) -> None:
-        """A newer candidate of the same line waits: if `candidate_id` is being judged and its verdict
-        is undecided at the end of a look, stop there (a reject marked `overtaken`)."""
-        self._overtaken.add(candidate_id)
 
     def judged_on(self, current: ReleaseRef) -> tuple[int | None, list[int]]:
         """The half (None: no halves; EVERY_TASK: every task) and the task indices a candidate
@@ -159,8 +162,14 @@ class WeightsGate:
         """Tasks answered a call of `warm`, and a job of the training process."""
         return TRAINER_JOB if self.answers_from_files else WARM_CHUNK
 
-    async def warm(self, current: ReleaseRef, starved: bool = False, limit: int | None = None, *,
-                   files: Callable[[], Awaitable[Mapping[str, bytes]]] | None = None) -> int:
+    async def warm(
+        self,
+        current: ReleaseRef,
+        starved: bool = False,
+        limit: int | None = None,
+        *,
+        files: Callable[[], Awaitable[Mapping[str, bytes]]] | None = None,
+    ) -> int:
         """Answer up to `limit` (default: `chunk`) of the tasks the serving release has not answered yet (with the
         bound a verdict would have): the next verdict then asks only its candidate. For the learner
         to call again and again while the gate has nothing to judge, so that a candidate made
@@ -172,16 +181,23 @@ class WeightsGate:
         if self.answers_from_files and not self.knows_files(current) and files is not None:
             self.know_files(current, await files())
         known = self._scores.setdefault(current.content_id, {})
-        todo = [i for i in self.judged_on(current)[1] if i not in known][:self.chunk if limit is None else limit]
+        todo = [i for i in self.judged_on(current)[1] if i not in known][: self.chunk if limit is None else limit]
         bounded = self.config.concurrency_when == "always" or starved
-        known.update(zip(todo, await self._answer(current.runtime_load_id, self._files.get(current.content_id), todo,
-                                                  bounded)))
+        known.update(
+            zip(todo, await self._answer(current.runtime_load_id, self._files.get(current.content_id), todo, bounded))
+        )
         return len(todo)
 
     # -- evaluation tasks ------------------------------------------------------------------------
 
-    async def _on_tasks(self, current: ReleaseRef, candidate_id: str, files: Mapping[str, bytes],
-                        bounded: bool, live: LiveEvidence | None) -> Verdict:
+    async def _on_tasks(
+        self,
+        current: ReleaseRef,
+        candidate_id: str,
+        files: Mapping[str, bytes],
+        bounded: bool,
+        live: LiveEvidence | None,
+    ) -> Verdict:
         known = self._scores.setdefault(current.content_id, {})
         before: list[float] = []
         after: list[float] = []
@@ -196,14 +212,14 @@ class WeightsGate:
                 todo = [i for i in part if i not in known]
                 current_answers, candidate_answers = await asyncio.gather(
                     self._answer(current.runtime_load_id, current_files, todo, bounded),
-                    self._answer(load_id, files, part, bounded))
+                    self._answer(load_id, files, part, bounded),
+                )
                 known.update(zip(todo, current_answers))
                 mine.update(zip(part, candidate_answers))
                 before += [known[i] for i in part]
                 after += candidate_answers
                 asked += part
-                verdict = sequential_verdict(before, after, self.config, look, len(parts), asked,
-                                             overtaken=candidate_id in self._overtaken, live=live)
+                verdict = sequential_verdict(before, after, self.config, look, len(parts), asked, live=live)
                 if verdict is not None:
                     verdict.metrics["in_flight_bound"] = self.config.concurrency if bounded else None
                     if half is not None:
@@ -212,13 +228,13 @@ class WeightsGate:
                             self._selected_on[candidate_id] = half
                     return verdict
         finally:
-            self._overtaken.discard(candidate_id)
             if load_id is not None:
                 await self.runtime.unload(load_id)
         raise AssertionError("the last look always decides")  # pragma: no cover
 
-    async def _answer(self, load_id: str | None, files: Mapping[str, bytes] | None, indices: list[int],
-                      bounded: bool) -> list[float]:
+    async def _answer(
+        self, load_id: str | None, files: Mapping[str, bytes] | None, indices: list[int], bounded: bool
+    ) -> list[float]:
         """The scores of these tasks' answers from one runtime load (seeded by task index), or,
         answering on the trainer, from the release's `files` in one job of the training process;
         `bounded`: at most `concurrency` of the gate's requests in flight on the runtime."""
@@ -228,7 +244,7 @@ class WeightsGate:
                 return []
             adapter, texts = adapter_part(files), []
             for start in range(0, len(indices), TRAINER_JOB):  # short jobs: training waits for one at most
-                chunk = indices[start:start + TRAINER_JOB]
+                chunk = indices[start : start + TRAINER_JOB]
                 texts += await self.worker.generate(adapter, [self._request(i) for i in chunk], self.config.max_tokens)
             return [float(self.scorer(self.tasks[i], text)) for i, text in zip(indices, texts)]  # type: ignore[misc]
         release = ReleaseRef("gate", "gate", load_id)
@@ -237,7 +253,7 @@ class WeightsGate:
             task = self.tasks[index]
             request = self._request(index)
             result = ChatResult()
-            async with (self._in_flight if bounded and self._in_flight else contextlib.nullcontext()):
+            async with self._in_flight if bounded and self._in_flight else contextlib.nullcontext():
                 async for delta in self.runtime.generate(request, release):
                     result.add(delta)
             return float(self.scorer(task, result.text))  # type: ignore[misc]
@@ -245,30 +261,55 @@ class WeightsGate:
         return list(await asyncio.gather(*(one(i) for i in indices)))
 
     def _request(self, index: int) -> ChatRequest:
-        return ChatRequest(model="gate", messages=_messages(self.tasks[index]), dialect="openai", stream=False,
-                           max_tokens=self.config.max_tokens, temperature=self.config.temperature, seed=index)
+        return ChatRequest(
+            model="gate",
+            messages=_messages(self.tasks[index]),
+            dialect="openai",
+            stream=False,
+            max_tokens=self.config.max_tokens,
+            temperature=self.config.temperature,
+            seed=index,
+        )
 
     # -- offline check ------------------------------------------------------------------------------
 
-    async def _offline(self, current_files: Mapping[str, bytes], candidate_files: Mapping[str, bytes],
-                       holdout: Sequence[tuple[float, Sample]]) -> Verdict:
+    async def _offline(
+        self,
+        current_files: Mapping[str, bytes],
+        candidate_files: Mapping[str, bytes],
+        holdout: Sequence[tuple[float, Sample]],
+    ) -> Verdict:
         if not holdout:
             return Verdict("reject", {"gate": "offline", "reason": "no held-out reported records yet"})
         mean_score = sum(score for score, _ in holdout) / len(holdout)
         good = [s for score, s in holdout if score > mean_score]
         bad = [s for score, s in holdout if score < mean_score]
         if len(good) < MIN_HOLDOUT_EACH or len(bad) < MIN_HOLDOUT_EACH:
-            return Verdict("reject", {"gate": "offline", "reason": f"need {MIN_HOLDOUT_EACH} well- and badly-scored "
-                                      f"held-out records, have {len(good)} and {len(bad)}"})
+            return Verdict(
+                "reject",
+                {
+                    "gate": "offline",
+                    "reason": f"need {MIN_HOLDOUT_EACH} well- and badly-scored "
+                    f"held-out records, have {len(good)} and {len(bad)}",
+                },
+            )
         good_drift = await self._drift(current_files, candidate_files, good)
         bad_drift = await self._drift(current_files, candidate_files, bad)
         bound = self.config.offline_bound
         ok = good_drift >= -bound and bad_drift <= bound
-        metrics = {"gate": "offline", "good_drift": good_drift, "bad_drift": bad_drift, "bound": bound,
-                   "good": len(good), "bad": len(bad)}
+        metrics = {
+            "gate": "offline",
+            "good_drift": good_drift,
+            "bad_drift": bad_drift,
+            "bound": bound,
+            "good": len(good),
+            "bad": len(bad),
+        }
         return Verdict("select" if ok else "reject", metrics)
 
-    async def _drift(self, current: Mapping[str, bytes], candidate: Mapping[str, bytes], samples: list[Sample]) -> float:
+    async def _drift(
+        self, current: Mapping[str, bytes], candidate: Mapping[str, bytes], samples: list[Sample]
+    ) -> float:
         """Mean over samples of the change in mean log-prob per token, candidate minus current."""
         sequences = [(s.prompt_ids, s.completion_ids) for s in samples]
         before = await self.worker.logprobs(dict(current) or None, sequences)
@@ -298,13 +339,18 @@ def look_parts(tasks: Sequence[int], looks: int, seed: str) -> list[list[int]]:
     return [order[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def sequential_verdict(before: list[float], after: list[float], config: GateConfig, look: int,
-                       looks: int, tasks: Sequence[int] | None = None, overtaken: bool = False,
-                       live: LiveEvidence | None = None) -> Verdict | None:
+def sequential_verdict(
+    before: list[float],
+    after: list[float],
+    config: GateConfig,
+    look: int,
+    looks: int,
+    tasks: Sequence[int] | None = None,
+    live: LiveEvidence | None = None,
+) -> Verdict | None:
     """The verdict at look `look` of `looks` (None: answer the next part). At the last look the
     full test at the final level; before it, select only at the early level, reject only a
-    candidate already losing (`p_worse` <= FUTILE_P: 2-6 is losing, 5-6 is a tie to look further at),
-    or (`overtaken`: a newer candidate of its line waits) stop undecided, a reject marked `overtaken`."""
+    candidate already losing (`p_worse` <= FUTILE_P: 2-6 is losing, 5-6 is a tie to look further at)."""
     alpha = 1 - config.confidence
     early_alpha = alpha / 4 / (looks - 1) if looks > 1 else 0.0
     final = look >= looks
@@ -313,16 +359,17 @@ def sequential_verdict(before: list[float], after: list[float], config: GateConf
     verdict.metrics.update(look=look, looks=looks, early=not final)
     if final or verdict.decision == "select":
         return verdict
-    if verdict.metrics["p_worse"] <= FUTILE_P:
-        return verdict
-    if overtaken:
-        verdict.metrics["overtaken"] = True
-        return verdict  # a reject: the sign test did not pass at the early level
-    return None
+    return verdict if verdict.metrics["p_worse"] <= FUTILE_P else None
 
 
-def paired_verdict(before: list[float], after: list[float], margin: float, confidence: float,
-                   tasks: Sequence[int] | None = None, live: LiveEvidence | None = None) -> Verdict:
+def paired_verdict(
+    before: list[float],
+    after: list[float],
+    margin: float,
+    confidence: float,
+    tasks: Sequence[int] | None = None,
+    live: LiveEvidence | None = None,
+) -> Verdict:
     """Select when the mean gain reaches `margin` and the sign test says wins beat losses.
     `tasks`: each pair's index in the task file, kept in `per_task` (as `index`). `live`: the
     line's live scores against the serving release's join the sign test (one combined test, see
@@ -336,15 +383,25 @@ def paired_verdict(before: list[float], after: list[float], margin: float, confi
     leaning = wins > losses if live is None else p_tasks <= tasks_share_p(1 - confidence)
     ok = leaning and gain >= margin and p_value <= 1 - confidence
     metrics = {
-        "gate": "tasks", "n": len(diffs), "wins": wins, "losses": losses, "ties": len(diffs) - wins - losses,
-        "current_score": _mean(before), "candidate_score": _mean(after), "gain": gain, "p_value": p_value,
+        "gate": "tasks",
+        "n": len(diffs),
+        "wins": wins,
+        "losses": losses,
+        "ties": len(diffs) - wins - losses,
+        "current_score": _mean(before),
+        "candidate_score": _mean(after),
+        "gain": gain,
+        "p_value": p_value,
         **({"p_tasks": p_tasks, "live": live.to_json()} if live is not None else {}),
         "p_worse": sign_test_p(losses, wins),  # the same test the other way: is the candidate worse?
-        "margin": margin, "confidence": confidence,
+        "margin": margin,
+        "confidence": confidence,
         "current_success": _mean([float(b >= 1.0) for b in before]),
         "candidate_success": _mean([float(a >= 1.0) for a in after]),
-        "per_task": [{"current": b, "candidate": a, **({"index": tasks[i]} if tasks is not None else {})}
-                     for i, (b, a) in enumerate(zip(before, after))],
+        "per_task": [
+            {"current": b, "candidate": a, **({"index": tasks[i]} if tasks is not None else {})}
+            for i, (b, a) in enumerate(zip(before, after))
+        ],
     }
     return Verdict("select" if ok else "reject", metrics)
 

@@ -13,9 +13,8 @@ Hold: with `gate_after` above 1, a candidate goes to the gate only once it is th
 past the release its line would replace; a nearer one waits for the next, which takes its place
 (one a step or two from that release differs from it on a few greedy answers either way and
 cannot win, and judging it holds the gate for minutes), unless the learner says the traffic
-lags (`unhold`). Overtake: with `overtake`, a candidate `overtake_after` batches further along
-the line than the one being judged tells the gate, which stops that verdict at its next
-undecided look. A candidate of a line the learner dropped goes to the gate only to be abandoned.
+lags (`unhold`). Every verdict runs to its decision. A candidate of a line the learner dropped
+goes to the gate only to be abandoned.
 The lane knows nothing of training: the line (`Line`) says which lineage is current, where it
 last published, and what to hand the gate with the candidate (whether the learner waits for
 samples, the split's live scores).
@@ -35,7 +34,6 @@ from reef.observe import spans
 
 log = logging.getLogger("reef.learner")
 Decide = Callable[[LearnedCandidate], Awaitable[Verdict]]  # the gate, then publish or reject
-Overtake = Callable[[LearnedCandidate], None]  # the gate may stop judging this one undecided
 Warm = Callable[[bool], Awaitable[int]]  # (whether the learner waits for samples) -> tasks answered, 0: none left
 Queued = tuple[LearnedCandidate, int, int]  # a candidate, its lineage, its position (batches into its line)
 
@@ -73,16 +71,12 @@ class GateLane:
         *,
         gate_after: int = 1,
         warm: Warm | None = None,
-        overtake: Overtake | None = None,
-        overtake_after: int = 1,
     ) -> None:
         self.scenario = scenario
         self.decide = decide
         self.span_attributes = span_attributes
         self.gate_after = gate_after
         self.warm = warm  # the gate answers its tasks for the serving release while no candidate is ready
-        self.overtake = overtake  # None: a verdict always runs to its decision
-        self.overtake_after = overtake_after
         self.line: Line | None = None  # set by the line that feeds the lane
         self.waiting: Queued | None = None  # the next for the gate
         self.at_gate: Queued | None = None  # the one being judged
@@ -105,11 +99,9 @@ class GateLane:
             )
 
     async def go(self) -> None:
-        """Start the gate's turns if it is idle, or tell it a newer candidate may overtake."""
+        """Start the gate's turns if it is idle (a busy gate takes the waiting candidate next)."""
         if self.idle():
             await self._start_turns()
-        else:
-            self._overtake_at_gate()
 
     async def judge(self, candidate: LearnedCandidate, position: int = 0) -> Outcome:
         """The gate, then publish or reject, as a span `reef.gate`."""
@@ -170,16 +162,6 @@ class GateLane:
             or position - self.line.line_published >= self.gate_after
             or candidate.batch_id == self.unheld
         )
-
-    def _overtake_at_gate(self) -> None:
-        """Tell the gate when the candidate waiting is `overtake_after` batches further along the
-        line than the one it judges: on a slow runtime a verdict can outlast many candidates."""
-        if self.overtake is None or self.at_gate is None or self.waiting is None or self.line is None:
-            return
-        judged, lineage, position = self.at_gate
-        _, waiting_lineage, waiting_position = self.waiting
-        if waiting_lineage == lineage == self.line.lineage and waiting_position - position >= self.overtake_after:
-            self.overtake(judged)
 
     async def _turns(self) -> None:
         """Judge the waiting candidate, then the one waiting after it, while one is ready; while

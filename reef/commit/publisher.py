@@ -20,7 +20,8 @@ from reef.commit.release_chain import ReleaseChain
 from reef.core.canonical import content_id_of
 from reef.core.learned import LearnedCandidate
 from reef.core.types import Candidate, Release, Verdict
-from reef.surfaces.harness import PREFIX as HARNESS_PREFIX, artifact_kind
+from reef.surfaces.harness import PREFIX as HARNESS_PREFIX
+from reef.surfaces.harness import artifact_kind
 
 Serve = Callable[[ReleaseChain, Release], Awaitable[Any]]
 Pin = Callable[[str | None], AbstractContextManager[Any]]  # keeps a runtime load loaded while held
@@ -71,11 +72,6 @@ class CandidatePublisher:
             # the next batch may already be logged with a later cursor: never go back
             high_water=max(candidate.high_water, self.chain.high_water()),
         )
-
-    def overtake(self, candidate: LearnedCandidate) -> None:
-        """A newer candidate of its line waits: the gate may stop judging this one undecided."""
-        if self.gate is not None:
-            self.gate.overtake(content_id_of(candidate.files))
 
     async def warm(self, starved: bool = False) -> int:
         """Let the gate answer its tasks for the serving release ahead of the next candidate."""

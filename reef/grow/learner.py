@@ -8,13 +8,11 @@ through the primitives, or propose a harness change; a span `reef.learn`) and ha
 weights candidate goes to the canary and the lane's one-place queue, and training goes on from
 it (at most three batches open: at the gate, waiting, in training); a harness candidate is made
 from the head and judged against exactly that head, here. No candidate: the batch is abandoned
-with its reason. Each outcome comes back to `settle`: a publication starts the line's count
-again; a line the gate found surely worse is dropped (a candidate trained on from it is
-abandoned unjudged); a rollback or promote stops the canary at once (`head_moved`, by the route on
-this front end, or seen at the next step on another's) and drops the line, so no candidate of a
-line begun before the head moved is canaried or judged. On start, the batches the log shows open
-are resumed in order if their records are all still there, abandoned (logged) otherwise. Serving
-never waits on any of this.
+with its reason. Each outcome comes back to `settle`, which keeps or drops the line being trained
+(`reef.grow.working_line`); a rollback or promote stops the canary at once (`head_moved`, by the
+route on this front end, or seen at the next step on another's). On start, the batches the log
+shows open are resumed in order if their records are all still there, abandoned (logged)
+otherwise. Serving never waits on any of this.
 """
 
 from __future__ import annotations
@@ -26,18 +24,19 @@ import logging
 import time
 from typing import Any
 
-from reef.commit.gate_lane import Decide, GateLane, Outcome, Overtake, Queued, Warm
+from reef.commit.gate_lane import Decide, GateLane, Outcome, Queued, Warm
 from reef.core.canonical import new_id
 from reef.core.errors import NotFound, StaleHead
 from reef.core.learned import LearnedCandidate
 from reef.core.training import checkpoint_part
-from reef.core.types import Operation
 from reef.grow.canary import CanaryLoop, CanaryServing
 from reef.grow.chain_view import Chain, ChainView, HeadFiles, batched_record_ids, reported_record
-from reef.grow.learner_stats import LearnerStats, LineageEvidence, SampleWait, promising
+from reef.grow.learner_stats import LearnerStats, SampleWait
+from reef.grow.learner_status import learner_status
 from reef.grow.loop import keep_stepping
 from reef.grow.recipe import Abandon, Batch, Job, LearnerView, Made, Recipe
 from reef.grow.training_client import TrainingClient
+from reef.grow.working_line import WorkingLine
 from reef.observe import spans
 from reef.observe.store import ExperienceStore
 
@@ -61,8 +60,6 @@ class Learner:
         canary: CanaryServing | None = None,
         gate_after: int = 1,
         warm: Warm | None = None,
-        overtake: Overtake | None = None,
-        overtake_after: int = 1,
         live_split: float | None = None,
         answer_ahead_after: float = ANSWER_AHEAD_AFTER_S,
     ) -> None:
@@ -71,18 +68,9 @@ class Learner:
         self.answer_ahead_after = answer_ahead_after
         self.pipelined = recipe.surface == "weights"
         self.stats = LearnerStats()
-        self.lane = GateLane(
-            self.scenario,
-            decide,
-            self._span_attributes,
-            gate_after=gate_after,
-            warm=warm,
-            overtake=overtake,
-            overtake_after=overtake_after,
-        )
+        self.lane = GateLane(self.scenario, decide, self._span_attributes, gate_after=gate_after, warm=warm)
         self.lane.line = self
         self.canary = CanaryLoop(self.scenario, canary if self.pipelined else None, live_split, self.stats)
-        self.evidence = LineageEvidence()  # the gate's wins and losses since the working line began
         self.wait = SampleWait(idle_since=time.monotonic())  # waiting for samples from the start
         self.cursor = chain.high_water()
         self.consumed = batched_record_ids(chain)
@@ -96,17 +84,18 @@ class Learner:
             self.stats.dropped,
             store,
         )
-        self.working: dict[str, bytes] | None = None  # the last candidate, once training goes on from it
-        self.working_head = chain.head().release_id  # the head `working` continues from; a rollback resets it
-        self.lineage, self.drop_reason = 0, ""  # bumped whenever `working` is dropped: its candidates are void
-        self.line_made = 0  # batches in the working line, counted from the head it began at
-        self.line_published = 0  # the position in that line of the release this learner published last
+        self.line = WorkingLine(chain.head().release_id)  # the line being trained
 
     # the lane's and the canary's state, as the learner's tests and status read it
     waiting = property(lambda self: self.lane.waiting)
     at_gate = property(lambda self: self.lane.at_gate)
     judging = property(lambda self: self.lane.judging)
     live = property(lambda self: self.canary.live)
+    # the working line, as the lane (its `Line`) and the tests read it
+    working = property(lambda self: self.line.files)
+    lineage = property(lambda self: self.line.lineage)
+    line_published = property(lambda self: self.line.published)
+    drop_reason = property(lambda self: self.line.drop_reason)
 
     def _gate_idle(self) -> bool:
         return self.lane.idle()
@@ -179,17 +168,12 @@ class Learner:
         self.stats.batches += 1
         if self._line_outrun():  # a rollback or promote: this batch trains from the new head
             await self.head_moved()
-        lineage = self.lineage
+        lineage = self.line.lineage
         job = await self._job(batch_id)
         self.stats.state = WORKING_STATE[self.recipe.surface]
+        attributes = {"reef.surface": self.recipe.surface, "reef.batch.records": len(batch.record_ids)}
         try:
-            with spans.span(
-                "reef.learn",
-                self._span_attributes(
-                    batch_id, {"reef.surface": self.recipe.surface, "reef.batch.records": len(batch.record_ids)}
-                ),
-                ok=(Abandon,),
-            ):
+            with spans.span("reef.learn", self._span_attributes(batch_id, attributes), ok=(Abandon,)):
                 made = await self.recipe.candidate(batch, job)
         except Abandon as exc:
             await self.abandon(batch_id, f"{exc.kind}: {exc.reason}")
@@ -201,35 +185,26 @@ class Learner:
             self.algorithm_state = job.algorithm_state
         if self.pipelined and self._line_outrun():  # the head moved while it trained: its line is void
             await self.head_moved()
-        if lineage != self.lineage:  # the candidate it trained on from was dropped meanwhile
-            await self.abandon(batch_id, f"trained on from a candidate that was dropped: {self.drop_reason}")
+        if lineage != self.line.lineage:  # the candidate it trained on from was dropped meanwhile
+            await self.abandon(batch_id, f"trained on from a candidate that was dropped: {self.line.drop_reason}")
             return
-        self.working = made.files
-        self.line_made += 1
+        self.line.extend(made.files)
         self.stats.candidates += 1
         candidate = self._candidate(batch_id, high_water, job, made)
         if not self.pipelined:
             await self.settle(await self.lane.judge(candidate))
             self.stats.state = "collecting"
             return
-        await self.lane.offer((candidate, lineage, self.line_made))
-        await self.canary.serve(candidate, lambda: lineage == self.lineage and not self._line_outrun())
+        await self.lane.offer((candidate, lineage, self.line.made))
+        await self.canary.serve(candidate, lambda: lineage == self.line.lineage and not self._line_outrun())
         await self.lane.go()
 
     async def _job(self, batch_id: str) -> Job:
         head = self.chain.head()
         head_files = await self.reader.head_files()
-        start = self.working if self.working is not None else checkpoint_part(head_files)
-        return Job(
-            self.scenario,
-            batch_id,
-            start,
-            head,
-            head_files,
-            self.chain.serving(),
-            self.trainer,
-            dict(self.algorithm_state),
-        )
+        start = self.line.files if self.line.files is not None else checkpoint_part(head_files)
+        serving = self.chain.serving()
+        return Job(self.scenario, batch_id, start, head, head_files, serving, self.trainer, dict(self.algorithm_state))
 
     def _candidate(self, batch_id: str, high_water: int, job: Job, made: Made) -> LearnedCandidate:
         state = {**job.algorithm_state, "recipe": self.recipe.name}
@@ -258,9 +233,8 @@ class Learner:
         """What the gate's outcome means for the line being trained (the lane's `Line.settle`)."""
         candidate, exc = outcome.candidate, outcome.error
         if isinstance(exc, StaleHead):  # a rollback or promote moved the head while the gate ran
-            if self.chain.head().release_id != self.working_head:  # not dropped already (head_moved)
+            if self.line.follow(self.chain.head().release_id):  # not dropped already (head_moved)
                 self._drop_working("the head moved during evaluation")
-                self.working_head = self.chain.head().release_id
             await self.abandon(candidate.batch_id, f"head_moved: the head moved during evaluation: {exc}")
             return
         if exc is not None:
@@ -272,25 +246,19 @@ class Learner:
         self.stats.count(verdict)
         head = self.chain.head().release_id
         if verdict.decision in ("select", "review"):
-            self.line_published = outcome.position
-            self.evidence = LineageEvidence()
+            self.line.published_at(outcome.position)
             if verdict.decision == "select":
                 self.canary.published(head, candidate.batch_id)
-        elif head != self.working_head:  # not yet noticed (`head_moved` sets working_head)
+        elif head != self.line.head:  # not yet noticed (`head_moved` sets line.head)
             self._drop_working("the head moved (a rollback or promote) while the gate judged")
-        elif not promising(verdict):  # the next candidate starts from the head
-            self._drop_working("the gate found it worse than the serving release")
-        elif self.evidence.add(verdict).surely_worse():
-            self._drop_working(
-                f"its line lost {self.evidence.losses} to {self.evidence.wins} over "
-                f"{self.evidence.verdicts} rejected candidates"
-            )
+        elif (reason := self.line.why_drop(verdict)) is not None:
+            self._drop_working(reason)
         else:
             self.canary.undecided(verdict, head)
-        self.working_head = head
+        self.line.head = head
 
     async def left_gate(self, queued: Queued) -> None:
-        await self.canary.left_gate(queued[0].batch_id, line_dropped=queued[1] != self.lineage)
+        await self.canary.left_gate(queued[0].batch_id, line_dropped=queued[1] != self.line.lineage)
 
     def failed(self, exc: Exception) -> None:
         self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -299,49 +267,26 @@ class Learner:
         """The head moved away from the line being trained (a rollback or promote): the canary
         stops now, and the line is dropped, so no candidate trained from before is canaried or
         judged; the next trains from the new head."""
-        head = self.chain.head().release_id
-        if head != self.working_head:
+        if self.line.follow(self.chain.head().release_id):
             self._drop_working("the head moved (a rollback or promote)")
-            self.working_head = head
         await self.canary.stop()
 
     def _line_outrun(self) -> bool:
-        """Whether the head is no longer the one the working line continues from, other than by
-        this learner's own publication, which its gate makes before the verdict reaches the learner."""
-        head = self.chain.head()
-        if head.release_id == self.working_head:
-            return False
-        own = (
-            self.lane.at_gate is not None
-            and head.operation is Operation.TRAINING
-            and head.parent_release_id == self.working_head
-        )
-        return not own
+        return self.line.outrun_by(self.chain.head(), judging=self.lane.at_gate is not None)
 
     def _span_attributes(self, batch_id: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {
-            "reef.scenario": self.scenario,
-            "reef.batch_id": batch_id,
-            "reef.recipe": self.recipe.name,
-            **(extra or {}),
-        }
+        named = {"reef.scenario": self.scenario, "reef.batch_id": batch_id, "reef.recipe": self.recipe.name}
+        return {**named, **(extra or {})}
 
     def _drop_working(self, reason: str) -> None:
-        self.working, self.lineage, self.drop_reason = None, self.lineage + 1, reason
-        self.line_made = self.line_published = 0
-        self.evidence = LineageEvidence()
+        self.line.drop(reason)
         self.canary.line_dropped()
 
     async def abandon(self, batch_id: str, reason: str, routine: bool = False) -> None:
         """Close the batch in the log as abandoned. `routine`: superseded by a newer candidate that
         carries its steps, every few seconds in normal work, so not a warning."""
-        log.log(
-            logging.INFO if routine else logging.WARNING,
-            "learner %s: batch %s abandoned: %s",
-            self.scenario,
-            batch_id,
-            reason,
-        )
+        level = logging.INFO if routine else logging.WARNING
+        log.log(level, "learner %s: batch %s abandoned: %s", self.scenario, batch_id, reason)
         with contextlib.suppress(NotFound):
             await asyncio.to_thread(self.chain.abandon_batch, batch_id, reason)
         self.stats.abandoned += 1
@@ -350,30 +295,4 @@ class Learner:
         """Releases published after `release_id` (None: not in this chain); a canary of this learner's is the newest."""
         return 0 if release_id in self.live.scores else self.reader.releases_since(release_id)
 
-    def status(self) -> dict[str, Any]:
-        s = self.stats
-        out = {
-            "scenario": self.scenario,
-            "recipe": self.recipe.name,
-            "surface": self.recipe.surface,
-            "state": s.state,
-            "cursor": self.cursor,
-            **self.recipe.status(),
-            "batches": s.batches,
-            "candidates": s.candidates,
-            "published": s.published,
-            "pending_review": s.review,
-            "rejected": s.rejected,
-            "abandoned": s.abandoned,
-            "dropped": dict(s.dropped),
-            "last_verdict": s.last_verdict,
-            "last_error": s.last_error,
-            "waiting_for_samples": None if self.wait.fraction is None else round(self.wait.fraction, 3),
-        }
-        if self.pipelined:
-            out["batches_past_release"] = self.line_made - self.line_published
-        if self.canary.serving is not None:
-            out["canary"] = self.canary.summary()
-        if self.trainer is not None:
-            out["training_queue"] = self.trainer.worker.pending().get(self.scenario, 0)
-        return out
+    status = learner_status  # what `GET /reef/status` shows of this learner
