@@ -212,9 +212,11 @@ def test_a_stream_cut_by_sigkill_is_incomplete_after_restart_and_its_retry_answe
         with httpx.Client(base_url=reef.url, timeout=30) as http, \
                 http.stream("POST", "/v1/chat/completions", json=body, headers=receipt) as stream:
             assert stream.status_code == 200
-            next(stream.iter_bytes())  # the first bytes are out: the record is durable, in progress
+            chunks = stream.iter_bytes()  # held: a dropped iterator closes the stream when collected
+            next(chunks)  # the first bytes are out: the record is durable, in progress
             assert http.get("/reef/records/cut-by-kill-1").json()["record"]["status"] == "in_progress"
             reef.kill()
+            del chunks
     finally:
         reef.stop()
     with ReefServer(tmp_path, settings(upstream)) as again, httpx.Client(base_url=again.url, timeout=30) as http:
