@@ -36,8 +36,9 @@ def load_model(threads: int | None = None) -> tuple[Any, Any]:
     folder = str(ensure_embedded_model())  # the converted fp32 folder Reef serves and trains
     base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     torch.manual_seed(LORA.seed)
-    lora = LoraConfig(r=LORA.r, lora_alpha=LORA.alpha, lora_dropout=LORA.dropout,
-                      target_modules=list(LORA.target_modules))
+    lora = LoraConfig(
+        r=LORA.r, lora_alpha=LORA.alpha, lora_dropout=LORA.dropout, target_modules=list(LORA.target_modules)
+    )
     return AutoTokenizer.from_pretrained(folder), get_peft_model(base, lora)
 
 
@@ -54,8 +55,9 @@ def _left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 @torch.no_grad()
-def generate(model: Any, prompts: list[list[int]], temperature: float,
-             max_tokens: int) -> tuple[list[list[int]], list[list[float]], list[str]]:
+def generate(
+    model: Any, prompts: list[list[int]], temperature: float, max_tokens: int
+) -> tuple[list[list[int]], list[list[float]], list[str]]:
     """(completion ids with the stop token, their sampling log-probs, finish reasons);
     finished rows leave the batch, as in Reef's embedded runtime."""
     from transformers import DynamicCache
@@ -65,8 +67,18 @@ def generate(model: Any, prompts: list[list[int]], temperature: float,
     out: list[list[int]] = [[] for _ in prompts]
     logps: list[list[float]] = [[] for _ in prompts]
     for _ in range(max_tokens):
-        logits = model(input_ids=step, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                       use_cache=True, logits_to_keep=1).logits[:, -1].float()
+        logits = (
+            model(
+                input_ids=step,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            .logits[:, -1]
+            .float()
+        )
         logp = torch.log_softmax(logits / (temperature or 1.0), -1)
         tokens = logp.exp().multinomial(1).squeeze(1) if temperature > 0 else logits.argmax(-1)
         for j, token in enumerate(tokens.tolist()):
@@ -88,9 +100,17 @@ def decode(tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode([t for t in ids if t not in STOP_IDS], skip_special_tokens=False)
 
 
-def pg_step(model: Any, opt: Any, prompts: list[list[int]], comps: list[list[int]], old: list[list[float]],
-            advantages: list[float], temperature: float, eps: tuple[float, float] = (0.2, 0.28),
-            loss: str = "mask") -> dict[str, float]:
+def pg_step(
+    model: Any,
+    opt: Any,
+    prompts: list[list[int]],
+    comps: list[list[int]],
+    old: list[list[float]],
+    advantages: list[float],
+    temperature: float,
+    eps: tuple[float, float] = (0.2, 0.28),
+    loss: str = "mask",
+) -> dict[str, float]:
     """One policy-gradient step with importance ratios against the sampling log-probs (the mean
     over kept tokens), AdamW; the fraction of tokens whose ratio left the clip range. `loss`:
     `mask` leaves those tokens out (`clipped_is`); `nomask` keeps every token in PPO's surrogate
@@ -128,9 +148,21 @@ def snapshot_times(seconds: float, every: float) -> list[float]:
     return [k * every for k in range(int(seconds // every) + 1) if k * every < seconds] + [seconds]
 
 
-def run(model: Any, tokenizer: Any, tasks: Any, seconds: float, snapshot_every: float, *, lr: float, batch: int,
-        temperature: float, max_tokens: int, decay: float = 0.9, seed: int = 0,
-        log: Callable[[str], None] = print) -> tuple[list[tuple[float, dict[str, torch.Tensor]]], list[dict]]:
+def run(
+    model: Any,
+    tokenizer: Any,
+    tasks: Any,
+    seconds: float,
+    snapshot_every: float,
+    *,
+    lr: float,
+    batch: int,
+    temperature: float,
+    max_tokens: int,
+    decay: float = 0.9,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> tuple[list[tuple[float, dict[str, torch.Tensor]]], list[dict]]:
     """Train for `seconds`; ([(second, adapter weights in effect then)], [per-step stats])."""
     rng, train = random.Random(seed), tasks.train_tasks()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
@@ -156,5 +188,7 @@ def run(model: Any, tokenizer: Any, tasks: Any, seconds: float, snapshot_every: 
         pg_step(model, opt, prompts, comps, old, advantages, temperature)
         steps.append({"second": round(now, 2), "mean_score": sum(scores) / batch, "success": scores.count(1.0) / batch})
         if len(steps) % 10 == 0:
-            log(f"bare: {now / 60:.1f} min, {len(steps)} steps, mean score of the last 10: "
-                f"{sum(s['mean_score'] for s in steps[-10:]) / 10:.3f}")
+            log(
+                f"bare: {now / 60:.1f} min, {len(steps)} steps, mean score of the last 10: "
+                f"{sum(s['mean_score'] for s in steps[-10:]) / 10:.3f}"
+            )

@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-
 import race_tasks  # noqa: E402
+import torch  # noqa: E402
 from shared_prefix import serve_once  # noqa: E402  (every request queued at once, so batches are full)
+
 from reef.core.chat import ChatRequest, Message  # noqa: E402
 from reef.runtimes.embedded import EmbeddedRuntime  # noqa: E402
 from reef.runtimes.model_files import ensure_embedded_model  # noqa: E402
@@ -45,9 +45,17 @@ OUT = ROOT / "bench" / "results" / "batch_size.json"
 
 
 def requests(tasks: list[dict[str, Any]], temperature: float, max_tokens: int) -> list[ChatRequest]:
-    return [ChatRequest(model="m", dialect="openai", temperature=temperature, max_tokens=max_tokens, seed=i,
-                        messages=tuple(Message(m["role"], m["content"]) for m in race_tasks.messages(t)))
-            for i, t in enumerate(tasks)]
+    return [
+        ChatRequest(
+            model="m",
+            dialect="openai",
+            temperature=temperature,
+            max_tokens=max_tokens,
+            seed=i,
+            messages=tuple(Message(m["role"], m["content"]) for m in race_tasks.messages(t)),
+        )
+        for i, t in enumerate(tasks)
+    ]
 
 
 async def measure(model_dir: Path, sizes: list[int], rounds: int) -> dict[str, Any]:
@@ -71,9 +79,12 @@ async def measure(model_dir: Path, sizes: list[int], rounds: int) -> dict[str, A
                     took, outputs[size] = await serve_once(runtime, load, batch)
                     tokens[size] = sum(map(len, outputs[size]))
                     seconds[size].append(took)
-            results[name] = {"requests": len(batch), "seconds": {str(s): v for s, v in seconds.items()},
-                             "tokens": {str(s): t for s, t in tokens.items()},
-                             "same_tokens": all(outputs[s] == outputs[sizes[0]] for s in sizes)}
+            results[name] = {
+                "requests": len(batch),
+                "seconds": {str(s): v for s, v in seconds.items()},
+                "tokens": {str(s): t for s, t in tokens.items()},
+                "same_tokens": all(outputs[s] == outputs[sizes[0]] for s in sizes),
+            }
     finally:
         await runtime.close()
     return results
@@ -92,13 +103,24 @@ def main() -> None:
         cells = []
         for size in sizes:
             best = min(r["seconds"][str(size)])
-            cells.append(f"max_batch {size}: {best:.1f} s ({r['requests'] / best:.2f} answers/s, "
-                         f"{base / best:.2f}x)")
-        print(f"{name} ({r['requests']} requests, same tokens in every setting: {r['same_tokens']}): " + "; ".join(cells))
+            cells.append(f"max_batch {size}: {best:.1f} s ({r['requests'] / best:.2f} answers/s, {base / best:.2f}x)")
+        print(
+            f"{name} ({r['requests']} requests, same tokens in every setting: {r['same_tokens']}): " + "; ".join(cells)
+        )
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"benchmark": "batch_size", "machine": {"cpus": os.cpu_count(),
-                                                                     "platform": platform.platform()},
-                               "batches": sizes, "rounds": args.rounds, "results": results}, indent=2) + "\n")
+    OUT.write_text(
+        json.dumps(
+            {
+                "benchmark": "batch_size",
+                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                "batches": sizes,
+                "rounds": args.rounds,
+                "results": results,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {OUT}")
 
 

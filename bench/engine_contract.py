@@ -66,11 +66,11 @@ from tests.helpers.reef_server import ReefServer, free_port  # noqa: E402
 LORA_MODULES = "q_proj k_proj v_proj o_proj up_proj down_proj"  # what tests/helpers/lora.py adapts
 LAUNCH = {
     "sglang": "{python} -m sglang.launch_server --model-path {model} --host 127.0.0.1 --port {port} --enable-lora "
-              f"--max-lora-rank 16 --max-loras-per-batch 4 --lora-target-modules {LORA_MODULES} "
-              "--dtype bfloat16 --mem-fraction-static 0.3 --disable-cuda-graph --log-level warning",
+    f"--max-lora-rank 16 --max-loras-per-batch 4 --lora-target-modules {LORA_MODULES} "
+    "--dtype bfloat16 --mem-fraction-static 0.3 --disable-cuda-graph --log-level warning",
     "vllm": "{python} -m vllm.entrypoints.openai.api_server --model {model} --served-model-name base "
-            "--host 127.0.0.1 --port {port} --enable-lora --max-lora-rank 16 --max-loras 4 --max-model-len 2048 "
-            "--dtype bfloat16 --gpu-memory-utilization 0.3 --enforce-eager --logprobs-mode processed_logprobs",
+    "--host 127.0.0.1 --port {port} --enable-lora --max-lora-rank 16 --max-loras 4 --max-model-len 2048 "
+    "--dtype bfloat16 --gpu-memory-utilization 0.3 --enforce-eager --logprobs-mode processed_logprobs",
 }
 ENGINE_ENV = {"vllm": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}, "sglang": {}}
 
@@ -79,8 +79,13 @@ def reef_settings(engine: str, url: str, state_dir: Path, model_dir: Path) -> di
     """`reef serve` attached to the engine, learning off, short answers."""
     settings: dict[str, Any] = {"state_dir": str(state_dir), "runtime": engine, "learner": {"enabled": False}}
     if engine == "sglang":
-        settings["sglang"] = {"url": url, "model_dir": str(model_dir), "model_name": "base",
-                              "default_max_tokens": 8, "load_timeout": 120}
+        settings["sglang"] = {
+            "url": url,
+            "model_dir": str(model_dir),
+            "model_name": "base",
+            "default_max_tokens": 8,
+            "load_timeout": 120,
+        }
     else:
         settings["vllm"] = {"url": url, "model_name": "base", "default_max_tokens": 8, "load_timeout": 120}
     return settings
@@ -94,8 +99,9 @@ def start_engine(engine: str, args: argparse.Namespace, model_dir: Path, work: P
     template = getattr(args, f"{engine}_command") or LAUNCH[engine]
     command = shlex.split(template.format(python=getattr(args, f"{engine}_python"), model=model_dir, port=port))
     env = {"PYTHONPATH": str(ROOT), **ENGINE_ENV[engine]}
-    process = EngineProcess(command, port, log_path=work / f"{engine}.log", env=env,
-                            startup_timeout=args.startup_timeout)
+    process = EngineProcess(
+        command, port, log_path=work / f"{engine}.log", env=env, startup_timeout=args.startup_timeout
+    )
     started = time.monotonic()
     print(f"[{engine}] starting: {' '.join(command)}", flush=True)
     process.start()
@@ -123,8 +129,12 @@ def run_one(check: Any, contract: Contract) -> dict[str, Any]:
     try:
         measured = check(contract)
     except Exception as exc:  # a failed check is reported, and the next one runs
-        return {"ok": False, "seconds": round(time.monotonic() - started, 1), "error": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc(limit=4)}
+        return {
+            "ok": False,
+            "seconds": round(time.monotonic() - started, 1),
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(limit=4),
+        }
     return {"ok": True, "seconds": round(time.monotonic() - started, 1), "measured": measured}
 
 
@@ -138,16 +148,37 @@ def run_engine(engine: str, args: argparse.Namespace, model_dir: Path, deadline:
         releases = make_releases(model_dir, work / "state", work)
         settings = reef_settings(engine, url, work / "state", model_dir)
         with ReefServer(work, settings, env={"REEF_CACHE_DIR": str(work / "cache")}, startup_timeout=300) as reef:
-            contract = Contract(reef.url, engine, url, releases, kill_engine=process.kill if process else _no_kill,
-                                restart_engine=process.start if process else None, timeout=120, back_within=300)
-            return {"url": url, "version": engine_version(engine, args), "work": str(work),
-                    "checks": run_checks(contract, deadline)}
+            contract = Contract(
+                reef.url,
+                engine,
+                url,
+                releases,
+                kill_engine=process.kill if process else _no_kill,
+                restart_engine=process.start if process else None,
+                timeout=120,
+                back_within=300,
+            )
+            return {
+                "url": url,
+                "version": engine_version(engine, args),
+                "work": str(work),
+                "checks": run_checks(contract, deadline),
+            }
     except Exception as exc:  # the engine or Reef did not start: every check fails with why
-        log = process.log_tail() if process else (work / f"{engine}.log").read_text(errors="replace")[-4000:] \
-            if (work / f"{engine}.log").exists() else ""
+        log = (
+            process.log_tail()
+            if process
+            else (work / f"{engine}.log").read_text(errors="replace")[-4000:]
+            if (work / f"{engine}.log").exists()
+            else ""
+        )
         print(f"[{engine}] setup failed: {exc}", flush=True)
-        return {"error": f"{type(exc).__name__}: {exc}", "engine_log_tail": log, "work": str(work),
-                "checks": {name: {"ok": False, "error": "not run: setup failed"} for name, _ in CHECKS}}
+        return {
+            "error": f"{type(exc).__name__}: {exc}",
+            "engine_log_tail": log,
+            "work": str(work),
+            "checks": {name: {"ok": False, "error": "not run: setup failed"} for name, _ in CHECKS},
+        }
     finally:
         if process is not None:
             process.stop()
@@ -159,8 +190,9 @@ def _no_kill() -> None:
 
 def engine_version(engine: str, args: argparse.Namespace) -> str | None:
     python = getattr(args, f"{engine}_python")
-    found = subprocess.run([python, "-c", f"import {engine}; print({engine}.__version__)"], capture_output=True,
-                           text=True, timeout=120)
+    found = subprocess.run(
+        [python, "-c", f"import {engine}; print({engine}.__version__)"], capture_output=True, text=True, timeout=120
+    )
     return found.stdout.strip() or None
 
 
@@ -173,8 +205,13 @@ def model_folder(args: argparse.Namespace) -> Path:
 
 
 def machine() -> dict[str, Any]:
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True) if _has("nvidia-smi") else None
+    gpu = (
+        subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        if _has("nvidia-smi")
+        else None
+    )
     return {"platform": platform.platform(), "cpus": os.cpu_count(), "gpu": gpu.stdout.strip() if gpu else None}
 
 
@@ -183,17 +220,23 @@ def _has(program: str) -> bool:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Run the engine contract (tests/helpers/engine_contract.py) "
-                                                 "against a real SGLang and a real GPU vLLM.",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description="Run the engine contract (tests/helpers/engine_contract.py) "
+        "against a real SGLang and a real GPU vLLM.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     parser.add_argument("--engines", nargs="+", choices=["sglang", "vllm"], default=["sglang", "vllm"])
     parser.add_argument("--model-dir", help="a Hugging Face model folder; default: Reef's SmolLM2-135M-Instruct")
     for engine in ("sglang", "vllm"):
-        parser.add_argument(f"--{engine}-python", default=sys.executable,
-                            help=f"the python of the environment {engine} is installed in")
+        parser.add_argument(
+            f"--{engine}-python", default=sys.executable, help=f"the python of the environment {engine} is installed in"
+        )
         parser.add_argument(f"--{engine}-url", help=f"attach to this running {engine} instead of starting one")
-        parser.add_argument(f"--{engine}-command",
-                            help=f"launch line template ({{python}} {{model}} {{port}}); default: {LAUNCH[engine]}")
+        parser.add_argument(
+            f"--{engine}-command",
+            help=f"launch line template ({{python}} {{model}} {{port}}); default: {LAUNCH[engine]}",
+        )
     parser.add_argument("--startup-timeout", type=float, default=300, help="seconds an engine may take to start")
     parser.add_argument("--budget", type=float, default=480, help="seconds; checks left after it are skipped")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "engine_contract.json")
@@ -210,13 +253,29 @@ def main(argv: list[str] | None = None) -> int:
         if all(check["ok"] is not False for check in result["checks"].values()):
             shutil.rmtree(result.pop("work"), ignore_errors=True)
     verdicts = [check["ok"] for result in results.values() for check in result["checks"].values()]
-    summary = {"passed": verdicts.count(True), "failed": verdicts.count(False), "skipped": verdicts.count(None),
-               "seconds": round(time.monotonic() - started, 1)}
+    summary = {
+        "passed": verdicts.count(True),
+        "failed": verdicts.count(False),
+        "skipped": verdicts.count(None),
+        "seconds": round(time.monotonic() - started, 1),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "engine_contract", "model_dir": str(model_dir), "machine": machine(),
-                                    "summary": summary, "engines": results}, indent=2))
-    print(f"{summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped "
-          f"in {summary['seconds']:.0f}s; results in {args.out}")
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "engine_contract",
+                "model_dir": str(model_dir),
+                "machine": machine(),
+                "summary": summary,
+                "engines": results,
+            },
+            indent=2,
+        )
+    )
+    print(
+        f"{summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped "
+        f"in {summary['seconds']:.0f}s; results in {args.out}"
+    )
     return 1 if summary["failed"] else 0
 
 

@@ -47,9 +47,15 @@ TEMPERATURES = (1.0, 0.7)
 
 
 def settings(runtime: str, state_dir: Path, port: int, dtype: str | None) -> dict[str, Any]:
-    config: dict[str, Any] = {"host": "127.0.0.1", "port": port, "state_dir": str(state_dir), "runtime": runtime,
-                              "log_level": "warning", "learner": {"enabled": False},
-                              "embedded": {"default_max_tokens": 16}}
+    config: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": port,
+        "state_dir": str(state_dir),
+        "runtime": runtime,
+        "log_level": "warning",
+        "learner": {"enabled": False},
+        "embedded": {"default_max_tokens": 16},
+    }
     if runtime == "vllm":
         config["vllm"] = {"dtype": dtype, "default_max_tokens": 16}
     return config
@@ -62,8 +68,13 @@ def traffic(url: str, requests: int) -> list[str]:
     with httpx.Client(base_url=url, timeout=300) as client:
         for temperature in TEMPERATURES:
             for i, task in enumerate(questions):
-                body = {"model": "m", "messages": demo_tasks.messages(task), "temperature": temperature,
-                        "max_tokens": 16, "seed": i}
+                body = {
+                    "model": "m",
+                    "messages": demo_tasks.messages(task),
+                    "temperature": temperature,
+                    "max_tokens": 16,
+                    "seed": i,
+                }
                 response = client.post("/v1/chat/completions", json=body)
                 response.raise_for_status()
                 receipts.append(response.headers["x-reef-agent-record-id"])
@@ -114,9 +125,14 @@ def summary(diffs: list[float]) -> dict[str, float]:
         return {"tokens": 0}
     absolute = sorted(abs(d) for d in diffs)
     masked = sum(1 for d in diffs if not (1 - EPS_CLIP < math.exp(d) < 1 + EPS_CLIP_HIGH))
-    return {"tokens": len(diffs), "mean_abs": sum(absolute) / len(absolute), "max_abs": absolute[-1],
-            "p99_abs": absolute[int(0.99 * (len(absolute) - 1))], "mean_signed": sum(diffs) / len(diffs),
-            "clip_masked_fraction": masked / len(diffs)}
+    return {
+        "tokens": len(diffs),
+        "mean_abs": sum(absolute) / len(absolute),
+        "max_abs": absolute[-1],
+        "p99_abs": absolute[int(0.99 * (len(absolute) - 1))],
+        "mean_signed": sum(diffs) / len(diffs),
+        "clip_masked_fraction": masked / len(diffs),
+    }
 
 
 def main() -> None:
@@ -142,22 +158,36 @@ def main() -> None:
             results[label] = {"requests": len(records), "serve_seconds": round(seconds, 1), **gaps(records, trainer)}
     print(table(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "engine_logprob_gap", "model": "SmolLM2-135M-Instruct",
-                                    "trainer": "LoRATrainer fp32 CPU", "clip": [EPS_CLIP, EPS_CLIP_HIGH],
-                                    "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                                    "results": results}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "engine_logprob_gap",
+                "model": "SmolLM2-135M-Instruct",
+                "trainer": "LoRATrainer fp32 CPU",
+                "clip": [EPS_CLIP, EPS_CLIP_HIGH],
+                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                "results": results,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
 
 
 def table(results: dict[str, Any]) -> str:
     base = results.get("embedded", {}).get("all", {}).get("mean_abs") or None
-    lines = ["| runtime | tokens | mean abs | p99 abs | max abs | masked by the clip | mean abs vs embedded |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| runtime | tokens | mean abs | p99 abs | max abs | masked by the clip | mean abs vs embedded |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for label, row in results.items():
         a = row["all"]
         ratio = f"{a['mean_abs'] / base:.0f}x" if base and label != "embedded" else "1x"
-        lines.append(f"| {label} | {a['tokens']} | {a['mean_abs']:.4f} | {a['p99_abs']:.4f} | {a['max_abs']:.4f} | "
-                     f"{100 * a['clip_masked_fraction']:.2f}% | {ratio} |")
+        lines.append(
+            f"| {label} | {a['tokens']} | {a['mean_abs']:.4f} | {a['p99_abs']:.4f} | {a['max_abs']:.4f} | "
+            f"{100 * a['clip_masked_fraction']:.2f}% | {ratio} |"
+        )
     return "\n".join(lines)
 
 

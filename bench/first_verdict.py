@@ -45,20 +45,30 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import httpx  # noqa: E402
 import yaml  # noqa: E402
-
 from learning_race import RaceTask, race_task  # noqa: E402
+
 from reef.demo.run import DemoStats, _worker  # noqa: E402
 from reef.demo.server import DemoServer, demo_settings, free_port  # noqa: E402
 
 
-def run_once(task: RaceTask, workdir: Path, agents: int, pause: float, limit_s: float, seed: int,
-             checkout: Path | None) -> dict[str, Any]:
+def run_once(
+    task: RaceTask, workdir: Path, agents: int, pause: float, limit_s: float, seed: int, checkout: Path | None
+) -> dict[str, Any]:
     """One server, traffic until its first verdict (or `limit_s`); the timings of that verdict."""
     heldout = task.module.write_heldout_jsonl(workdir / "heldout.jsonl")
     port = free_port()
-    settings = demo_settings(workdir, heldout, port, None, scorer=task.scorer,
-                             traffic_max_tokens=task.traffic_max_tokens, gate_max_tokens=task.eval_max_tokens,
-                             gate_concurrency=None, gate_after_batches=1, live_split=None)
+    settings = demo_settings(
+        workdir,
+        heldout,
+        port,
+        None,
+        scorer=task.scorer,
+        traffic_max_tokens=task.traffic_max_tokens,
+        gate_max_tokens=task.eval_max_tokens,
+        gate_concurrency=None,
+        gate_after_batches=1,
+        live_split=None,
+    )
     settings.update(log_level="info", log_format="json")
     config = workdir / "serve.yaml"
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
@@ -71,21 +81,33 @@ def run_once(task: RaceTask, workdir: Path, agents: int, pause: float, limit_s: 
     lines = _log_lines(server.log_path)
     learner = next((line for line in lines if line.get("message") == "learner started"), None)
     verdict = next((line for line in lines if line.get("message") == "gate verdict"), None)
-    out: dict[str, Any] = {"requests": stats.requests, "errors": stats.errors,
-                           "learner_started_s": _since(learner, started_wall),
-                           "first_batch_s": _first_batch(workdir / "state", started_wall)}
+    out: dict[str, Any] = {
+        "requests": stats.requests,
+        "errors": stats.errors,
+        "learner_started_s": _since(learner, started_wall),
+        "first_batch_s": _first_batch(workdir / "state", started_wall),
+    }
     if verdict is not None:
         look = verdict.get("gate_look") or 1
-        out.update(verdict_s=verdict["seconds"], look=look, look_s=round(verdict["seconds"] / look, 2),
-                   first_verdict_s=_since(verdict, started_wall), decision=verdict["decision"],
-                   wins=verdict.get("gate_wins"), losses=verdict.get("gate_losses"), ties=verdict.get("gate_ties"))
+        out.update(
+            verdict_s=verdict["seconds"],
+            look=look,
+            look_s=round(verdict["seconds"] / look, 2),
+            first_verdict_s=_since(verdict, started_wall),
+            decision=verdict["decision"],
+            wins=verdict.get("gate_wins"),
+            losses=verdict.get("gate_losses"),
+            ties=verdict.get("gate_ties"),
+        )
     return out
 
 
-async def _drive(server: DemoServer, task: RaceTask, agents: int, pause: float, limit_s: float,
-                 seed: int) -> tuple[float, DemoStats]:
-    stats = DemoStats(minutes=limit_s / 60, examples=task.examples, tasks=task.module,
-                      max_tokens=task.traffic_max_tokens)
+async def _drive(
+    server: DemoServer, task: RaceTask, agents: int, pause: float, limit_s: float, seed: int
+) -> tuple[float, DemoStats]:
+    stats = DemoStats(
+        minutes=limit_s / 60, examples=task.examples, tasks=task.module, max_tokens=task.traffic_max_tokens
+    )
     rng, stop = random.Random(seed), asyncio.Event()
 
     async with httpx.AsyncClient(base_url=server.url, timeout=300.0) as client:
@@ -129,8 +151,9 @@ def _first_batch(state_dir: Path, started_wall: float) -> float | None:
     from reef.core.types import Operation
 
     with ReefState.open(state_dir) as state:
-        times = [e.recorded_at for s in state.scenarios() for e in state.chain(s).history()
-                 if e.operation is Operation.BATCH]
+        times = [
+            e.recorded_at for s in state.scenarios() for e in state.chain(s).history() if e.operation is Operation.BATCH
+        ]
     return round(min(times) - started_wall, 2) if times else None
 
 
@@ -138,8 +161,11 @@ def _first_batch(state_dir: Path, started_wall: float) -> float | None:
 def worktree(revision: str) -> Iterator[Path]:
     """A detached git worktree of `revision`, removed afterwards."""
     path = Path(tempfile.mkdtemp(prefix="reef-bench-baseline-"))
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(path), revision],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(path), revision],
+        check=True,
+        capture_output=True,
+    )
     try:
         yield path
     finally:
@@ -171,20 +197,38 @@ def main() -> None:
         for run in range(args.runs):
             for arm, checkout in checkouts.items():
                 with tempfile.TemporaryDirectory(prefix="reef-bench-first-verdict-") as work:
-                    result = run_once(task, Path(work), args.agents, args.pause, args.limit, seed=run,
-                                      checkout=checkout)
+                    result = run_once(
+                        task, Path(work), args.agents, args.pause, args.limit, seed=run, checkout=checkout
+                    )
                 arms[arm].append(result)
                 print(f"{arm} run {run}: {json.dumps(result)}", flush=True)
     keys = ("first_batch_s", "look_s", "verdict_s", "first_verdict_s")
     summary = {arm: {key: median(runs, key) for key in keys} for arm, runs in arms.items()}
     if "baseline" in arms:
-        summary["ratio"] = {key: (round(summary["this"][key] / summary["baseline"][key], 2)
-                                  if summary["this"][key] and summary["baseline"][key] else None) for key in keys}
+        summary["ratio"] = {
+            key: (
+                round(summary["this"][key] / summary["baseline"][key], 2)
+                if summary["this"][key] and summary["baseline"][key]
+                else None
+            )
+            for key in keys
+        }
     print(json.dumps(summary, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "first_verdict", "machine": platform.platform(),
-                                    "cpus": os.cpu_count(), "settings": {k: str(v) for k, v in vars(args).items()},
-                                    "summary": summary, "runs": arms}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "first_verdict",
+                "machine": platform.platform(),
+                "cpus": os.cpu_count(),
+                "settings": {k: str(v) for k, v in vars(args).items()},
+                "summary": summary,
+                "runs": arms,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
 
 

@@ -59,15 +59,24 @@ def power(n: int, untied: float, gain: float, trials: int, seed: int = 0) -> dic
     config = GateConfig()
     rng = random.Random(f"{seed}-{n}-{untied}-{gain}")
     outcomes = [one_verdict(n, untied, gain, config, rng) for _ in range(trials)]
-    return {"n": n, "untied": untied, "gain": gain, "selected": sum(s for s, _ in outcomes) / trials,
-            "tasks_asked": sum(a for _, a in outcomes) / trials}
+    return {
+        "n": n,
+        "untied": untied,
+        "gain": gain,
+        "selected": sum(s for s, _ in outcomes) / trials,
+        "tasks_asked": sum(a for _, a in outcomes) / trials,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=4000, help="simulated verdicts a row (default 4000)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gate_size.json",
-                        help="where the rows go as JSON (default bench/results/gate_size.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).parent / "results" / "gate_size.json",
+        help="where the rows go as JSON (default bench/results/gate_size.json)",
+    )
     args = parser.parse_args()
     rows = [power(n, untied, gain, args.trials) for untied, gain in CASES for n in SIZES]
     base = {(r["untied"], r["gain"]): r["selected"] for r in rows if r["n"] == BASELINE}
@@ -75,8 +84,10 @@ def main() -> None:
     for r in rows:
         ratio = r["selected"] / base[(r["untied"], r["gain"])] if base[(r["untied"], r["gain"])] else float("nan")
         r["vs_baseline"] = ratio
-        print(f"{r['untied']:>6.2f} {r['gain']:>5.1f} {r['n']:>5} {r['selected']:>8.3f} {ratio:>7.2f} "
-              f"{r['tasks_asked']:>6.1f}")
+        print(
+            f"{r['untied']:>6.2f} {r['gain']:>5.1f} {r['n']:>5} {r['selected']:>8.3f} {ratio:>7.2f} "
+            f"{r['tasks_asked']:>6.1f}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"trials": args.trials, "baseline_n": BASELINE, "rows": rows}, indent=1))
     print(f"wrote {args.out}")

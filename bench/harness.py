@@ -40,8 +40,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 MAX_WORDS = 12
 MAX_TOKENS = 32
 TEMPERATURE = 0.7
-TOO_LONG = ("Too long: answer in one short sentence.", "Answer in one short sentence, please; this rambles.",
-            "Please keep it to one short sentence.")
+TOO_LONG = (
+    "Too long: answer in one short sentence.",
+    "Answer in one short sentence, please; this rambles.",
+    "Please keep it to one short sentence.",
+)
 
 
 def one_sentence_score(task: dict[str, Any], text: str) -> float:
@@ -52,7 +55,9 @@ def one_sentence_score(task: dict[str, Any], text: str) -> float:
     if re.search(r"[.!?]\s", reply):  # a second sentence
         return 0.0
     lowered = reply.lower()
-    return 1.0 if any(re.search(rf"(?<![\w-]){re.escape(a.lower())}(?![\w-])", lowered) for a in task["answers"]) else 0.0
+    return (
+        1.0 if any(re.search(rf"(?<![\w-]){re.escape(a.lower())}(?![\w-])", lowered) for a in task["answers"]) else 0.0
+    )
 
 
 def feedback(task: dict[str, Any], text: str) -> str:
@@ -90,13 +95,18 @@ class Traffic:
     def one(self, i: int) -> None:
         task = self.tasks[(i * 7919) % len(self.tasks)]
         raw = self.oai.chat.completions.with_raw_response.create(
-            model="smollm2", messages=[{"role": "user", "content": task["question"]}], max_tokens=MAX_TOKENS,
-            temperature=TEMPERATURE, extra_headers={"x-reef-scenario": "fmt"})
+            model="smollm2",
+            messages=[{"role": "user", "content": task["question"]}],
+            max_tokens=MAX_TOKENS,
+            temperature=TEMPERATURE,
+            extra_headers={"x-reef-scenario": "fmt"},
+        )
         text = raw.parse().choices[0].message.content or ""
         release = raw.headers["x-reef-release-id"]
         score = one_sentence_score(task, text)
-        self.client.report(raw.headers["x-reef-agent-record-id"], score=score,
-                           feedback=None if score else feedback(task, text))
+        self.client.report(
+            raw.headers["x-reef-agent-record-id"], score=score, feedback=None if score else feedback(task, text)
+        )
         if release not in self.results:
             self.order.append(release)
         self.results[release].append(score)
@@ -115,10 +125,21 @@ def run(minutes: float, concurrency: int, gate_tasks: int, after: int) -> dict[s
         settings = {
             "embedded": {"model_dir": str(model_dir), "max_batch": 8},
             "recipes": {"scenarios": {"fmt": "skills"}},
-            "learner": {"poll_interval": 0.5, "skills": {
-                "proposer": "distill", "min_recurrence": 3, "batch_size": 8, "successes": 0,
-                "gate": {"tasks": str(tasks_path), "scorer": "bench.harness:one_sentence_score", "margin": 1,
-                         "max_tokens": MAX_TOKENS}}},
+            "learner": {
+                "poll_interval": 0.5,
+                "skills": {
+                    "proposer": "distill",
+                    "min_recurrence": 3,
+                    "batch_size": 8,
+                    "successes": 0,
+                    "gate": {
+                        "tasks": str(tasks_path),
+                        "scorer": "bench.harness:one_sentence_score",
+                        "margin": 1,
+                        "max_tokens": MAX_TOKENS,
+                    },
+                },
+            },
         }
         started = time.monotonic()
         deadline = started + minutes * 60
@@ -135,8 +156,10 @@ def run(minutes: float, concurrency: int, gate_tasks: int, after: int) -> dict[s
                     for r in releases:
                         if r["operation"] == "training" and r["release_id"] not in published_at:
                             published_at[r["release_id"]] = time.monotonic() - started
-                            print(f"  minute {published_at[r['release_id']] / 60:.1f}: published {r['release_id'][:12]}",
-                                  flush=True)
+                            print(
+                                f"  minute {published_at[r['release_id']] / 60:.1f}: published {r['release_id'][:12]}",
+                                flush=True,
+                            )
                     head = releases[0]["release_id"]
                     if published_at and len(traffic.results.get(head, [])) >= after:
                         break  # enough traffic on the newest release
@@ -148,39 +171,73 @@ def run(minutes: float, concurrency: int, gate_tasks: int, after: int) -> dict[s
         return summarise(releases, history, traffic, status, harness, time.monotonic() - started, published_at)
 
 
-def summarise(releases: list[dict[str, Any]], decisions: list[dict[str, Any]], traffic: Traffic,
-              status: dict[str, Any], harness: dict[str, Any], seconds: float,
-              published_at: dict[str, float]) -> dict[str, Any]:
+def summarise(
+    releases: list[dict[str, Any]],
+    decisions: list[dict[str, Any]],
+    traffic: Traffic,
+    status: dict[str, Any],
+    harness: dict[str, Any],
+    seconds: float,
+    published_at: dict[str, float],
+) -> dict[str, Any]:
     rows = []
     first_gate = next((d["verdict"]["metrics"] for d in decisions if d["verdict"]), None)
     for r in releases:
         live = traffic.results.get(r["release_id"], [])
         metrics = (r.get("verdict") or {}).get("metrics") or {}
-        gate = metrics.get("candidate_success") if r["operation"] == "training" else (
-            first_gate.get("current_success") if first_gate and r["operation"] == "creation" else None)
-        rows.append({"release_id": r["release_id"], "step": r["step"], "operation": r["operation"],
-                     "minute": round(published_at.get(r["release_id"], 0.0) / 60, 1),
-                     "heldout_success": gate, "live_requests": len(live),
-                     "live_success": sum(live) / len(live) if live else None,
-                     "mutations": (r.get("metrics") or {}).get("proposal", {}).get("mutations")})
-    return {"bench": "harness", "model": "SmolLM2-135M-Instruct", "proposer": "distill",
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-            "seconds": round(seconds, 1), "requests": traffic.count, "releases": rows,
-            "decisions": [{"step": d["step"], "decision": d["verdict"]["decision"] if d["verdict"] else None,
-                           **{k: v for k, v in ((d["verdict"] or {}).get("metrics") or {}).items() if k != "per_task"}}
-                          for d in decisions],
-            "learner": status, "final_rules": {p: t for p, t in harness.get("files", {}).items()}}
+        gate = (
+            metrics.get("candidate_success")
+            if r["operation"] == "training"
+            else (first_gate.get("current_success") if first_gate and r["operation"] == "creation" else None)
+        )
+        rows.append(
+            {
+                "release_id": r["release_id"],
+                "step": r["step"],
+                "operation": r["operation"],
+                "minute": round(published_at.get(r["release_id"], 0.0) / 60, 1),
+                "heldout_success": gate,
+                "live_requests": len(live),
+                "live_success": sum(live) / len(live) if live else None,
+                "mutations": (r.get("metrics") or {}).get("proposal", {}).get("mutations"),
+            }
+        )
+    return {
+        "bench": "harness",
+        "model": "SmolLM2-135M-Instruct",
+        "proposer": "distill",
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "seconds": round(seconds, 1),
+        "requests": traffic.count,
+        "releases": rows,
+        "decisions": [
+            {
+                "step": d["step"],
+                "decision": d["verdict"]["decision"] if d["verdict"] else None,
+                **{k: v for k, v in ((d["verdict"] or {}).get("metrics") or {}).items() if k != "per_task"},
+            }
+            for d in decisions
+        ],
+        "learner": status,
+        "final_rules": {p: t for p, t in harness.get("files", {}).items()},
+    }
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"\n{result['requests']} requests in {result['seconds'] / 60:.1f} min; "
-          f"{result['learner']['published']} published, {result['learner']['rejected']} rejected, "
-          f"{result['learner']['abandoned']} skipped")
-    print(f"{'step':>4}  {'operation':<9}  {'minute':>6}  {'held-out success (gate)':>23}  {'live success':>12}  {'n':>4}")
+    print(
+        f"\n{result['requests']} requests in {result['seconds'] / 60:.1f} min; "
+        f"{result['learner']['published']} published, {result['learner']['rejected']} rejected, "
+        f"{result['learner']['abandoned']} skipped"
+    )
+    print(
+        f"{'step':>4}  {'operation':<9}  {'minute':>6}  {'held-out success (gate)':>23}  {'live success':>12}  {'n':>4}"
+    )
     for row in result["releases"]:
         gate = "-" if row["heldout_success"] is None else f"{row['heldout_success']:.1%}"
         live = "-" if row["live_success"] is None else f"{row['live_success']:.1%}"
-        print(f"{row['step']:>4}  {row['operation']:<9}  {row['minute']:>6}  {gate:>23}  {live:>12}  {row['live_requests']:>4}")
+        print(
+            f"{row['step']:>4}  {row['operation']:<9}  {row['minute']:>6}  {gate:>23}  {live:>12}  {row['live_requests']:>4}"
+        )
     for path, text in result["final_rules"].items():
         print(f"  {path}: {text.strip()!r}")
 

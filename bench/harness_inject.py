@@ -35,15 +35,19 @@ def tree(rules: int, skills: int) -> HarnessTree:
     return HarnessTree(
         system="You are a careful coding agent. " * 10,
         rules={f"rule-{i}": f"Rule number {i}: always check case {i} before answering. " * 3 for i in range(rules)},
-        skills={f"topic{i}-guide": Skill(f"topic{i}-guide", f"How to handle situation {i}", f"Step by step {i}. " * 40)
-                for i in range(skills)},
+        skills={
+            f"topic{i}-guide": Skill(f"topic{i}-guide", f"How to handle situation {i}", f"Step by step {i}. " * 40)
+            for i in range(skills)
+        },
     )
 
 
 def request(chars: int) -> ChatRequest:
     turns = max(1, chars // 1000)
-    messages = [Message("user" if i % 2 == 0 else "assistant", ("lorem ipsum dolor sit amet " * 37)[:1000])
-                for i in range(turns)]
+    messages = [
+        Message("user" if i % 2 == 0 else "assistant", ("lorem ipsum dolor sit amet " * 37)[:1000])
+        for i in range(turns)
+    ]
     messages.append(Message("user", "follow the topic1 guide for this"))
     return ChatRequest(model="m", messages=tuple(messages), dialect="openai")
 
@@ -79,8 +83,9 @@ def main() -> None:
     for key, row in results.items():
         print(f"{key:<12} {row['us_per_call']:>9.2f} us/call  x{row['ratio']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"python": platform.python_version(), "calls": args.calls, "results": results},
-                                   indent=2) + "\n")
+    args.out.write_text(
+        json.dumps({"python": platform.python_version(), "calls": args.calls, "results": results}, indent=2) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -97,12 +97,8 @@ class LoopRecord:
     name: str
     kills_planned: int
     kills: collections.Counter[str] = field(default_factory=collections.Counter)
-    events: list[dict[str, Any]] = field(
-        default_factory=list
-    )  # one per kill or PostgreSQL stop
-    serve_again_s: dict[str, list[float]] = field(
-        default_factory=lambda: collections.defaultdict(list)
-    )
+    events: list[dict[str, Any]] = field(default_factory=list)  # one per kill or PostgreSQL stop
+    serve_again_s: dict[str, list[float]] = field(default_factory=lambda: collections.defaultdict(list))
     checks: list[CheckResult] = field(default_factory=list)
     inspections: list[dict[str, Any]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -142,9 +138,7 @@ class LoopRecord:
 # -- serving again, inspecting offline ------------------------------------------------------------
 
 
-def serve_again(
-    urls: list[str], since: float, timeout: float = SERVE_AGAIN_TIMEOUT_S
-) -> float:
+def serve_again(urls: list[str], since: float, timeout: float = SERVE_AGAIN_TIMEOUT_S) -> float:
     """Seconds from `since` until every url answers a chat completion with 200."""
     deadline = time.monotonic() + timeout
     waiting = list(urls)
@@ -163,9 +157,7 @@ def serve_again(
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise LoopAborted(
-                f"{url} did not serve a chat completion again within {timeout:.0f} s"
-            )
+            raise LoopAborted(f"{url} did not serve a chat completion again within {timeout:.0f} s")
         time.sleep(0.05)
     return time.monotonic() - since
 
@@ -180,9 +172,7 @@ def stale_git_locks(*roots: Path) -> list[str]:
     return sorted(found)
 
 
-def reef_inspect(
-    state_dir: Path, what: str, extra: tuple[str, ...] = ()
-) -> dict[str, Any]:
+def reef_inspect(state_dir: Path, what: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """`reef inspect` on `state_dir`: clean when it exits 0 and names no lock other than the
     stale ones its recovery removed (a git killed mid-write leaves those; recovery's job)."""
     env = {
@@ -224,9 +214,7 @@ def reef_inspect(
     }
 
 
-def inspect_crashed(
-    state_dir: Path, scratch: Path, what: str, git_roots: tuple[Path, ...] = ()
-) -> dict[str, Any]:
+def inspect_crashed(state_dir: Path, scratch: Path, what: str, git_roots: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Inspect a copy of a crashed (offline) state directory, so the restart recovers the
     original as it was left. The git locks the kill left in the original are listed (expected
     when a git died with its process: the restart must clear them, see `locks_persisting`)."""
@@ -268,11 +256,7 @@ def git_fsck(repository: Path) -> str:
         text=True,
         timeout=300,
     )
-    return (
-        "clean"
-        if done.returncode == 0
-        else f"rc {done.returncode}: {(done.stdout + done.stderr)[-500:]}"
-    )
+    return "clean" if done.returncode == 0 else f"rc {done.returncode}: {(done.stdout + done.stderr)[-500:]}"
 
 
 # -- what every loop shares ----------------------------------------------------------------------
@@ -303,9 +287,7 @@ def base_settings(upstream: ScriptedUpstream) -> dict[str, Any]:
 def create_scenarios(url: str) -> dict[str, str]:
     first = {}
     for scenario in SCENARIOS:
-        created = httpx.post(
-            f"{url}/reef/scenarios", json={"name": scenario}, timeout=30
-        )
+        created = httpx.post(f"{url}/reef/scenarios", json={"name": scenario}, timeout=30)
         created.raise_for_status()
         first[scenario] = created.json()["head"]["release_id"]
     return first
@@ -324,9 +306,7 @@ def run_checked(
     return result
 
 
-def kill_mid_rollback(
-    url: str, ledger: Ledger, rng: random.Random, tree: bool
-) -> dict[str, Any] | None:
+def kill_mid_rollback(url: str, ledger: Ledger, rng: random.Random, tree: bool) -> dict[str, Any] | None:
     """Send a rollback on a connection to a known process and SIGKILL that process (`strike`)
     a random moment later, while the rollback's git and commit-log writes may be running (where a
     stale `*.lock` comes from). None when no process answered to be aimed at."""
@@ -397,15 +377,11 @@ def loop_one(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> Non
             try:
                 reef.start()
             except RuntimeError as exc:
-                raise LoopAborted(
-                    f"reef serve did not start after kill {n}: {exc}"
-                ) from None
+                raise LoopAborted(f"reef serve did not start after kill {n}: {exc}") from None
             took = serve_again([reef.url], started)
             record.serve_again_s["serve"].append(took)
             ledger.phase = "steady"  # served again
-            result = run_checked(
-                record, ledger, open_store, [reef.url], rng, f"after kill {n}"
-            )
+            result = run_checked(record, ledger, open_store, [reef.url], rng, f"after kill {n}")
             left = crashed["locks_left_by_kill"]
             fail_if_persisting(record, left, f"kill {n}")
             record.events.append(
@@ -551,24 +527,18 @@ def restart_supervisor(
     try:
         workers.start()
     except RuntimeError as exc:
-        raise LoopAborted(
-            f"reef serve --workers did not start again ({why}): {exc}"
-        ) from None
+        raise LoopAborted(f"reef serve --workers did not start again ({why}): {exc}") from None
     took = serve_again([workers.url], started)
     fail_if_persisting(record, left, why)
     return took
 
 
-def fail_if_persisting(
-    record: LoopRecord, left: dict[str, list[int]], why: str
-) -> None:
+def fail_if_persisting(record: LoopRecord, left: dict[str, list[int]], why: str) -> None:
     """After a restart: the git locks a kill left must be gone (the same files, still there,
     were never cleared)."""
     record.locks_left_by_kills += sorted(left)
     if persisting := locks_persisting(left):
-        record.fail(
-            f"git locks left by {why} are still there after the restart: {persisting}"
-        )
+        record.fail(f"git locks left by {why} are still there after the restart: {persisting}")
 
 
 def loop_sqlite(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> None:
@@ -619,9 +589,7 @@ def loop_sqlite(upstream: ScriptedUpstream, s: Settings, record: LoopRecord) -> 
                     record.serve_again_s["supervisor"].append(took)
                     event["serve_again_s"] = round(took, 3)
             ledger.phase = "steady"  # served again
-            result = run_checked(
-                record, ledger, open_store, [workers.url], rng, f"after kill {n}"
-            )
+            result = run_checked(record, ledger, open_store, [workers.url], rng, f"after kill {n}")
             record.events.append({"kill": n, **event, "check_ok": result.ok})
             record.say(
                 f"kill {n}/{s.kills}: {event['victim']} pid {event['pid']}{mid(event)}; serving again in "
@@ -668,9 +636,7 @@ def kill_supervisor(
 def stop_workers(workers: ReefWorkers, record: LoopRecord) -> None:
     status = workers.stop()
     if status not in (0, None):
-        record.fail(
-            f"the supervisor exited with {status} when stopped:\n{workers.logs(1500)}"
-        )
+        record.fail(f"the supervisor exited with {status} when stopped:\n{workers.logs(1500)}")
 
 
 # -- loop 3: --workers and a second front end on PostgreSQL ---------------------------------------
@@ -690,17 +656,13 @@ class PgDeployment:
 
     def worker_locks(self) -> dict[str, list[int]]:
         """The git locks in the workers' own state directories (offline: all workers dead)."""
-        return lock_identities(
-            stale_git_locks(Path(self.workers.settings["state_dir"]))
-        )
+        return lock_identities(stale_git_locks(Path(self.workers.settings["state_dir"])))
 
     def local_dirs(self) -> list[Path]:
         return [Path(self.workers.settings["state_dir"]), self.front.state_dir]
 
 
-def start_pg_deployment(
-    upstream: ScriptedUpstream, root: Path, store_url: str
-) -> PgDeployment:
+def start_pg_deployment(upstream: ScriptedUpstream, root: Path, store_url: str) -> PgDeployment:
     remote = root / "remote.git"
     subprocess.run(["git", "init", "--bare", "--quiet", str(remote)], check=True)
     shared = {
@@ -744,9 +706,7 @@ def run_postgres_kills(
     ledger = Ledger(create_scenarios(d.workers.url))
     record.ledger = ledger
     load = MixedLoad(d.urls, ledger, rng.randrange(2**32), s.shape).start()
-    stops_before = {
-        (i + 1) * s.kills // (s.pg_stops + 1) + 1 for i in range(s.pg_stops)
-    }
+    stops_before = {(i + 1) * s.kills // (s.pg_stops + 1) + 1 for i in range(s.pg_stops)}
     try:
         for n in range(1, s.kills + 1):
             pause(rng, s.gap)
@@ -757,9 +717,7 @@ def run_postgres_kills(
             bring_back(d, record, n)
             event = kill_pg_part(d, rng, record, n, s, ledger)
             ledger.phase = "steady"  # served again
-            result = run_checked(
-                record, ledger, open_store, d.urls, rng, f"after kill {n}"
-            )
+            result = run_checked(record, ledger, open_store, d.urls, rng, f"after kill {n}")
             record.events.append({"kill": n, **event, "check_ok": result.ok})
             record.say(
                 f"kill {n}/{s.kills}: {event['victim']} pid {event['pid']}{mid(event)}; serving again in "
@@ -790,11 +748,7 @@ def stop_postgres(
 ) -> None:
     """Stop PostgreSQL (alternately -m immediate and -m fast) under load, start it again; the
     seconds until both front ends serve, and a check."""
-    mode = (
-        "immediate"
-        if sum(1 for e in record.events if e.get("victim") == "postgres") % 2 == 0
-        else "fast"
-    )
+    mode = "immediate" if sum(1 for e in record.events if e.get("victim") == "postgres") % 2 == 0 else "fast"
     down = rng.uniform(1.0, 4.0)
     ledger.phase = "postgres down"
     cluster.stop(mode)
@@ -835,14 +789,10 @@ def bring_back(d: PgDeployment, record: LoopRecord, n: int) -> None:
             f"the supervisor exited with {d.workers.supervisor.returncode} on its own before kill {n}:"  # type: ignore[union-attr]
             f"\n{d.workers.logs(1500)}"
         )
-        record.serve_again_s["supervisor"].append(
-            restart_supervisor(d.workers, record, "it exited", d.worker_locks)
-        )
+        record.serve_again_s["supervisor"].append(restart_supervisor(d.workers, record, "it exited", d.worker_locks))
     if d.front.process is None or d.front.process.poll() is not None:
         code = d.front.process.returncode if d.front.process else None
-        record.fail(
-            f"the second front end exited with {code} on its own before kill {n}:\n{d.front.logs()[-1500:]}"
-        )
+        record.fail(f"the second front end exited with {code} on its own before kill {n}:\n{d.front.logs()[-1500:]}")
         d.front.stop()
         record.serve_again_s["front end"].append(restart_front(d, n))
 
@@ -852,9 +802,7 @@ def restart_front(d: PgDeployment, n: int) -> float:
     try:
         d.front.start()
     except RuntimeError as exc:
-        raise LoopAborted(
-            f"the second front end did not start again (kill {n}): {exc}"
-        ) from None
+        raise LoopAborted(f"the second front end did not start again (kill {n}): {exc}") from None
     return serve_again([d.front.url], started)
 
 
@@ -902,8 +850,7 @@ def kill_pg_part(
     event = kill_a_worker(d.workers, rng, record, n, aim, tree)
     if "supervisor_exited" in event:
         record.fail(
-            f"the supervisor exited with {event['supervisor_exited']} after worker kill {n}:\n"
-            f"{d.workers.logs(1500)}"
+            f"the supervisor exited with {event['supervisor_exited']} after worker kill {n}:\n{d.workers.logs(1500)}"
         )
         took = restart_supervisor(d.workers, record, "it gave up", d.worker_locks)
         record.serve_again_s["supervisor"].append(took)
@@ -934,13 +881,10 @@ def inspect_postgres(d: PgDeployment, record: LoopRecord) -> None:
         )
     else:
         record.notes.append(
-            "reef inspect has no --store: it cannot read a PostgreSQL deployment (checked "
-            "in-process only)"
+            "reef inspect has no --store: it cannot read a PostgreSQL deployment (checked in-process only)"
         )
         record.say(record.notes[-1])
-    record.inspected(
-        stale_lock_result(d.remote.parent, "git locks at the end", *d.local_dirs())
-    )
+    record.inspected(stale_lock_result(d.remote.parent, "git locks at the end", *d.local_dirs()))
     record.fsck["remote.git"] = git_fsck(d.remote)
 
 
@@ -1000,13 +944,9 @@ def summarize(record: LoopRecord) -> dict[str, Any]:
         "kills_planned": record.kills_planned,
         "sigkills": dict(record.kills),
         "sigkills_total": sum(record.kills.values()),
-        "sigkills_mid_rollback": sum(
-            1 for e in record.events if "mid_rollback_after_s" in e
-        ),
+        "sigkills_mid_rollback": sum(1 for e in record.events if "mid_rollback_after_s" in e),
         "sigkills_with_children": sum(1 for e in record.events if e.get("tree")),
-        "postgres_stops": sum(
-            1 for e in record.events if e.get("victim") == "postgres"
-        ),
+        "postgres_stops": sum(1 for e in record.events if e.get("victim") == "postgres"),
         "seconds": round(record.seconds, 1),
         "final": final.to_json() if final else None,
         "checks": len(record.checks),
@@ -1015,17 +955,10 @@ def summarize(record: LoopRecord) -> dict[str, Any]:
         "inspections": len(inspections),
         "inspections_clean": sum(1 for i in inspections if i["clean"]),
         "git_locks_left_by_kills": record.locks_left_by_kills,
-        "git_locks_removed_by_inspect": sum(
-            len(i.get("locks_removed", [])) for i in inspections
-        ),
-        "git_lock_files_at_the_end": sorted(
-            {f for i in inspections for f in i.get("git_lock_files", [])}
-        ),
+        "git_locks_removed_by_inspect": sum(len(i.get("locks_removed", [])) for i in inspections),
+        "git_lock_files_at_the_end": sorted({f for i in inspections for f in i.get("git_lock_files", [])}),
         "client_answers": outcomes,
-        "failures_by_phase": {
-            f"{phase}: {kind}": n
-            for (phase, kind), n in sorted(ledger.failures_by_phase.items())
-        },
+        "failures_by_phase": {f"{phase}: {kind}": n for (phase, kind), n in sorted(ledger.failures_by_phase.items())},
         "unexpected_samples": ledger.samples,
         "connection_errors": dict(ledger.connection_errors.most_common(20)),
         "rollback_s": _spread(ledger.rollback_seconds),
@@ -1055,11 +988,7 @@ def print_table(row: dict[str, Any]) -> None:
         f"\nloop {row['loop']}: {row['title']}: {row['sigkills_total']} SIGKILLs {row['sigkills']}"
         f" ({row['sigkills_mid_rollback']} aimed at a rollback in flight, "
         f"{row['sigkills_with_children']} with the victim's child processes)"
-        + (
-            f", {row['postgres_stops']} PostgreSQL stops"
-            if row["postgres_stops"]
-            else ""
-        )
+        + (f", {row['postgres_stops']} PostgreSQL stops" if row["postgres_stops"] else "")
         + f", {row['seconds']:.0f} s"
     )
     final = row["final"]
@@ -1067,9 +996,7 @@ def print_table(row: dict[str, Any]) -> None:
         print(f"  {'':10}{'acked':>8}{'present':>9}{'lost':>6}{'duplicated':>12}")
         for kind in ("receipts", "reports", "releases"):
             c = final[kind]
-            print(
-                f"  {kind:10}{c['acked']:>8}{c['present']:>9}{c['lost']:>6}{c['duplicated']:>12}"
-            )
+            print(f"  {kind:10}{c['acked']:>8}{c['present']:>9}{c['lost']:>6}{c['duplicated']:>12}")
         print(
             f"  wrong scenario {final['wrong_scenario']}; records left in_progress {final['in_progress']}; "
             f"reports stored but never acknowledged {final['stored_reports_not_acked']}"
@@ -1087,17 +1014,11 @@ def print_table(row: dict[str, Any]) -> None:
         got = {k.split()[0]: n for k, n in answers.items() if k.endswith(" " + kind)}
         if got:
             print(f"  client answers {kind}: {got}")
-    print(
-        f"  client answers 2xx: { {k.split()[0]: n for k, n in answers.items() if k.endswith(' 2xx')} }"
-    )
-    steady = {
-        k: n for k, n in row["failures_by_phase"].items() if k.startswith("steady")
-    }
+    print(f"  client answers 2xx: { {k.split()[0]: n for k, n in answers.items() if k.endswith(' 2xx')} }")
+    steady = {k: n for k, n in row["failures_by_phase"].items() if k.startswith("steady")}
     print(f"  failures while nothing was down (steady): {steady or 'none'}")
     for what, r in row["serve_again"].items():
-        print(
-            f"  serving again after {what}: {r['count']} times, median {r['median_s']} s, max {r['max_s']} s"
-        )
+        print(f"  serving again after {what}: {r['count']} times, median {r['median_s']} s, max {r['max_s']} s")
     if row["rollback_s"]:
         r = row["rollback_s"]
         print(
@@ -1117,17 +1038,9 @@ def print_summary(rows: list[dict[str, Any]], seconds: float) -> None:
     )
     for row in rows:
         final = row["final"] or {}
-        acked = [
-            final.get(k, {}).get("acked", 0)
-            for k in ("receipts", "reports", "releases")
-        ]
-        lost = sum(
-            final.get(k, {}).get("lost", 0) for k in ("receipts", "reports", "releases")
-        )
-        dup = sum(
-            final.get(k, {}).get("duplicated", 0)
-            for k in ("receipts", "reports", "releases")
-        )
+        acked = [final.get(k, {}).get("acked", 0) for k in ("receipts", "reports", "releases")]
+        lost = sum(final.get(k, {}).get("lost", 0) for k in ("receipts", "reports", "releases"))
+        dup = sum(final.get(k, {}).get("duplicated", 0) for k in ("receipts", "reports", "releases"))
         answers = row["client_answers"]
         fivexx = sum(n for k, n in answers.items() if k.endswith(" 5xx"))
         conn = sum(n for k, n in answers.items() if k.endswith((" conn", " cut")))
@@ -1138,9 +1051,7 @@ def print_summary(rows: list[dict[str, Any]], seconds: float) -> None:
             f"{len(row['failures']):>10}"
         )
     total = sum(r["sigkills_total"] for r in rows)
-    print(
-        f"  {total} SIGKILLs in all, {sum(r['postgres_stops'] for r in rows)} PostgreSQL stops, {seconds:.0f} s"
-    )
+    print(f"  {total} SIGKILLs in all, {sum(r['postgres_stops'] for r in rows)} PostgreSQL stops, {seconds:.0f} s")
 
 
 # -- the command --------------------------------------------------------------------------------------
@@ -1150,9 +1061,7 @@ def parse_kills(text: str, loops: list[str]) -> dict[str, int]:
     """`N` (every loop) or `N1,N2,N3` (one per loop of `--loops`, in its order)."""
     parts = [int(p) for p in text.split(",")]
     if any(p < 0 for p in parts) or len(parts) not in (1, len(loops)):
-        raise argparse.ArgumentTypeError(
-            f"--kills: one count or one per loop ({len(loops)}), got {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"--kills: one count or one per loop ({len(loops)}), got {text!r}")
     return dict(zip(loops, parts * len(loops) if len(parts) == 1 else parts))
 
 
@@ -1160,9 +1069,7 @@ def parse_gap(text: str) -> tuple[float, float]:
     low, _, high = text.partition(":")
     gap = (float(low), float(high or low))
     if not 0 <= gap[0] <= gap[1]:
-        raise argparse.ArgumentTypeError(
-            f"--gap: MIN:MAX with 0 <= MIN <= MAX, got {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"--gap: MIN:MAX with 0 <= MIN <= MAX, got {text!r}")
     return gap
 
 
@@ -1258,8 +1165,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--workdir",
         type=Path,
-        help="where the state directories go (default: a temporary directory, deleted at the end "
-        "unless --keep)",
+        help="where the state directories go (default: a temporary directory, deleted at the end unless --keep)",
     )
     parser.add_argument(
         "--keep",
@@ -1276,9 +1182,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.loops = [name.strip() for name in args.loops.split(",") if name.strip()]
     unknown = [name for name in args.loops if name not in LOOPS]
     if unknown or not args.loops:
-        parser.error(
-            f"--loops: choose among {', '.join(LOOPS)}; got {unknown or 'none'}"
-        )
+        parser.error(f"--loops: choose among {', '.join(LOOPS)}; got {unknown or 'none'}")
     try:
         args.kills = parse_kills(args.kills, args.loops)
     except (argparse.ArgumentTypeError, ValueError) as exc:
@@ -1349,10 +1253,7 @@ def main(argv: list[str] | None = None) -> int:
                     "cpus": os.cpu_count(),
                     "python": platform.python_version(),
                 },
-                "settings": {
-                    k: (str(v) if isinstance(v, Path) else v)
-                    for k, v in vars(args).items()
-                },
+                "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                 "seconds": round(seconds, 1),
                 "loops": rows,
             },

@@ -39,16 +39,24 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="reef-bench-learning-") as work:
         out_dir = Path(work) / "out"
-        result = run_demo(minutes=args.minutes, workdir=Path(work) / "demo", model_dir=args.model_dir,
-                          concurrency=args.concurrency, out_dir=out_dir)
+        result = run_demo(
+            minutes=args.minutes,
+            workdir=Path(work) / "demo",
+            model_dir=args.model_dir,
+            concurrency=args.concurrency,
+            out_dir=out_dir,
+        )
         curve = json.loads((out_dir / "learning_curve.json").read_text())
         args.out.parent.mkdir(parents=True, exist_ok=True)
         (args.out.parent / "learning_curve.png").write_bytes((out_dir / "learning_curve.png").read_bytes())
     record = {
         "benchmark": "learning",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "settings": {"minutes": args.minutes, "concurrency": args.concurrency,
-                     "model": str(args.model_dir or "SmolLM2-135M-Instruct")},
+        "settings": {
+            "minutes": args.minutes,
+            "concurrency": args.concurrency,
+            "model": str(args.model_dir or "SmolLM2-135M-Instruct"),
+        },
         "result": {k: v for k, v in result.to_json().items() if k not in ("png", "json", "server_log")},
         "heldout": curve["heldout"],
         "rejected": curve["rejected"],

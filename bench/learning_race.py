@@ -56,19 +56,33 @@ sys.path[:0] = [str(ROOT), str(BENCH)]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import bare_loop  # noqa: E402
 import httpx  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
-
-import bare_loop  # noqa: E402
 from race_gate_split import HalfGate, WiderGate  # noqa: E402
 from race_sabotage import FlippedScores  # noqa: E402
+
 from reef.config import EmbeddedConfig  # noqa: E402
 from reef.demo.run import SCENARIO, DemoStats, _worker, poll_learning  # noqa: E402
-from reef.demo.server import (CANARY, GATE_AFTER_BATCHES, GATE_CONCURRENCY, GATE_CONCURRENCY_WHEN,  # noqa: E402
-                              GATE_HALVES, GATE_MAX_TOKENS, LEARNING_RATE, LIVE_SPLIT, LOSS, STEPS_PER_CANDIDATE,
-                              TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE, DemoServer, canary_bound, demo_settings,
-                              free_port)
+from reef.demo.server import (
+    CANARY,
+    GATE_AFTER_BATCHES,
+    GATE_CONCURRENCY,
+    GATE_CONCURRENCY_WHEN,  # noqa: E402
+    GATE_HALVES,
+    GATE_MAX_TOKENS,
+    LEARNING_RATE,
+    LIVE_SPLIT,
+    LOSS,
+    STEPS_PER_CANDIDATE,
+    TRAFFIC_MAX_TOKENS,
+    TRAFFIC_TEMPERATURE,
+    DemoServer,
+    canary_bound,
+    demo_settings,
+    free_port,
+)
 
 BATCH = 8  # the demo's learner.sao.batch_size
 GAINS = (10, 20, 30)  # points over the base
@@ -118,12 +132,19 @@ def race_task(name: str) -> RaceTask:
     if name == "demo":
         from reef.demo import tasks as demo
 
-        return RaceTask("demo", demo, "reef.demo.tasks:gate_score", TRAFFIC_MAX_TOKENS, GATE_MAX_TOKENS,
-                        demo.SHOWN_EXAMPLES)
+        return RaceTask(
+            "demo", demo, "reef.demo.tasks:gate_score", TRAFFIC_MAX_TOKENS, GATE_MAX_TOKENS, demo.SHOWN_EXAMPLES
+        )
     import race_tasks as sentence
 
-    return RaceTask("sentence", sentence, "race_tasks:gate_score", sentence.TRAFFIC_MAX_TOKENS,
-                    sentence.EVAL_MAX_TOKENS, sentence.SHOWN_EXAMPLES)
+    return RaceTask(
+        "sentence",
+        sentence,
+        "race_tasks:gate_score",
+        sentence.TRAFFIC_MAX_TOKENS,
+        sentence.EVAL_MAX_TOKENS,
+        sentence.SHOWN_EXAMPLES,
+    )
 
 
 def log(message: str) -> None:
@@ -137,8 +158,19 @@ def run_bare(task: RaceTask, model: Any, tokenizer: Any, seconds: float, every: 
     log(f"bare: training for {seconds / 60:.1f} min (seed {seed})")
     if seed:  # seed 0 keeps the sampling stream load_model leaves, so earlier records of seed 0 still compare
         torch.manual_seed(seed)
-    snaps, steps = bare_loop.run(model, tokenizer, task.module, seconds, every, lr=LEARNING_RATE, batch=BATCH,
-                                 temperature=TRAFFIC_TEMPERATURE, max_tokens=task.traffic_max_tokens, seed=seed, log=log)
+    snaps, steps = bare_loop.run(
+        model,
+        tokenizer,
+        task.module,
+        seconds,
+        every,
+        lr=LEARNING_RATE,
+        batch=BATCH,
+        temperature=TRAFFIC_TEMPERATURE,
+        max_tokens=task.traffic_max_tokens,
+        seed=seed,
+        log=log,
+    )
     log(f"bare: {len(steps)} steps, {len(steps) * BATCH} scored rollouts")
     return {"snapshots": [{"second": s, "weights": w} for s, w in snaps], "steps": steps}
 
@@ -150,19 +182,32 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
     if arm.gate_from_train or arm.gate_half:
         split = WiderGate(task.module, arm.gate_from_train) if arm.gate_from_train else HalfGate(task.module)
         task = replace(task, module=split)
-        log(f"reef: the gate has {len(task.module.heldout_tasks())} tasks, traffic "
-            f"{len(task.module.train_tasks())} questions")
+        log(
+            f"reef: the gate has {len(task.module.heldout_tasks())} tasks, traffic "
+            f"{len(task.module.train_tasks())} questions"
+        )
     heldout = task.module.write_heldout_jsonl(workdir / "heldout.jsonl")
     if arm.flip_scores:
         task = replace(task, module=FlippedScores(task.module))
         log("reef: the clients report every score flipped (1 - score); the gate's scorer is the real one")
     port = free_port()
     config = workdir / "serve.yaml"
-    settings = demo_settings(workdir, heldout, port, None, LEARNING_RATE, scorer=task.scorer,
-                             traffic_max_tokens=task.traffic_max_tokens, gate_max_tokens=task.eval_max_tokens,
-                             canary=arm.canary, loss=arm.loss, gate_concurrency=arm.gate_concurrency,
-                             gate_concurrency_when=arm.gate_concurrency_when,
-                             gate_after_batches=arm.gate_after_batches, gate_halves=arm.gate_halves)
+    settings = demo_settings(
+        workdir,
+        heldout,
+        port,
+        None,
+        LEARNING_RATE,
+        scorer=task.scorer,
+        traffic_max_tokens=task.traffic_max_tokens,
+        gate_max_tokens=task.eval_max_tokens,
+        canary=arm.canary,
+        loss=arm.loss,
+        gate_concurrency=arm.gate_concurrency,
+        gate_concurrency_when=arm.gate_concurrency_when,
+        gate_after_batches=arm.gate_after_batches,
+        gate_halves=arm.gate_halves,
+    )
     settings["learner"]["gate"]["live_split"] = arm.live_split or None
     settings["learner"].update(canary_bound(arm.canary, arm.live_split))  # an arm's fraction above the bound
     settings["learner"]["gate"]["answer_on"] = arm.gate_answer_on
@@ -181,8 +226,11 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
     if arm.line:
         shutil.rmtree(line_dir, ignore_errors=True)
         settings["recipes"] = {"default": LINE_RECIPE}
-        settings["learner"][LINE_RECIPE] = {**settings["learner"].pop("sao"), "line_dir": str(line_dir.resolve()),
-                                            "fresh": arm.fresh}
+        settings["learner"][LINE_RECIPE] = {
+            **settings["learner"].pop("sao"),
+            "line_dir": str(line_dir.resolve()),
+            "fresh": arm.fresh,
+        }
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     server = DemoServer(config, port, workdir / "serve.log", pythonpath=(str(BENCH),))
     log(f"reef: starting reef serve on {server.url} (log {server.log_path})")
@@ -193,15 +241,23 @@ def run_reef(task: RaceTask, seconds: float, every: float, workdir: Path, arm: R
     finally:
         server.stop()
     published, rejected = stats.counts()
-    log(f"reef: {stats.requests} requests, {stats.reports} reports, {stats.errors} errors, "
-        f"{published} published, {rejected} rejected")
+    log(
+        f"reef: {stats.requests} requests, {stats.reports} reports, {stats.errors} errors, "
+        f"{published} published, {rejected} rejected"
+    )
     weights = _release_weights(workdir / "state", {s["release_id"] for s in serving} - {None})
-    return {"snapshots": [{**s, "weights": weights.get(s["release_id"])} for s in serving],
-            "requests": stats.requests, "reports": stats.reports, "errors": stats.errors,
-            "published": published, "rejected": rejected, "last_error": stats.last_error,
-            "verdicts": _verdicts(workdir / "state", serving[0]["wall"] - serving[0]["second"]),
-            "traffic": _traffic(workdir / "state", serving[0]["wall"] - serving[0]["second"]),
-            **({"line": _line_snapshots(line_dir, serving)} if arm.line else {})}
+    return {
+        "snapshots": [{**s, "weights": weights.get(s["release_id"])} for s in serving],
+        "requests": stats.requests,
+        "reports": stats.reports,
+        "errors": stats.errors,
+        "published": published,
+        "rejected": rejected,
+        "last_error": stats.last_error,
+        "verdicts": _verdicts(workdir / "state", serving[0]["wall"] - serving[0]["second"]),
+        "traffic": _traffic(workdir / "state", serving[0]["wall"] - serving[0]["second"]),
+        **({"line": _line_snapshots(line_dir, serving)} if arm.line else {}),
+    }
 
 
 def _line_snapshots(line_dir: Path, serving: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -212,15 +268,18 @@ def _line_snapshots(line_dir: Path, serving: list[dict[str, Any]]) -> list[dict[
     snapshots = []
     for snap in serving:
         newest = [path for second, path in made if second <= snap["wall"]]
-        snapshots.append({"second": snap["second"], "candidates": len(newest),
-                          "weights": load_file(newest[-1]) if newest else None})
+        snapshots.append(
+            {"second": snap["second"], "candidates": len(newest), "weights": load_file(newest[-1]) if newest else None}
+        )
     return snapshots
 
 
-async def _drive(server: DemoServer, task: RaceTask, seconds: float, every: float,
-                 concurrency: int, seed: int = 0) -> tuple[list[dict[str, Any]], DemoStats]:
-    stats = DemoStats(minutes=seconds / 60, examples=task.examples, tasks=task.module,
-                      max_tokens=task.traffic_max_tokens)
+async def _drive(
+    server: DemoServer, task: RaceTask, seconds: float, every: float, concurrency: int, seed: int = 0
+) -> tuple[list[dict[str, Any]], DemoStats]:
+    stats = DemoStats(
+        minutes=seconds / 60, examples=task.examples, tasks=task.module, max_tokens=task.traffic_max_tokens
+    )
     stop, rng = asyncio.Event(), random.Random(seed)  # the questions; the server samples with its own seeds
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=server.url, timeout=300.0, limits=limits) as client:
@@ -284,9 +343,15 @@ def _verdicts(state_dir: Path, started_wall: float) -> list[dict[str, Any]]:
 
     with ReefState.open(state_dir) as state:
         entries = [e for scenario in state.scenarios() for e in state.chain(scenario).history()]
-    return [{"minute": round((e.recorded_at - started_wall) / 60, 2), "decision": e.verdict.decision,
-             **{k: e.verdict.metrics.get(k) for k in ("wins", "losses", "ties") if k in e.verdict.metrics}}
-            for e in sorted(entries, key=lambda e: e.recorded_at) if e.verdict is not None]
+    return [
+        {
+            "minute": round((e.recorded_at - started_wall) / 60, 2),
+            "decision": e.verdict.decision,
+            **{k: e.verdict.metrics.get(k) for k in ("wins", "losses", "ties") if k in e.verdict.metrics},
+        }
+        for e in sorted(entries, key=lambda e: e.recorded_at)
+        if e.verdict is not None
+    ]
 
 
 def _traffic(state_dir: Path, started_wall: float) -> list[dict[str, Any]]:
@@ -306,8 +371,16 @@ def traffic_by_minute(store: Any, started_wall: float) -> list[dict[str, Any]]:
     for item in store.reported_since(SCENARIO, 0, -1):
         minute = int((item.report.created_at or started_wall) - started_wall) // 60
         scores.setdefault(minute, []).extend(item.report.score for _ in item.records)
-    return [{"minute": minute, "samples": len(s), "mean_score": round(sum(s) / len(s), 4),
-             "exact": round(sum(x == 1.0 for x in s) / len(s), 4)} for minute, s in sorted(scores.items()) if s]
+    return [
+        {
+            "minute": minute,
+            "samples": len(s),
+            "mean_score": round(sum(s) / len(s), 4),
+            "exact": round(sum(x == 1.0 for x in s) / len(s), 4),
+        }
+        for minute, s in sorted(scores.items())
+        if s
+    ]
 
 
 # -- evaluation (off the clock, one function for both arms) ------------------------------------
@@ -318,8 +391,13 @@ def evaluate(model: Any, tokenizer: Any, weights: dict[str, torch.Tensor], task:
     return evaluate_by_kind(model, tokenizer, weights, task)["all"]
 
 
-def evaluate_by_kind(model: Any, tokenizer: Any, weights: dict[str, torch.Tensor], task: RaceTask,
-                     questions: list[dict[str, Any]] | None = None) -> dict[str, float]:
+def evaluate_by_kind(
+    model: Any,
+    tokenizer: Any,
+    weights: dict[str, torch.Tensor],
+    task: RaceTask,
+    questions: list[dict[str, Any]] | None = None,
+) -> dict[str, float]:
     """`evaluate`'s success, as `all` and per kind of question (the tasks' `category`), on the
     test questions or on `questions`."""
     from peft import set_peft_model_state_dict
@@ -329,7 +407,7 @@ def evaluate_by_kind(model: Any, tokenizer: Any, weights: dict[str, torch.Tensor
     tests = task.module.test_tasks() if questions is None else questions
     hits: dict[str, list[bool]] = {}
     for start in range(0, len(tests), EVAL_BATCH):
-        chunk = tests[start:start + EVAL_BATCH]
+        chunk = tests[start : start + EVAL_BATCH]
         prompts = [bare_loop.prompt_ids(tokenizer, task.module.messages(t)) for t in chunk]
         comps, _, finish = bare_loop.generate(model, prompts, 0.0, task.eval_max_tokens)
         for t, c, f in zip(chunk, comps, finish):
@@ -352,8 +430,9 @@ def _digest(weights: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def evaluate_arms(arms: dict[str, dict[str, Any]], model: Any, tokenizer: Any, base: dict[str, torch.Tensor],
-                  task: RaceTask) -> float:
+def evaluate_arms(
+    arms: dict[str, dict[str, Any]], model: Any, tokenizer: Any, base: dict[str, torch.Tensor], task: RaceTask
+) -> float:
     """Adds `success` to every snapshot (equal weights are evaluated once); the base's success."""
     seen = {_digest(base): evaluate_by_kind(model, tokenizer, base, task)}
     log(f"eval: base {100 * seen[_digest(base)]['all']:.1f}% ({kinds_text(seen[_digest(base)])})")
@@ -363,9 +442,15 @@ def evaluate_arms(arms: dict[str, dict[str, Any]], model: Any, tokenizer: Any, b
             key = _digest(weights)
             if key not in seen:
                 seen[key] = evaluate_by_kind(model, tokenizer, weights, task)
-                log(f"eval: {name} at {snap['second'] / 60:.1f} min: {100 * seen[key]['all']:.1f}% "
-                    f"({kinds_text(seen[key])})")
-            snap["minute"], snap["success"], snap["by_kind"] = round(snap["second"] / 60, 3), seen[key]["all"], seen[key]
+                log(
+                    f"eval: {name} at {snap['second'] / 60:.1f} min: {100 * seen[key]['all']:.1f}% "
+                    f"({kinds_text(seen[key])})"
+                )
+            snap["minute"], snap["success"], snap["by_kind"] = (
+                round(snap["second"] / 60, 3),
+                seen[key]["all"],
+                seen[key],
+            )
     return seen[_digest(base)]["all"]
 
 
@@ -387,8 +472,14 @@ def summarise(arms: dict[str, dict[str, Any]], base: float) -> dict[str, Any]:
     final = {name: arm["snapshots"][-1]["success"] for name, arm in arms.items()}
     late = {name: late_mean(arm["snapshots"]) for name, arm in arms.items()}
     rollouts = {name: len(arm["steps"]) * BATCH if name == "bare" else arm["reports"] for name, arm in arms.items()}
-    return {"base": base, "minutes_to_gain": reach, "ratio_reef_over_bare": ratio, "final": final,
-            "late_mean": late, "scored_rollouts": rollouts}
+    return {
+        "base": base,
+        "minutes_to_gain": reach,
+        "ratio_reef_over_bare": ratio,
+        "final": final,
+        "late_mean": late,
+        "scored_rollouts": rollouts,
+    }
 
 
 def late_mean(points: list[dict[str, Any]]) -> float:
@@ -440,14 +531,26 @@ def plot(arms: dict[str, dict[str, Any]], base: float, task: RaceTask, path: Pat
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, arm in arms.items():
         minutes = [s["second"] / 60 for s in arm["snapshots"]]
-        ax.plot(minutes, [100 * s["success"] for s in arm["snapshots"]], marker="o", label=name,
-                color=ARM_COLOURS.get(name))
+        ax.plot(
+            minutes, [100 * s["success"] for s in arm["snapshots"]], marker="o", label=name, color=ARM_COLOURS.get(name)
+        )
     for g in (0, *GAINS):
         ax.axhline(100 * base + g, color="grey", lw=0.6, ls="-" if g == 0 else ":")
-        ax.annotate(f"+{g}" if g else "base", (1.0, 100 * base + g), xycoords=("axes fraction", "data"),
-                    xytext=(3, -3), textcoords="offset points", fontsize=8, color="grey")
-    ax.set(xlabel="minutes of wall clock", ylabel="test success, greedy (%)", ylim=(0, 100),
-           title=f"task {task.name}: {plot_subject(arms)}, {len(task.module.test_tasks())} test questions")
+        ax.annotate(
+            f"+{g}" if g else "base",
+            (1.0, 100 * base + g),
+            xycoords=("axes fraction", "data"),
+            xytext=(3, -3),
+            textcoords="offset points",
+            fontsize=8,
+            color="grey",
+        )
+    ax.set(
+        xlabel="minutes of wall clock",
+        ylabel="test success, greedy (%)",
+        ylim=(0, 100),
+        title=f"task {task.name}: {plot_subject(arms)}, {len(task.module.test_tasks())} test questions",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -461,72 +564,161 @@ def main() -> None:
     parser.add_argument("--arms", default="bare,reef", help="comma-separated, from bare and reef")
     parser.add_argument("--snapshot-every", type=float, default=60.0, help="seconds")
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--canary", type=float, default=CANARY,
-                        help="reef: learner.canary of the scenario, the fraction of requests the newest candidate "
-                             "under test serves (0: none)  [default: the demo's]")
-    parser.add_argument("--loss", choices=["ppo", "clipped_is", "cispo"], default=LOSS,
-                        help="reef: learner.sao.loss  [default: the demo's, %(default)s]")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="bare: the questions and the sampling; reef: the clients' questions. A run is one "
-                             "draw of a noisy process: compare runs of several seeds")
-    parser.add_argument("--gate-concurrency", type=int, default=GATE_CONCURRENCY,
-                        help="reef: learner.gate.concurrency, the gate's requests in flight at once (0: a look's "
-                             "tasks all at once)  [default: the demo's, %(default)s]")
-    parser.add_argument("--gate-concurrency-when", choices=["always", "starved"], default=GATE_CONCURRENCY_WHEN,
-                        help="reef: learner.gate.concurrency_when, whether the bound holds at every verdict or only "
-                             "while the learner waits for samples  [default: the demo's, %(default)s]")
-    parser.add_argument("--gate-after", type=int, default=GATE_AFTER_BATCHES,
-                        help="reef: learner.gate.after_batches, the candidates a line takes past the release it "
-                             "would replace before the gate judges it  [default: the demo's, %(default)s]")
-    parser.add_argument("--line", action="store_true",
-                        help="reef: also measure the line the learner trains, the newest candidate at each snapshot "
-                             "(bench/race_line.py writes each candidate's adapter; shown as the arm `line`)")
-    parser.add_argument("--gate-from-train", type=int, default=0, metavar="N",
-                        help="reef: also give the gate one in N of the training questions (by a hash), which its "
-                             "traffic then never asks; the bare loop still trains on all (bench/race_gate_split.py; "
-                             "0: none)  [default: %(default)s]")
-    parser.add_argument("--gate-half", action="store_true",
-                        help="reef: the gate judges on half its questions and nothing asks the other half, a view "
-                             "free of the gate's own selection")
-    parser.add_argument("--gate-halves", nargs="?", const=True, default=GATE_HALVES, choices=["after_first", "off"],
-                        metavar="after_first|off",
-                        help="reef: learner.gate.halves, each candidate judged on the half of the gate's questions "
-                             "its serving release was not selected on; after_first: the base's candidates on every "
-                             f"question; off: every candidate on every question  [default: the demo's, {GATE_HALVES}]")
-    parser.add_argument("--batching", choices=["static", "continuous"], default=None,
-                        help="reef: embedded.continuous_batching false (static: a batch runs from start to end, joined "
-                             f"by nothing) or true (continuous)  [default: Reef's, {REEF_BATCHING}]")
-    parser.add_argument("--turn-steps", type=int, default=None,
-                        help="reef: embedded.turn_steps, decoding steps a load's batch runs while another load waits")
-    parser.add_argument("--serve-threads", type=int, default=None, metavar="N",
-                        help="reef: embedded.threads, torch threads of the serving runtime (traffic and the gate)  "
-                             "[default: Reef's, half the cores]")
-    parser.add_argument("--train-threads", type=int, default=None, metavar="N",
-                        help="reef: learner.train_threads, torch threads of the training process  "
-                             "[default: Reef's, the other half of the cores]")
-    parser.add_argument("--gate-answer-on", choices=["runtime", "trainer"], default="runtime",
-                        help="reef: learner.gate.answer_on, where the gate's tasks are answered: the serving runtime "
-                             "(beside the traffic) or the training process (whenever it waits for samples, and a "
-                             "quarter of its time while it trains)  [default: %(default)s]")
-    parser.add_argument("--steps-per-candidate", type=int, default=STEPS_PER_CANDIDATE, metavar="K",
-                        help="reef: learner.sao.steps_per_candidate, optimiser steps a candidate (fewer: samples "
-                             "fewer steps behind the weights they train)  [default: the demo's, %(default)s]")
-    parser.add_argument("--fresh", type=int, default=0, metavar="N",
-                        help="reef, with --line: a batch waits until N of its samples were served by the newest "
-                             "candidate's canary, the one the next trains on from (bench/race_line.py)  [default: 0]")
-    parser.add_argument("--eps-clip-high", type=float, default=None, metavar="E",
-                        help="reef: learner.sao.eps_clip_high, with cispo the cap on a token's importance ratio is "
-                             "1 + E  [default: the sao recipe's, 0.28]")
-    parser.add_argument("--live-split", type=float, default=LIVE_SPLIT, metavar="F",
-                        help="reef: learner.gate.live_split, once three verdicts in a row run to their last look "
-                             "undecided the canary serves F of the requests and the line's live scores join later "
-                             f"verdicts (0: off)  [default: the demo's, {LIVE_SPLIT}]")
-    parser.add_argument("--flip-scores", action="store_true",
-                        help="sabotage: Reef's clients report 1 - score (bench/race_sabotage.py); its head must stay "
-                             "at the base")
+    parser.add_argument(
+        "--canary",
+        type=float,
+        default=CANARY,
+        help="reef: learner.canary of the scenario, the fraction of requests the newest candidate "
+        "under test serves (0: none)  [default: the demo's]",
+    )
+    parser.add_argument(
+        "--loss",
+        choices=["ppo", "clipped_is", "cispo"],
+        default=LOSS,
+        help="reef: learner.sao.loss  [default: the demo's, %(default)s]",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="bare: the questions and the sampling; reef: the clients' questions. A run is one "
+        "draw of a noisy process: compare runs of several seeds",
+    )
+    parser.add_argument(
+        "--gate-concurrency",
+        type=int,
+        default=GATE_CONCURRENCY,
+        help="reef: learner.gate.concurrency, the gate's requests in flight at once (0: a look's "
+        "tasks all at once)  [default: the demo's, %(default)s]",
+    )
+    parser.add_argument(
+        "--gate-concurrency-when",
+        choices=["always", "starved"],
+        default=GATE_CONCURRENCY_WHEN,
+        help="reef: learner.gate.concurrency_when, whether the bound holds at every verdict or only "
+        "while the learner waits for samples  [default: the demo's, %(default)s]",
+    )
+    parser.add_argument(
+        "--gate-after",
+        type=int,
+        default=GATE_AFTER_BATCHES,
+        help="reef: learner.gate.after_batches, the candidates a line takes past the release it "
+        "would replace before the gate judges it  [default: the demo's, %(default)s]",
+    )
+    parser.add_argument(
+        "--line",
+        action="store_true",
+        help="reef: also measure the line the learner trains, the newest candidate at each snapshot "
+        "(bench/race_line.py writes each candidate's adapter; shown as the arm `line`)",
+    )
+    parser.add_argument(
+        "--gate-from-train",
+        type=int,
+        default=0,
+        metavar="N",
+        help="reef: also give the gate one in N of the training questions (by a hash), which its "
+        "traffic then never asks; the bare loop still trains on all (bench/race_gate_split.py; "
+        "0: none)  [default: %(default)s]",
+    )
+    parser.add_argument(
+        "--gate-half",
+        action="store_true",
+        help="reef: the gate judges on half its questions and nothing asks the other half, a view "
+        "free of the gate's own selection",
+    )
+    parser.add_argument(
+        "--gate-halves",
+        nargs="?",
+        const=True,
+        default=GATE_HALVES,
+        choices=["after_first", "off"],
+        metavar="after_first|off",
+        help="reef: learner.gate.halves, each candidate judged on the half of the gate's questions "
+        "its serving release was not selected on; after_first: the base's candidates on every "
+        f"question; off: every candidate on every question  [default: the demo's, {GATE_HALVES}]",
+    )
+    parser.add_argument(
+        "--batching",
+        choices=["static", "continuous"],
+        default=None,
+        help="reef: embedded.continuous_batching false (static: a batch runs from start to end, joined "
+        f"by nothing) or true (continuous)  [default: Reef's, {REEF_BATCHING}]",
+    )
+    parser.add_argument(
+        "--turn-steps",
+        type=int,
+        default=None,
+        help="reef: embedded.turn_steps, decoding steps a load's batch runs while another load waits",
+    )
+    parser.add_argument(
+        "--serve-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="reef: embedded.threads, torch threads of the serving runtime (traffic and the gate)  "
+        "[default: Reef's, half the cores]",
+    )
+    parser.add_argument(
+        "--train-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="reef: learner.train_threads, torch threads of the training process  "
+        "[default: Reef's, the other half of the cores]",
+    )
+    parser.add_argument(
+        "--gate-answer-on",
+        choices=["runtime", "trainer"],
+        default="runtime",
+        help="reef: learner.gate.answer_on, where the gate's tasks are answered: the serving runtime "
+        "(beside the traffic) or the training process (whenever it waits for samples, and a "
+        "quarter of its time while it trains)  [default: %(default)s]",
+    )
+    parser.add_argument(
+        "--steps-per-candidate",
+        type=int,
+        default=STEPS_PER_CANDIDATE,
+        metavar="K",
+        help="reef: learner.sao.steps_per_candidate, optimiser steps a candidate (fewer: samples "
+        "fewer steps behind the weights they train)  [default: the demo's, %(default)s]",
+    )
+    parser.add_argument(
+        "--fresh",
+        type=int,
+        default=0,
+        metavar="N",
+        help="reef, with --line: a batch waits until N of its samples were served by the newest "
+        "candidate's canary, the one the next trains on from (bench/race_line.py)  [default: 0]",
+    )
+    parser.add_argument(
+        "--eps-clip-high",
+        type=float,
+        default=None,
+        metavar="E",
+        help="reef: learner.sao.eps_clip_high, with cispo the cap on a token's importance ratio is "
+        "1 + E  [default: the sao recipe's, 0.28]",
+    )
+    parser.add_argument(
+        "--live-split",
+        type=float,
+        default=LIVE_SPLIT,
+        metavar="F",
+        help="reef: learner.gate.live_split, once three verdicts in a row run to their last look "
+        "undecided the canary serves F of the requests and the line's live scores join later "
+        f"verdicts (0: off)  [default: the demo's, {LIVE_SPLIT}]",
+    )
+    parser.add_argument(
+        "--flip-scores",
+        action="store_true",
+        help="sabotage: Reef's clients report 1 - score (bench/race_sabotage.py); its head must stay at the base",
+    )
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/learning_race_<task>.json")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep the reef arm's serve.yaml, state and serve.log here  [default: a temporary folder]",
+    )
     args = parser.parse_args()
     args.gate_halves = False if args.gate_halves == "off" else args.gate_halves
     task, seconds = race_task(args.task), args.minutes * 60
@@ -548,12 +740,29 @@ def main() -> None:
             if name == "bare":
                 arms[name] = run_bare(task, model, tokenizer, seconds, args.snapshot_every, args.seed)
             else:
-                arm = ReefArm(args.concurrency, args.canary, args.loss, args.seed, args.gate_concurrency or None,
-                              args.gate_concurrency_when, args.gate_after, args.line, args.gate_from_train,
-                              args.gate_half, args.gate_halves, args.batching,
-                              args.turn_steps, args.live_split, args.flip_scores, args.serve_threads,
-                              args.train_threads, args.gate_answer_on, args.steps_per_candidate, args.fresh,
-                              args.eps_clip_high)
+                arm = ReefArm(
+                    args.concurrency,
+                    args.canary,
+                    args.loss,
+                    args.seed,
+                    args.gate_concurrency or None,
+                    args.gate_concurrency_when,
+                    args.gate_after,
+                    args.line,
+                    args.gate_from_train,
+                    args.gate_half,
+                    args.gate_halves,
+                    args.batching,
+                    args.turn_steps,
+                    args.live_split,
+                    args.flip_scores,
+                    args.serve_threads,
+                    args.train_threads,
+                    args.gate_answer_on,
+                    args.steps_per_candidate,
+                    args.fresh,
+                    args.eps_clip_high,
+                )
                 arms[name] = run_reef(task, seconds, args.snapshot_every, workdir, arm)
                 if "line" in arms[name]:
                     arms["line"] = {"snapshots": arms[name].pop("line"), "reports": arms[name]["reports"]}
@@ -566,25 +775,51 @@ def main() -> None:
 
 
 def write(out: Path, args: Any, task: RaceTask, arms: dict[str, dict[str, Any]], summary: dict[str, Any]) -> None:
-    settings = {"task": task.name, "minutes": args.minutes, "snapshot_every_s": args.snapshot_every,
-                "concurrency": args.concurrency, "canary": args.canary, "loss": args.loss, "seed": args.seed,
-                "gate_concurrency": args.gate_concurrency, "gate_concurrency_when": args.gate_concurrency_when,
-                "gate_after_batches": args.gate_after, "line": args.line,
-                "gate_from_train": args.gate_from_train, "gate_half": args.gate_half, "gate_halves": args.gate_halves,
-                "batching": args.batching or REEF_BATCHING,
-                "turn_steps": args.turn_steps, "live_split": args.live_split,
-                "serve_threads": args.serve_threads, "train_threads": args.train_threads,
-                "gate_answer_on": args.gate_answer_on,
-                "lr": LEARNING_RATE, "batch": BATCH, "steps_per_candidate": args.steps_per_candidate, "fresh": args.fresh,
-                "eps_clip_high": args.eps_clip_high,
-                "temperature": TRAFFIC_TEMPERATURE, "traffic_max_tokens": task.traffic_max_tokens,
-                "eval_max_tokens": task.eval_max_tokens, "examples": task.examples,
-                "lora": {"r": bare_loop.LORA.r, "alpha": bare_loop.LORA.alpha,
-                         "target_modules": list(bare_loop.LORA.target_modules)},
-                "test_questions": len(task.module.test_tasks()), "torch_threads": torch.get_num_threads()}
-    record = {"benchmark": "learning_race", "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                                        "python": platform.python_version()},
-              "settings": settings, "summary": summary, "arms": arms}
+    settings = {
+        "task": task.name,
+        "minutes": args.minutes,
+        "snapshot_every_s": args.snapshot_every,
+        "concurrency": args.concurrency,
+        "canary": args.canary,
+        "loss": args.loss,
+        "seed": args.seed,
+        "gate_concurrency": args.gate_concurrency,
+        "gate_concurrency_when": args.gate_concurrency_when,
+        "gate_after_batches": args.gate_after,
+        "line": args.line,
+        "gate_from_train": args.gate_from_train,
+        "gate_half": args.gate_half,
+        "gate_halves": args.gate_halves,
+        "batching": args.batching or REEF_BATCHING,
+        "turn_steps": args.turn_steps,
+        "live_split": args.live_split,
+        "serve_threads": args.serve_threads,
+        "train_threads": args.train_threads,
+        "gate_answer_on": args.gate_answer_on,
+        "lr": LEARNING_RATE,
+        "batch": BATCH,
+        "steps_per_candidate": args.steps_per_candidate,
+        "fresh": args.fresh,
+        "eps_clip_high": args.eps_clip_high,
+        "temperature": TRAFFIC_TEMPERATURE,
+        "traffic_max_tokens": task.traffic_max_tokens,
+        "eval_max_tokens": task.eval_max_tokens,
+        "examples": task.examples,
+        "lora": {
+            "r": bare_loop.LORA.r,
+            "alpha": bare_loop.LORA.alpha,
+            "target_modules": list(bare_loop.LORA.target_modules),
+        },
+        "test_questions": len(task.module.test_tasks()),
+        "torch_threads": torch.get_num_threads(),
+    }
+    record = {
+        "benchmark": "learning_race",
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "settings": settings,
+        "summary": summary,
+        "arms": arms,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
 

@@ -59,21 +59,34 @@ def judge(body: dict[str, Any]) -> str:
     return "VERDICT: -1" if "wrong" in next_state else "VERDICT: +1"
 
 
-def settings(workdir: Path, heldout: Path, port: int, judge_url: str, model_dir: Path | None,
-             args: argparse.Namespace) -> dict[str, Any]:
+def settings(
+    workdir: Path, heldout: Path, port: int, judge_url: str, model_dir: Path | None, args: argparse.Namespace
+) -> dict[str, Any]:
     embedded: dict[str, Any] = {"default_max_tokens": MAX_TOKENS}
     if model_dir is not None:
         embedded["model_dir"] = str(model_dir.resolve())
     return {
-        "host": "127.0.0.1", "port": port, "state_dir": str((workdir / "state").resolve()),
-        "runtime": "embedded", "log_level": "warning", "embedded": embedded,
+        "host": "127.0.0.1",
+        "port": port,
+        "state_dir": str((workdir / "state").resolve()),
+        "runtime": "embedded",
+        "log_level": "warning",
+        "embedded": embedded,
         "recipes": {"default": "openclaw_rl"},
         "learner": {
-            "openclaw_rl": {"turns_per_batch": args.turns_per_batch, "steps_per_candidate": args.steps_per_candidate,
-                            "lr": args.lr, "session_idle_s": 60,
-                            "judge": {"url": judge_url, "model": "scripted-judge", "votes": args.votes}},
-            "gate": {"tasks": str(heldout.resolve()), "scorer": "reef.demo.tasks:gate_score",
-                     "max_tokens": GATE_MAX_TOKENS, "temperature": 0},
+            "openclaw_rl": {
+                "turns_per_batch": args.turns_per_batch,
+                "steps_per_candidate": args.steps_per_candidate,
+                "lr": args.lr,
+                "session_idle_s": 60,
+                "judge": {"url": judge_url, "model": "scripted-judge", "votes": args.votes},
+            },
+            "gate": {
+                "tasks": str(heldout.resolve()),
+                "scorer": "reef.demo.tasks:gate_score",
+                "max_tokens": GATE_MAX_TOKENS,
+                "temperature": 0,
+            },
         },
     }
 
@@ -86,8 +99,9 @@ class Tally:
         self.conversations = 0
 
 
-async def conversation(client: httpx.AsyncClient, who: str, asked: list[dict[str, Any]], tries: int,
-                       named: bool, tally: Tally) -> None:
+async def conversation(
+    client: httpx.AsyncClient, who: str, asked: list[dict[str, Any]], tries: int, named: bool, tally: Tally
+) -> None:
     """One scripted user: each question until right (or `tries` answers), then the next."""
     headers = {**HEADERS, **({"x-reef-session": who} if named else {})}
     messages = demo_tasks.messages(asked[0])
@@ -109,7 +123,10 @@ async def conversation(client: httpx.AsyncClient, who: str, asked: list[dict[str
                 ask = f" Next: {demo_tasks.user_prompt(following)}" if following else " Thanks, bye."
                 messages = [*messages, {"role": "user", "content": said + ask}]
                 break
-            messages = [*messages, {"role": "user", "content": f"That's wrong, try again. {demo_tasks.user_prompt(task)}"}]
+            messages = [
+                *messages,
+                {"role": "user", "content": f"That's wrong, try again. {demo_tasks.user_prompt(task)}"},
+            ]
     # the closing message is the last answer's next state: one more request carries it
     body = {"model": "smollm2", "messages": messages, "temperature": 1.0, "max_tokens": 4}
     (await client.post("/v1/chat/completions", json=body, headers=headers)).raise_for_status()
@@ -125,8 +142,9 @@ async def users(url: str, minutes: float, concurrency: int, tries: int, seed: in
     async def one_user(client: httpx.AsyncClient) -> None:
         while time.monotonic() < deadline:
             n = next(counter)
-            await conversation(client, f"user-{n}", rng.sample(train, QUESTIONS_PER_CONVERSATION), tries,
-                               named=n % 2 == 0, tally=tally)
+            await conversation(
+                client, f"user-{n}", rng.sample(train, QUESTIONS_PER_CONVERSATION), tries, named=n % 2 == 0, tally=tally
+            )
 
     async with httpx.AsyncClient(base_url=url, timeout=300.0) as client:
         await asyncio.gather(*(one_user(client) for _ in range(concurrency)))
@@ -145,7 +163,11 @@ def decisions(url: str) -> list[dict[str, Any]]:
 def settle(url: str, minutes: float) -> None:
     """After the users stop: wait (at most `minutes`) for the candidate in training or at the gate."""
     deadline = time.monotonic() + minutes * 60
-    while time.monotonic() < deadline and learner_status(url).get("state") in ("training", "evaluating", "logging batch"):
+    while time.monotonic() < deadline and learner_status(url).get("state") in (
+        "training",
+        "evaluating",
+        "logging batch",
+    ):
         time.sleep(2)
 
 
@@ -164,13 +186,20 @@ def main() -> None:
     parser.add_argument("--steps-per-candidate", type=int, default=4, help="optimiser steps over a batch")
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--settle-minutes", type=float, default=5.0,
-                        help="after the users stop, wait this long at most for the candidate at the gate")
+    parser.add_argument(
+        "--settle-minutes",
+        type=float,
+        default=5.0,
+        help="after the users stop, wait this long at most for the candidate at the gate",
+    )
     parser.add_argument("--model-dir", type=Path, default=None, help="default: SmolLM2-135M-Instruct")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "openclaw_rl.json")
     args = parser.parse_args()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="reef-bench-openclaw-") as work, ScriptedUpstream(record=False) as judge_server:
+    with (
+        tempfile.TemporaryDirectory(prefix="reef-bench-openclaw-") as work,
+        ScriptedUpstream(record=False) as judge_server,
+    ):
         calls = itertools.count()  # the judge calls it answered
         judge_server.answer_with(lambda body: (next(calls), judge(body))[1])
         workdir = Path(work)
@@ -199,26 +228,42 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "result": {
-            "start_test_success": start["success"], "final_test_success": final["success"],
-            "start_release_id": start["release_id"], "final_release_id": final["release_id"],
-            "test_questions": final["n"], "published": published, "rejected": len(found) - published,
-            "judge_calls": judge_calls, "turns_trained": status.get("turns_trained"),
-            "conversations": tally.conversations, "questions_asked": tally.questions, "turns": tally.turns,
-            "right_first_time": tally.right_first, "learner": status,
+            "start_test_success": start["success"],
+            "final_test_success": final["success"],
+            "start_release_id": start["release_id"],
+            "final_release_id": final["release_id"],
+            "test_questions": final["n"],
+            "published": published,
+            "rejected": len(found) - published,
+            "judge_calls": judge_calls,
+            "turns_trained": status.get("turns_trained"),
+            "conversations": tally.conversations,
+            "questions_asked": tally.questions,
+            "turns": tally.turns,
+            "right_first_time": tally.right_first,
+            "learner": status,
             "seconds": round(time.monotonic() - started, 1),
         },
-        "decisions": [{"decision": d["verdict"]["decision"], "gate": d["verdict"].get("metrics", {}).get("candidate_score"),
-                       "turns": d.get("metrics", {}).get("turns")} for d in found],
+        "decisions": [
+            {
+                "decision": d["verdict"]["decision"],
+                "gate": d["verdict"].get("metrics", {}).get("candidate_score"),
+                "turns": d.get("metrics", {}).get("turns"),
+            }
+            for d in found
+        ],
     }
     if not found:
         record["server_log_tail"] = log_tail
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     r = record["result"]
-    print(f"openclaw_rl bench ({args.minutes:g} min of users): test success {r['start_test_success']:.3f} -> "
-          f"{r['final_test_success']:.3f} on {r['test_questions']} questions never trained on; "
-          f"{published} published, {r['rejected']} rejected; {r['turns_trained']} turns trained; "
-          f"{judge_calls} judge calls; {r['conversations']} conversations, {r['turns']} turns; wrote {args.out}")
+    print(
+        f"openclaw_rl bench ({args.minutes:g} min of users): test success {r['start_test_success']:.3f} -> "
+        f"{r['final_test_success']:.3f} on {r['test_questions']} questions never trained on; "
+        f"{published} published, {r['rejected']} rejected; {r['turns_trained']} turns trained; "
+        f"{judge_calls} judge calls; {r['conversations']} conversations, {r['turns']} turns; wrote {args.out}"
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,11 @@ from tests.helpers.reef_server import ReefServer, free_port  # noqa: E402
 LITELLM_VERSION = "1.108.7"
 LITELLM_ENV = ROOT / "bench" / ".litellm-venv"
 MODEL = "bench"  # the name LiteLLM routes; Reef and the upstream answer any name
-BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Say something short about the sea."}],
-        "max_tokens": 32}
+BODY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Say something short about the sea."}],
+    "max_tokens": 32,
+}
 
 
 async def one_request(client: aiohttp.ClientSession, url: str, stream: bool) -> float:
@@ -75,9 +78,13 @@ async def load(url: str, clients: int, seconds: float, stream: bool) -> dict[str
     latencies.sort()
     if not latencies:
         return {"requests": 0, "errors": errors, "rps": 0.0, "median_ms": float("nan"), "p99_ms": float("nan")}
-    return {"requests": len(latencies), "errors": errors, "rps": len(latencies) / elapsed,
-            "median_ms": statistics.median(latencies) * 1000,
-            "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000}
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "rps": len(latencies) / elapsed,
+        "median_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+    }
 
 
 def wait_until_answering(url: str, process: subprocess.Popen[bytes], what: str, timeout: float = 120) -> None:
@@ -96,8 +103,12 @@ def wait_until_answering(url: str, process: subprocess.Popen[bytes], what: str, 
 def start_upstream() -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "-m", "tests.scripted_upstream", "--port", str(port)], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.scripted_upstream", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/v1"
     try:
         wait_until_answering(url, process, "the benchmark upstream", timeout=20)
@@ -114,24 +125,42 @@ def ensure_litellm() -> Path:
         return exe
     print(f"installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_ENV} (once; a few minutes)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(LITELLM_ENV)], check=True)
-    subprocess.run([str(LITELLM_ENV / "bin" / "pip"), "install", "--quiet", f"litellm[proxy]=={LITELLM_VERSION}"],
-                   check=True)
+    subprocess.run(
+        [str(LITELLM_ENV / "bin" / "pip"), "install", "--quiet", f"litellm[proxy]=={LITELLM_VERSION}"], check=True
+    )
     return exe
 
 
 def start_litellm(upstream_url: str, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     exe = ensure_litellm()
     config = workdir / "litellm.yaml"
-    config.write_text(json.dumps({  # JSON is YAML
-        "model_list": [{"model_name": MODEL, "litellm_params": {
-            "model": "openai/echo", "api_base": upstream_url, "api_key": "sk-bench"}}],
-        "litellm_settings": {"turn_off_message_logging": True, "set_verbose": False},
-    }))
+    config.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "model_list": [
+                    {
+                        "model_name": MODEL,
+                        "litellm_params": {"model": "openai/echo", "api_base": upstream_url, "api_key": "sk-bench"},
+                    }
+                ],
+                "litellm_settings": {"turn_off_message_logging": True, "set_verbose": False},
+            }
+        )
+    )
     port = free_port()
-    env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-           "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}  # a loopback benchmark
-    process = subprocess.Popen([str(exe), "--config", str(config), "--port", str(port), "--num_workers", "1"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=workdir)
+    env = {
+        **os.environ,
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+    }  # a loopback benchmark
+    process = subprocess.Popen(
+        [str(exe), "--config", str(config), "--port", str(port), "--num_workers", "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=workdir,
+    )
     url = f"http://127.0.0.1:{port}/v1"
     try:
         wait_until_answering(url, process, "the LiteLLM proxy")
@@ -142,9 +171,14 @@ def start_litellm(upstream_url: str, workdir: Path) -> tuple[subprocess.Popen[by
 
 
 def row_of(clients: int, stream: bool, direct: dict, reef: dict, litellm: dict | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"clients": clients, "stream": stream, "direct": direct, "reef": reef,
-                           "reef_added_median_ms": reef["median_ms"] - direct["median_ms"],
-                           "reef_rps_ratio_to_direct": reef["rps"] / direct["rps"]}
+    row: dict[str, Any] = {
+        "clients": clients,
+        "stream": stream,
+        "direct": direct,
+        "reef": reef,
+        "reef_added_median_ms": reef["median_ms"] - direct["median_ms"],
+        "reef_rps_ratio_to_direct": reef["rps"] / direct["rps"],
+    }
     if litellm is not None:
         row["litellm"] = litellm
         row["litellm_added_median_ms"] = litellm["median_ms"] - direct["median_ms"]
@@ -153,18 +187,24 @@ def row_of(clients: int, stream: bool, direct: dict, reef: dict, litellm: dict |
     return row
 
 
-HEADER = (f"{'clients':>7} {'stream':>6} | {'direct':>7} {'med':>6} | {'reef':>6} {'med':>6} {'p99':>6} {'added':>6} | "
-          f"{'litellm':>7} {'med':>6} {'p99':>6} {'added':>6} | {'rps x':>6} {'added x':>7}")
+HEADER = (
+    f"{'clients':>7} {'stream':>6} | {'direct':>7} {'med':>6} | {'reef':>6} {'med':>6} {'p99':>6} {'added':>6} | "
+    f"{'litellm':>7} {'med':>6} {'p99':>6} {'added':>6} | {'rps x':>6} {'added x':>7}"
+)
 
 
 def print_row(row: dict[str, Any]) -> None:
     d, r, lite = row["direct"], row["reef"], row.get("litellm")
-    line = (f"{row['clients']:>7} {str(row['stream']):>6} | {d['rps']:>7.0f} {d['median_ms']:>6.2f} | "
-            f"{r['rps']:>6.0f} {r['median_ms']:>6.2f} {r['p99_ms']:>6.1f} {row['reef_added_median_ms']:>6.2f} | ")
+    line = (
+        f"{row['clients']:>7} {str(row['stream']):>6} | {d['rps']:>7.0f} {d['median_ms']:>6.2f} | "
+        f"{r['rps']:>6.0f} {r['median_ms']:>6.2f} {r['p99_ms']:>6.1f} {row['reef_added_median_ms']:>6.2f} | "
+    )
     if lite is not None:
-        line += (f"{lite['rps']:>7.0f} {lite['median_ms']:>6.1f} {lite['p99_ms']:>6.1f} "
-                 f"{row['litellm_added_median_ms']:>6.1f} | {row['reef_rps_over_litellm']:>6.1f} "
-                 f"{row['reef_added_over_litellm_added']:>7.3f}")
+        line += (
+            f"{lite['rps']:>7.0f} {lite['median_ms']:>6.1f} {lite['p99_ms']:>6.1f} "
+            f"{row['litellm_added_median_ms']:>6.1f} | {row['reef_rps_over_litellm']:>6.1f} "
+            f"{row['reef_added_over_litellm_added']:>7.3f}"
+        )
     print(line, flush=True)
 
 
@@ -185,15 +225,20 @@ def main() -> None:
             litellm, litellm_url = start_litellm(upstream_url, workdir)
         settings = {"upstream": {"url": upstream_url, "model": "echo"}, "log_level": "error"}
         with ReefServer(workdir, settings) as reef:
-            print("rps = requests per second; med, p99, added = latency in ms; rps x = Reef rps / LiteLLM rps; "
-                  "added x = Reef's added median / LiteLLM's")
+            print(
+                "rps = requests per second; med, p99, added = latency in ms; rps x = Reef rps / LiteLLM rps; "
+                "added x = Reef's added median / LiteLLM's"
+            )
             print(HEADER)
             for stream in (False, True):
                 for clients in args.clients:
                     direct = asyncio.run(load(f"{upstream_url}/chat/completions", clients, args.seconds, stream))
                     proxied = asyncio.run(load(f"{reef.base_url}/chat/completions", clients, args.seconds, stream))
-                    peer = (asyncio.run(load(f"{litellm_url}/chat/completions", clients, args.seconds, stream))
-                            if litellm_url else None)
+                    peer = (
+                        asyncio.run(load(f"{litellm_url}/chat/completions", clients, args.seconds, stream))
+                        if litellm_url
+                        else None
+                    )
                     row = row_of(clients, stream, direct, proxied, peer)
                     rows.append(row)
                     print_row(row)
@@ -202,9 +247,19 @@ def main() -> None:
         if litellm is not None:
             litellm.kill()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "proxy", "seconds": args.seconds, "machine": platform.node(),
-                                    "cpus": os.cpu_count(), "litellm": None if args.no_litellm else LITELLM_VERSION,
-                                    "results": rows}, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "proxy",
+                "seconds": args.seconds,
+                "machine": platform.node(),
+                "cpus": os.cpu_count(),
+                "litellm": None if args.no_litellm else LITELLM_VERSION,
+                "results": rows,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {args.out}")
 
 

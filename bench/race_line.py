@@ -47,7 +47,11 @@ class LineSAO(SAORecipe):
         super().intake(items, view)
 
     async def next_batch(self, view: LearnerView) -> SAOBatch | None:
-        if self.config.fresh and self.newest is not None and time.monotonic() - self.newest[1] < self.config.fresh_max_wait:
+        if (
+            self.config.fresh
+            and self.newest is not None
+            and time.monotonic() - self.newest[1] < self.config.fresh_max_wait
+        ):
             fresh = [s for s in self.pending if self.served_by.get(s.record_id) == self.newest[0]]
             if len(fresh) < min(self.config.fresh, self.candidate_size):
                 return None

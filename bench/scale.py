@@ -52,11 +52,14 @@ async def load_many(urls: list[str], clients: int, seconds: float, stream: bool)
     latencies: list[float] = []
     errors = 0
     per_url = max(1, clients // len(urls) + 1)
-    sessions = [aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=per_url),
-                                      timeout=aiohttp.ClientTimeout(total=60)) for _ in urls]
+    sessions = [
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=per_url), timeout=aiohttp.ClientTimeout(total=60))
+        for _ in urls
+    ]
     try:
-        await asyncio.gather(*(one_request(sessions[i % len(urls)], urls[i % len(urls)], stream)
-                               for i in range(max(8, len(urls)))))  # warm up every front end
+        await asyncio.gather(
+            *(one_request(sessions[i % len(urls)], urls[i % len(urls)], stream) for i in range(max(8, len(urls))))
+        )  # warm up every front end
         stop = time.perf_counter() + seconds
 
         async def worker(i: int) -> None:
@@ -77,9 +80,13 @@ async def load_many(urls: list[str], clients: int, seconds: float, stream: bool)
     latencies.sort()
     if not latencies:
         return {"requests": 0, "errors": errors, "rps": 0.0, "median_ms": float("nan"), "p99_ms": float("nan")}
-    return {"requests": len(latencies), "errors": errors, "rps": len(latencies) / elapsed,
-            "median_ms": statistics.median(latencies) * 1000,
-            "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000}
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "rps": len(latencies) / elapsed,
+        "median_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+    }
 
 
 class Cluster:
@@ -89,8 +96,20 @@ class Cluster:
             raise SystemExit(f"bench/scale.py needs PostgreSQL: {reason}")
         self.root = pg._make_root()
         self.data = self.root / "data"
-        pg._run([str(pg.PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                 "--locale=C", "--no-sync"])
+        pg._run(
+            [
+                str(pg.PG_BIN / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]
+        )
         self.server, dsn = pg._start(self.root, self.data)
         self.port = int(dict(p.split("=", 1) for p in dsn.split())["port"])
         self.dsn = dsn
@@ -108,8 +127,13 @@ class Cluster:
 
 
 def settings(store: str, upstream_url: str, remote: Path) -> dict[str, Any]:
-    return {"store": store, "artifacts": {"remote": str(remote)}, "learner": {"enabled": False},
-            "upstream": {"url": upstream_url, "model": "echo"}, "log_level": "error"}
+    return {
+        "store": store,
+        "artifacts": {"remote": str(remote)},
+        "learner": {"enabled": False},
+        "upstream": {"url": upstream_url, "model": "echo"},
+        "log_level": "error",
+    }
 
 
 def start_workers(workdir: Path, config: dict[str, Any], workers: int) -> tuple[subprocess.Popen[bytes], str]:
@@ -118,14 +142,21 @@ def start_workers(workdir: Path, config: dict[str, Any], workers: int) -> tuple[
     path.write_text(yaml.safe_dump({**config, "port": port, "state_dir": str(workdir / "state")}))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with (workdir / "workers.log").open("ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "reef", "serve", "-c", str(path), "--workers", str(workers)],
-                                   stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "reef", "serve", "-c", str(path), "--workers", str(workers)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=workdir,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     seen: set[str] = set()
     while len(seen) < workers:  # every worker up: new connections until each has answered
         if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"reef serve --workers {workers} did not start:\n{(workdir / 'workers.log').read_text()}")
+            raise RuntimeError(
+                f"reef serve --workers {workers} did not start:\n{(workdir / 'workers.log').read_text()}"
+            )
         try:
             seen.add(httpx.get(f"{url}/reef/status", timeout=2).json()["learning"]["front_end"])
         except (httpx.HTTPError, KeyError, ValueError):
@@ -156,24 +187,39 @@ def main() -> None:
 
     def measure(setup: str, n: int, urls: list[str], store: str = "postgresql") -> None:
         for stream in (False, True):
-            result = asyncio.run(load_many([f"{u}/v1/chat/completions" for u in urls], args.clients, args.seconds,
-                                           stream))
+            result = asyncio.run(
+                load_many([f"{u}/v1/chat/completions" for u in urls], args.clients, args.seconds, stream)
+            )
             if n == 1 and setup == "processes":
                 baseline[(store, stream)] = result["rps"]
             base = baseline.get((store, stream))
             ratio = result["rps"] / base if base else float("nan")
-            row = {"setup": setup, "store": store, "processes": n, "stream": stream, **result, "ratio_to_1": ratio,
-                   "gain_per_added_process": (ratio - 1) / (n - 1) if n > 1 else None}
+            row = {
+                "setup": setup,
+                "store": store,
+                "processes": n,
+                "stream": stream,
+                **result,
+                "ratio_to_1": ratio,
+                "gain_per_added_process": (ratio - 1) / (n - 1) if n > 1 else None,
+            }
             rows.append(row)
             gain = f"{row['gain_per_added_process']:+.2f}" if n > 1 else "-"
-            print(f"{setup:>9} {store:>10} {n:>2} {str(stream):>6} | {result['rps']:>7.0f} {result['median_ms']:>7.2f} "
-                  f"{result['p99_ms']:>7.1f} {result['errors']:>5} | {ratio:>5.2f} {gain:>6}", flush=True)
+            print(
+                f"{setup:>9} {store:>10} {n:>2} {str(stream):>6} | {result['rps']:>7.0f} {result['median_ms']:>7.2f} "
+                f"{result['p99_ms']:>7.1f} {result['errors']:>5} | {ratio:>5.2f} {gain:>6}",
+                flush=True,
+            )
 
     try:
-        print(f"{os.cpu_count()} CPUs; {args.clients} clients, {args.seconds} s a point; "
-              "rps = requests a second, med/p99 in ms; ratio = rps / rps of 1 process; gain = (ratio - 1) / (N - 1)")
-        print(f"{'setup':>9} {'store':>10} {'N':>2} {'stream':>6} | {'rps':>7} {'med':>7} {'p99':>7} {'errs':>5} | {'ratio':>5} "
-              f"{'gain':>6}")
+        print(
+            f"{os.cpu_count()} CPUs; {args.clients} clients, {args.seconds} s a point; "
+            "rps = requests a second, med/p99 in ms; ratio = rps / rps of 1 process; gain = (ratio - 1) / (N - 1)"
+        )
+        print(
+            f"{'setup':>9} {'store':>10} {'N':>2} {'stream':>6} | {'rps':>7} {'med':>7} {'p99':>7} {'errs':>5} | {'ratio':>5} "
+            f"{'gain':>6}"
+        )
         for n in args.counts:
             remote = workdir / f"p{n}-remote.git"
             subprocess.run(["git", "init", "--bare", "--quiet", str(remote)], check=True)
@@ -196,7 +242,11 @@ def main() -> None:
                 measure("--workers", n, [url])
             finally:
                 stop(process)
-        local = {"learner": {"enabled": False}, "upstream": {"url": upstream_url, "model": "echo"}, "log_level": "error"}
+        local = {
+            "learner": {"enabled": False},
+            "upstream": {"url": upstream_url, "model": "echo"},
+            "log_level": "error",
+        }
         single = ReefServer(workdir / "s1", local)  # one state directory: SQLite + JSONL, no database
         try:
             single.start()
@@ -216,8 +266,19 @@ def main() -> None:
         cluster.close()
         shutil.rmtree(workdir, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "scale", "seconds": args.seconds, "clients": args.clients,
-                                    "machine": platform.node(), "cpus": os.cpu_count(), "results": rows}, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "scale",
+                "seconds": args.seconds,
+                "clients": args.clients,
+                "machine": platform.node(),
+                "cpus": os.cpu_count(),
+                "results": rows,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {args.out}")
 
 

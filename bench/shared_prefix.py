@@ -50,8 +50,13 @@ OUT = ROOT / "bench" / "results" / "shared_prefix.json"
 
 
 def request(task: dict[str, Any], module: Any = demo, max_tokens: int = 8) -> ChatRequest:
-    return ChatRequest(model="m", dialect="openai", temperature=0, max_tokens=max_tokens,
-                       messages=tuple(Message(m["role"], m["content"]) for m in module.messages(task)))
+    return ChatRequest(
+        model="m",
+        dialect="openai",
+        temperature=0,
+        max_tokens=max_tokens,
+        messages=tuple(Message(m["role"], m["content"]) for m in module.messages(task)),
+    )
 
 
 async def serve_once(runtime: EmbeddedRuntime, load: str, requests: list[ChatRequest]) -> tuple[float, list[list[int]]]:
@@ -86,22 +91,27 @@ async def serving(model_dir: Path, rounds: int) -> dict[str, Any]:
         same = outputs[0] == outputs[MIN_SHARED_PREFIX]
     finally:
         await runtime.close()
-    return {"prompts": len(requests), "seconds_off": seconds[0], "seconds_on": seconds[MIN_SHARED_PREFIX],
-            "same_tokens": same}
+    return {
+        "prompts": len(requests),
+        "seconds_off": seconds[0],
+        "seconds_on": seconds[MIN_SHARED_PREFIX],
+        "same_tokens": same,
+    }
 
 
 def training(model_dir: Path, steps: int) -> dict[str, Any]:
-    from transformers import AutoTokenizer
-
     import bare_loop
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     trainer = LoRATrainer(model_dir, threads=1)
     prompts = [bare_loop.prompt_ids(tokenizer, demo.messages(t)) for t in demo.train_tasks()[:8]]
     completions = [[100 + i, 200, 300, 400, 2] for i in range(8)]
     logprobs = trainer.logprobs(None, list(zip(prompts, completions)))  # on-policy: nothing masked at first
-    samples = [Sample(p, c, lp, 1.0 if i % 2 else -1.0, 1.0) for i, (p, c, lp) in
-               enumerate(zip(prompts, completions, logprobs))]
+    samples = [
+        Sample(p, c, lp, 1.0 if i % 2 else -1.0, 1.0)
+        for i, (p, c, lp) in enumerate(zip(prompts, completions, logprobs))
+    ]
     config = TrainConfig()
     seconds, losses = {}, {}
     for setting in (0, MIN_SHARED_PREFIX):
@@ -113,8 +123,13 @@ def training(model_dir: Path, steps: int) -> dict[str, Any]:
             metrics = trainer.forward_backward(key, [s.datum() for s in samples], config.loss, config.loss_config)
             trainer.optim_step(key, config.adam)
         seconds[setting], losses[setting] = time.perf_counter() - started, metrics["loss"]
-    return {"steps": steps, "seconds_off": seconds[0], "seconds_on": seconds[MIN_SHARED_PREFIX],
-            "last_loss_off": losses[0], "last_loss_on": losses[MIN_SHARED_PREFIX]}
+    return {
+        "steps": steps,
+        "seconds_off": seconds[0],
+        "seconds_on": seconds[MIN_SHARED_PREFIX],
+        "last_loss_off": losses[0],
+        "last_loss_on": losses[MIN_SHARED_PREFIX],
+    }
 
 
 def gate_on_trainer(model_dir: Path, rounds: int) -> dict[str, Any]:
@@ -124,7 +139,7 @@ def gate_on_trainer(model_dir: Path, rounds: int) -> dict[str, Any]:
     results = {}
     for name, module, max_tokens in (("demo", demo, 8), ("sentence", sentence, sentence.EVAL_MAX_TOKENS)):
         requests = [request(t, module, max_tokens) for t in module.heldout_tasks()[:64]]
-        chunks = [requests[i:i + WARM_CHUNK] for i in range(0, len(requests), WARM_CHUNK)]
+        chunks = [requests[i : i + WARM_CHUNK] for i in range(0, len(requests), WARM_CHUNK)]
         trainer.generate(None, chunks[0], max_tokens)  # warm-up
         seconds: dict[int, list[float]] = {0: [], MIN_SHARED_PREFIX: []}
         answers: dict[int, list[str]] = {}
@@ -134,8 +149,13 @@ def gate_on_trainer(model_dir: Path, rounds: int) -> dict[str, Any]:
                 started = time.perf_counter()
                 answers[setting] = [a for chunk in chunks for a in trainer.generate(None, chunk, max_tokens)]
                 seconds[setting].append(time.perf_counter() - started)
-        results[name] = {"prompts": len(requests), "max_tokens": max_tokens, "seconds_off": seconds[0],
-                         "seconds_on": seconds[MIN_SHARED_PREFIX], "same_text": answers[0] == answers[MIN_SHARED_PREFIX]}
+        results[name] = {
+            "prompts": len(requests),
+            "max_tokens": max_tokens,
+            "seconds_off": seconds[0],
+            "seconds_on": seconds[MIN_SHARED_PREFIX],
+            "same_text": answers[0] == answers[MIN_SHARED_PREFIX],
+        }
     return results
 
 
@@ -150,20 +170,36 @@ def main() -> None:
     train = training(model_dir, args.steps)
     gate = gate_on_trainer(model_dir, args.rounds)
     off, on = min(serve["seconds_off"]), min(serve["seconds_on"])
-    print(f"serving {serve['prompts']} prompts: off {off:.2f} s, on {on:.2f} s (best of {args.rounds}), "
-          f"off/on {off / on:.2f}x, same tokens: {serve['same_tokens']}")
-    print(f"training {train['steps']} steps: off {train['seconds_off']:.2f} s, on {train['seconds_on']:.2f} s, "
-          f"off/on {train['seconds_off'] / train['seconds_on']:.2f}x, last loss {train['last_loss_off']:.6f} vs "
-          f"{train['last_loss_on']:.6f}")
+    print(
+        f"serving {serve['prompts']} prompts: off {off:.2f} s, on {on:.2f} s (best of {args.rounds}), "
+        f"off/on {off / on:.2f}x, same tokens: {serve['same_tokens']}"
+    )
+    print(
+        f"training {train['steps']} steps: off {train['seconds_off']:.2f} s, on {train['seconds_on']:.2f} s, "
+        f"off/on {train['seconds_off'] / train['seconds_on']:.2f}x, last loss {train['last_loss_off']:.6f} vs "
+        f"{train['last_loss_on']:.6f}"
+    )
     for name, result in gate.items():
         off, on = min(result["seconds_off"]), min(result["seconds_on"])
-        print(f"the gate's answers on the trainer, {name} ({result['prompts']} prompts, jobs of {WARM_CHUNK}, "
-              f"at most {result['max_tokens']} tokens): off {off:.2f} s, on {on:.2f} s (best of {args.rounds}), "
-              f"off/on {off / on:.2f}x, same text: {result['same_text']}")
+        print(
+            f"the gate's answers on the trainer, {name} ({result['prompts']} prompts, jobs of {WARM_CHUNK}, "
+            f"at most {result['max_tokens']} tokens): off {off:.2f} s, on {on:.2f} s (best of {args.rounds}), "
+            f"off/on {off / on:.2f}x, same text: {result['same_text']}"
+        )
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"benchmark": "shared_prefix", "machine": {"cpus": os.cpu_count(),
-                                                                        "platform": platform.platform()},
-                               "serving": serve, "training": train, "gate_on_trainer": gate}, indent=2) + "\n")
+    OUT.write_text(
+        json.dumps(
+            {
+                "benchmark": "shared_prefix",
+                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                "serving": serve,
+                "training": train,
+                "gate_on_trainer": gate,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {OUT}")
 
 

@@ -27,9 +27,17 @@ RESPONSE = {"choices": [{"message": {"role": "assistant", "content": "Paris." * 
 
 
 def record(writer: int, i: int) -> Record:
-    return Record(id=f"w{writer}-{i}", scenario="bench", release=RELEASE, request=REQUEST,
-                  status=RecordStatus.COMPLETE, response=RESPONSE, token_ids=list(range(64)),
-                  logprobs=[-0.5] * 64, tags={"bench": "1"})
+    return Record(
+        id=f"w{writer}-{i}",
+        scenario="bench",
+        release=RELEASE,
+        request=REQUEST,
+        status=RecordStatus.COMPLETE,
+        response=RESPONSE,
+        token_ids=list(range(64)),
+        logprobs=[-0.5] * 64,
+        tags={"bench": "1"},
+    )
 
 
 def run_writers(writers: int, seconds: float, write) -> tuple[float, list[int]]:  # type: ignore[no-untyped-def]
@@ -60,8 +68,15 @@ def measure(max_batch: int, writers: int, seconds: float) -> dict[str, float]:
         records_per_s, written = run_writers(writers, seconds, lambda w, i: store.put_record(record(w, i)))
 
         def report(w: int, i: int) -> None:
-            store.put_report(Report(id=f"rep-w{w}-{i}", scenario="bench",
-                                    references=(f"w{w}-{i % max(written[w], 1)}",), score=1.0, feedback="ok"))
+            store.put_report(
+                Report(
+                    id=f"rep-w{w}-{i}",
+                    scenario="bench",
+                    references=(f"w{w}-{i % max(written[w], 1)}",),
+                    score=1.0,
+                    feedback="ok",
+                )
+            )
 
         reports_per_s, _ = run_writers(writers, seconds, report)
         store.close()
@@ -82,7 +97,9 @@ def main() -> None:
         grouped = measure(256, writers, args.seconds)
         ratio = grouped["records_per_s"] / baseline["records_per_s"]
         for mode, figures, r in (("fsync each", baseline, 1.0), ("group commit", grouped, ratio)):
-            print(f"{writers:>7} {mode:>14} {figures['records_per_s']:>10.0f} {figures['reports_per_s']:>10.0f} {r:>10.2f}x")
+            print(
+                f"{writers:>7} {mode:>14} {figures['records_per_s']:>10.0f} {figures['reports_per_s']:>10.0f} {r:>10.2f}x"
+            )
             results.append({"writers": writers, "mode": mode, **figures, "ratio_to_baseline": round(r, 2)})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"benchmark": "store", "seconds": args.seconds, "results": results}, indent=2))

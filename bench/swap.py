@@ -65,27 +65,46 @@ def seed_chain(state_dir: Path, adapter: dict[str, bytes]) -> tuple[str, str]:
     with ReefState.open(state_dir) as state:
         chain = state.create(SCENARIO, recipe="sao")
         base = chain.head().release_id
-        published = chain.publish(Candidate(adapter, ArtifactKind.WEIGHTS), expected_parent=base,
-                                  verdict=Verdict("select", {"note": "bench/swap.py seed"}))
+        published = chain.publish(
+            Candidate(adapter, ArtifactKind.WEIGHTS),
+            expected_parent=base,
+            verdict=Verdict("select", {"note": "bench/swap.py seed"}),
+        )
         return base, published.release_id
 
 
 async def one_request(http: httpx.AsyncClient, n: int, stream: bool, max_tokens: int) -> Sample:
-    body = {"model": "m", "messages": [{"role": "user", "content": PROMPTS[n % len(PROMPTS)]}],
-            "max_tokens": max_tokens, "stream": stream}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": PROMPTS[n % len(PROMPTS)]}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
     headers = {"x-reef-scenario": SCENARIO}
     started = time.perf_counter()
     try:
         if not stream:
             response = await http.post("/v1/chat/completions", json=body, headers=headers)
             ok = response.status_code == 200 and bool(response.json()["choices"])
-            return Sample(started, time.perf_counter(), ok, False, response.headers.get("x-reef-release-id"),
-                          None if ok else f"{response.status_code} {response.text[:200]}")
+            return Sample(
+                started,
+                time.perf_counter(),
+                ok,
+                False,
+                response.headers.get("x-reef-release-id"),
+                None if ok else f"{response.status_code} {response.text[:200]}",
+            )
         async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
             text = "".join([chunk async for chunk in response.aiter_text()])
         ok = response.status_code == 200 and '"reef"' in text and '"error"' not in text and text.endswith("[DONE]\n\n")
-        return Sample(started, time.perf_counter(), ok, True, response.headers.get("x-reef-release-id"),
-                      None if ok else f"{response.status_code} {text[-200:]}")
+        return Sample(
+            started,
+            time.perf_counter(),
+            ok,
+            True,
+            response.headers.get("x-reef-release-id"),
+            None if ok else f"{response.status_code} {text[-200:]}",
+        )
     except httpx.HTTPError as exc:
         return Sample(started, time.perf_counter(), False, stream, None, f"{type(exc).__name__}: {exc}")
 
@@ -119,8 +138,9 @@ async def swapper(url: str, targets: tuple[str, str], swaps: int, seconds: float
     return intervals
 
 
-async def phase(url: str, clients: int, seconds: float, max_tokens: int, targets: tuple[str, str] | None,
-                swaps: int) -> tuple[list[Sample], list[tuple[float, float, str]]]:
+async def phase(
+    url: str, clients: int, seconds: float, max_tokens: int, targets: tuple[str, str] | None, swaps: int
+) -> tuple[list[Sample], list[tuple[float, float, str]]]:
     until = asyncio.Event()
     running = asyncio.create_task(load(url, clients, until, max_tokens))
     intervals: list[tuple[float, float, str]] = []
@@ -145,9 +165,14 @@ def summary(samples: list[Sample]) -> dict[str, Any]:
     def pct(p: float) -> float:
         return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))], 1)
 
-    return {"requests": len(samples), "failed": sum(not s.ok for s in samples),
-            "median_ms": round(statistics.median(latencies), 1), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
-            "max_ms": round(latencies[-1], 1)}
+    return {
+        "requests": len(samples),
+        "failed": sum(not s.ok for s in samples),
+        "median_ms": round(statistics.median(latencies), 1),
+        "p95_ms": pct(0.95),
+        "p99_ms": pct(0.99),
+        "max_ms": round(latencies[-1], 1),
+    }
 
 
 def main() -> None:
@@ -166,13 +191,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="reef-bench-swap-") as work:
         model_dir = build_tiny_model(Path(work) / "tiny-model")
         base, adapter = seed_chain(Path(work) / "state", lora_files(model_dir, Path(work) / "adapter"))
-        settings = {"state_dir": str(Path(work) / "state"), "learner": {"enabled": False},
-                    "embedded": {"model_dir": str(model_dir), "max_batch": 8, "threads": args.threads}}
+        settings = {
+            "state_dir": str(Path(work) / "state"),
+            "learner": {"enabled": False},
+            "embedded": {"model_dir": str(model_dir), "max_batch": 8, "threads": args.threads},
+        }
         with ReefServer(Path(work) / "serve", settings) as reef:
             warm, _ = asyncio.run(phase(reef.url, args.clients, 2.0, args.max_tokens, None, 0))
             baseline, _ = asyncio.run(phase(reef.url, args.clients, args.seconds, args.max_tokens, None, 0))
-            swapped, intervals = asyncio.run(phase(reef.url, args.clients, args.seconds, args.max_tokens,
-                                                   (base, adapter), args.swaps))
+            swapped, intervals = asyncio.run(
+                phase(reef.url, args.clients, args.seconds, args.max_tokens, (base, adapter), args.swaps)
+            )
             chain = httpx.get(f"{reef.url}/reef/scenarios/{SCENARIO}/releases").json()["releases"]
     result = report(args, baseline, swapped, intervals, chain)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -183,8 +212,13 @@ def main() -> None:
         sys.exit(f"{result['failed_total']} requests failed: {result['failures'][:5]}")
 
 
-def report(args: argparse.Namespace, baseline: list[Sample], swapped: list[Sample],
-           intervals: list[tuple[float, float, str]], chain: list[dict[str, Any]]) -> dict[str, Any]:
+def report(
+    args: argparse.Namespace,
+    baseline: list[Sample],
+    swapped: list[Sample],
+    intervals: list[tuple[float, float, str]],
+    chain: list[dict[str, Any]],
+) -> dict[str, Any]:
     straddled = [s for s in swapped if straddles(s, intervals)]
     clear = [s for s in swapped if not straddles(s, intervals)]
     swap_ms = sorted((end - start) * 1000 for start, end, _ in intervals)
@@ -192,14 +226,25 @@ def report(args: argparse.Namespace, baseline: list[Sample], swapped: list[Sampl
     served = {s.release_id for s in swapped if s.release_id}
     failures = [s.error for s in baseline + swapped if not s.ok]
     return {
-        "benchmark": "swap", "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "benchmark": "swap",
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "settings": {"seconds_per_phase": args.seconds, "clients": args.clients, "swaps": args.swaps,
-                     "max_tokens": args.max_tokens, "threads": args.threads, "model": "tiny random Llama (tests)"},
-        "swaps": {"count": len(intervals), "median_ms": round(statistics.median(swap_ms), 1) if swap_ms else None,
-                  "max_ms": round(swap_ms[-1], 1) if swap_ms else None,
-                  "releases_published": len(published), "releases_that_served_requests": len(served & published),
-                  "chain_length": len(chain)},
+        "settings": {
+            "seconds_per_phase": args.seconds,
+            "clients": args.clients,
+            "swaps": args.swaps,
+            "max_tokens": args.max_tokens,
+            "threads": args.threads,
+            "model": "tiny random Llama (tests)",
+        },
+        "swaps": {
+            "count": len(intervals),
+            "median_ms": round(statistics.median(swap_ms), 1) if swap_ms else None,
+            "max_ms": round(swap_ms[-1], 1) if swap_ms else None,
+            "releases_published": len(published),
+            "releases_that_served_requests": len(served & published),
+            "chain_length": len(chain),
+        },
         "baseline": summary(baseline),
         "swap_phase_clear": summary(clear),
         "swap_phase_straddled": summary(straddled),
@@ -209,19 +254,26 @@ def report(args: argparse.Namespace, baseline: list[Sample], swapped: list[Sampl
 
 
 def print_table(result: dict[str, Any]) -> None:
-    rows = [("baseline (no swaps)", result["baseline"]), ("swap phase, not straddling", result["swap_phase_clear"]),
-            ("straddled a swap", result["swap_phase_straddled"])]
+    rows = [
+        ("baseline (no swaps)", result["baseline"]),
+        ("swap phase, not straddling", result["swap_phase_clear"]),
+        ("straddled a swap", result["swap_phase_straddled"]),
+    ]
     print(f"{'requests':<28} {'n':>6} {'failed':>6} {'median ms':>10} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for name, row in rows:
-        print(f"{name:<28} {row['requests']:>6} {row['failed']:>6} {row.get('median_ms', '-'):>10} "
-              f"{row.get('p95_ms', '-'):>8} {row.get('p99_ms', '-'):>8} {row.get('max_ms', '-'):>8}")
+        print(
+            f"{name:<28} {row['requests']:>6} {row['failed']:>6} {row.get('median_ms', '-'):>10} "
+            f"{row.get('p95_ms', '-'):>8} {row.get('p99_ms', '-'):>8} {row.get('max_ms', '-'):>8}"
+        )
     swaps = result["swaps"]
     baseline_median = result["baseline"].get("median_ms")
     straddled_median = result["swap_phase_straddled"].get("median_ms")
     if baseline_median and straddled_median:
         print(f"\nstraddled / baseline median: {straddled_median / baseline_median:.2f}x")
-    print(f"swaps: {swaps['count']} (rollback call median {swaps['median_ms']} ms, max {swaps['max_ms']} ms); "
-          f"{swaps['releases_that_served_requests']} of {swaps['releases_published']} swapped-in releases served requests")
+    print(
+        f"swaps: {swaps['count']} (rollback call median {swaps['median_ms']} ms, max {swaps['max_ms']} ms); "
+        f"{swaps['releases_that_served_requests']} of {swaps['releases_published']} swapped-in releases served requests"
+    )
 
 
 if __name__ == "__main__":

@@ -20,13 +20,20 @@ def main(root: str) -> None:
         chain = state.create("tour", recipe="skills")
         head = chain.head()
         receipt = new_id()
-        state.store.put_record(Record(
-            id=receipt, scenario="tour", release=chain.serving(), status=RecordStatus.COMPLETE,
-            request={"messages": [{"role": "user", "content": "Say hi"}]},
-            response={"content": "hello"}, session="demo-session",
-        ))
-        state.store.put_report(Report(id=new_id(), scenario="tour", references=(receipt,), score=0.0,
-                                      feedback="greet with 'hi', as asked"))
+        state.store.put_record(
+            Record(
+                id=receipt,
+                scenario="tour",
+                release=chain.serving(),
+                status=RecordStatus.COMPLETE,
+                request={"messages": [{"role": "user", "content": "Say hi"}]},
+                response={"content": "hello"},
+                session="demo-session",
+            )
+        )
+        state.store.put_report(
+            Report(id=new_id(), scenario="tour", references=(receipt,), score=0.0, feedback="greet with 'hi', as asked")
+        )
         for item in state.store.reported_since("tour", cursor=chain.high_water()):
             print(f"report {item.report.id[:8]} score {item.report.score} on {len(item.records)} record(s)")
         better = Candidate({"rules/greeting.md": b"Use the user's exact greeting word.\n"}, ArtifactKind.HARNESS)
@@ -34,8 +41,10 @@ def main(root: str) -> None:
         print(f"published step {published.step}: {published.release_id[:12]} content {published.content_id[:19]}")
         print(state.artifacts.diff(head.release_id, published.release_id))
         back = chain.rollback(head.release_id, expected_head=published.release_id)
-        print(f"rolled back at step {back.step}: new release {back.release_id[:12]}, same content as step 1: "
-              f"{back.content_id == head.content_id}")
+        print(
+            f"rolled back at step {back.step}: new release {back.release_id[:12]}, same content as step 1: "
+            f"{back.content_id == head.content_id}"
+        )
 
 
 if __name__ == "__main__":

@@ -14,13 +14,17 @@ from typing import TYPE_CHECKING
 import click
 
 from reef import __version__
-from reef.commit.state import ReefState
 from reef.client import DEFAULT_URL, ReefClient, ReefClientError
+from reef.commit.state import ReefState
 from reef.core.errors import ReefError
 
 STATE_DIR = click.option(
-    "--state-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".reef"), show_default=True,
-    envvar="REEF_STATE_DIR", help="Reef's state directory (records, commit logs, artifacts).",
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".reef"),
+    show_default=True,
+    envvar="REEF_STATE_DIR",
+    help="Reef's state directory (records, commit logs, artifacts).",
 )
 
 
@@ -33,11 +37,20 @@ def main() -> None:
 @main.command()
 @STATE_DIR
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@click.option("--store", "store_dsn", envvar="REEF_STORE", metavar="DSN",
-              help="A front end on PostgreSQL: the postgresql:// DSN of its `store:` setting (REEF_STORE); "
-                   "the commit logs are read from there. Default: the SQLite store in the state directory.")
-@click.option("--artifacts-remote", envvar="REEF_ARTIFACTS__REMOTE", metavar="REMOTE",
-              help="The shared artifact remote (`artifacts.remote`) to fetch releases other front ends published.")
+@click.option(
+    "--store",
+    "store_dsn",
+    envvar="REEF_STORE",
+    metavar="DSN",
+    help="A front end on PostgreSQL: the postgresql:// DSN of its `store:` setting (REEF_STORE); "
+    "the commit logs are read from there. Default: the SQLite store in the state directory.",
+)
+@click.option(
+    "--artifacts-remote",
+    envvar="REEF_ARTIFACTS__REMOTE",
+    metavar="REMOTE",
+    help="The shared artifact remote (`artifacts.remote`) to fetch releases other front ends published.",
+)
 def inspect(state_dir: Path, as_json: bool, store_dsn: str | None, artifacts_remote: str | None) -> None:
     """Open a state directory (running recovery) and show every scenario's head.
 
@@ -62,8 +75,11 @@ def inspect(state_dir: Path, as_json: bool, store_dsn: str | None, artifacts_rem
     for lock in cleared:
         click.echo(f"removed a stale git lock {lock.path} ({lock.age_s:.0f} s old, left by a killed git)", err=as_json)
     for path in left:
-        click.echo(f"git lock {path} is still there: a git is running on this state directory, or was killed "
-                   "moving a ref Reef does not own; remove it once no git runs", err=as_json)
+        click.echo(
+            f"git lock {path} is still there: a git is running on this state directory, or was killed "
+            "moving a ref Reef does not own; remove it once no git runs",
+            err=as_json,
+        )
     if as_json:
         json.dump(rows, sys.stdout, indent=2)
         click.echo()
@@ -113,32 +129,67 @@ def _scenario_row(state: ReefState, name: str) -> dict:
 
 
 @main.command()
-@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="YAML settings (see docs/configuration.md); environment and flags override it.")
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="YAML settings (see docs/configuration.md); environment and flags override it.",
+)
 @click.option("--host", help="Address to listen on  [default: 127.0.0.1]")
 @click.option("--port", type=int, help="Port to listen on  [default: 8900]")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), help="State directory  [default: .reef]")
-@click.option("--token", "tokens", multiple=True, help="Accepted bearer token (repeat for rotation). Prefer REEF_TOKEN.")
+@click.option(
+    "--token", "tokens", multiple=True, help="Accepted bearer token (repeat for rotation). Prefer REEF_TOKEN."
+)
 @click.option("--insecure", is_flag=True, default=None, help="Allow a non-loopback address without a token.")
-@click.option("--runtime", type=click.Choice(["embedded", "upstream", "vllm", "sglang"]),
-              help="Default: upstream when a URL is set. vllm: a vLLM server Reef starts; sglang: the SGLang "
-                   "server at sglang.url (docs/engines.md).")
+@click.option(
+    "--runtime",
+    type=click.Choice(["embedded", "upstream", "vllm", "sglang"]),
+    help="Default: upstream when a URL is set. vllm: a vLLM server Reef starts; sglang: the SGLang "
+    "server at sglang.url (docs/engines.md).",
+)
 @click.option("--upstream-url", help="OpenAI- or Anthropic-compatible provider base URL (REEF_UPSTREAM_URL).")
 @click.option("--upstream-model", help="Model sent upstream (REEF_UPSTREAM_MODEL).")
 @click.option("--upstream-dialect", type=click.Choice(["openai", "anthropic"]), help="The provider's API.")
-@click.option("--model-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="Embedded, vLLM or SGLang runtime: a transformers model folder instead of SmolLM2.")
+@click.option(
+    "--model-dir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Embedded, vLLM or SGLang runtime: a transformers model folder instead of SmolLM2.",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
-@click.option("--log-format", type=click.Choice(["text", "json"]), help="text: key=value lines; json: one object a line.")
-@click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
-              help="Processes behind the one port, sharing the state directory or a postgresql:// store "
-                   "(docs/deploy.md).")
-@click.option("--worker-of", hidden=True,
-              help="Internal: INDEX:SOCKET_FD:READY_FD:SUPERVISOR_PID, a worker of `--workers` (reef/serve/worker.py).")
-def serve(config_path: Path | None, host: str | None, port: int | None, state_dir: Path | None, tokens: tuple[str, ...],
-          insecure: bool | None, runtime: str | None, upstream_url: str | None, upstream_model: str | None,
-          upstream_dialect: str | None, model_dir: Path | None, log_level: str | None, log_format: str | None,
-          workers: int = 1, worker_of: str | None = None) -> None:
+@click.option(
+    "--log-format", type=click.Choice(["text", "json"]), help="text: key=value lines; json: one object a line."
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Processes behind the one port, sharing the state directory or a postgresql:// store (docs/deploy.md).",
+)
+@click.option(
+    "--worker-of",
+    hidden=True,
+    help="Internal: INDEX:SOCKET_FD:READY_FD:SUPERVISOR_PID, a worker of `--workers` (reef/serve/worker.py).",
+)
+def serve(
+    config_path: Path | None,
+    host: str | None,
+    port: int | None,
+    state_dir: Path | None,
+    tokens: tuple[str, ...],
+    insecure: bool | None,
+    runtime: str | None,
+    upstream_url: str | None,
+    upstream_model: str | None,
+    upstream_dialect: str | None,
+    model_dir: Path | None,
+    log_level: str | None,
+    log_format: str | None,
+    workers: int = 1,
+    worker_of: str | None = None,
+) -> None:
     """Serve OpenAI- and Anthropic-compatible requests, record them, take reports.
 
     With no upstream configured it serves the embedded SmolLM2-135M-Instruct on the CPU,
@@ -165,10 +216,21 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
             from reef.serve.worker import become_worker
 
             worker = become_worker(worker_of)  # first: it dies with its supervisor from here on
-        config = load_config(config_path, host=host, port=port, state_dir=state_dir, tokens=list(tokens) or None,
-                             insecure=insecure, runtime=runtime, upstream__url=upstream_url,
-                             upstream__model=upstream_model, upstream__dialect=upstream_dialect,
-                             embedded__model_dir=model_dir, log_level=log_level, log_format=log_format)
+        config = load_config(
+            config_path,
+            host=host,
+            port=port,
+            state_dir=state_dir,
+            tokens=list(tokens) or None,
+            insecure=insecure,
+            runtime=runtime,
+            upstream__url=upstream_url,
+            upstream__model=upstream_model,
+            upstream__dialect=upstream_dialect,
+            embedded__model_dir=model_dir,
+            log_level=log_level,
+            log_format=log_format,
+        )
         handler = logs.configure(config.log_level, config.log_format)  # Reef's, uvicorn's and every library's lines
         say = logs.announcer(config.log_format, handler)
         config.check_exposure()
@@ -190,12 +252,17 @@ def serve(config_path: Path | None, host: str | None, port: int | None, state_di
     auth = f"{len(config.tokens)} token(s)" if config.tokens else "no token (loopback only)"
     say(f"serving {built.name} runtime on http://{config.host}:{config.port} (state {config.state_dir}, auth: {auth})")
     settings = uvicorn.Config(
-        app, host=config.host, port=config.port, log_level=config.log_level, access_log=False,
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        access_log=False,
         log_config=None,  # uvicorn's lines go through the handler `logs.configure` set
         http=timed_protocol(config.header_timeout, config.body_timeout, config.limits.max_header_bytes),
         ws="none",  # Reef serves no websockets, and the timed protocol hands no upgrade over
         timeout_keep_alive=config.keep_alive_timeout,  # type: ignore[arg-type]  # a float works
-        timeout_graceful_shutdown=config.shutdown_timeout)  # type: ignore[arg-type]
+        timeout_graceful_shutdown=config.shutdown_timeout,
+    )  # type: ignore[arg-type]
     if worker is None:
         server = uvicorn.Server(settings)
         server.run()
@@ -233,10 +300,12 @@ def _check_shared_artifacts(config: ServeConfig) -> None:
     from reef.serve.workers import on_postgres
 
     if on_postgres(config) and not (config.artifacts.remote or "").strip():
-        raise ReefError("refusing to serve a postgresql:// store without artifacts.remote: front ends on one "
-                        "database share releases, and this one could not read the content of those another "
-                        "publishes; set artifacts.remote to a git URL or bare repository every front end reaches "
-                        "(docs/deploy.md), or serve this machine's front ends with --workers, which makes one")
+        raise ReefError(
+            "refusing to serve a postgresql:// store without artifacts.remote: front ends on one "
+            "database share releases, and this one could not read the content of those another "
+            "publishes; set artifacts.remote to a git URL or bare repository every front end reaches "
+            "(docs/deploy.md), or serve this machine's front ends with --workers, which makes one"
+        )
 
 
 def _check_gate(config: ServeConfig) -> None:
@@ -250,7 +319,9 @@ def _check_gate(config: ServeConfig) -> None:
 
 # -- talking to a running server -------------------------------------------------------------
 
-URL = click.option("--url", envvar="REEF_URL", default=DEFAULT_URL, show_default=True, help="Reef's address (REEF_URL).")
+URL = click.option(
+    "--url", envvar="REEF_URL", default=DEFAULT_URL, show_default=True, help="Reef's address (REEF_URL)."
+)
 TOKEN = click.option("--token", envvar="REEF_TOKEN", default=None, help="Bearer token (REEF_TOKEN).")
 
 
@@ -274,8 +345,15 @@ def _print(data: object) -> None:
 @click.option("--feedback", help="What was right or wrong, in words.")
 @click.option("--session", help="Report on every record of this session instead of receipts.")
 @click.option("--scenario", help="Scenario of the session (default: default).")
-def report(url: str, token: str | None, receipts: tuple[str, ...], score: float, feedback: str | None,
-           session: str | None, scenario: str | None) -> None:
+def report(
+    url: str,
+    token: str | None,
+    receipts: tuple[str, ...],
+    score: float,
+    feedback: str | None,
+    session: str | None,
+    scenario: str | None,
+) -> None:
     """Score one or more receipts (x-reef-agent-record-id), or a whole session.
 
     \b
@@ -286,8 +364,13 @@ def report(url: str, token: str | None, receipts: tuple[str, ...], score: float,
     """
     if not receipts and not session:
         raise click.UsageError("name at least one receipt, or --session")
-    _print(_client_call(url, token, lambda c: c.report(*receipts, score=score, feedback=feedback, session=session,
-                                                       scenario=scenario)))
+    _print(
+        _client_call(
+            url,
+            token,
+            lambda c: c.report(*receipts, score=score, feedback=feedback, session=session, scenario=scenario),
+        )
+    )
 
 
 @main.command()
@@ -299,8 +382,10 @@ def scenarios(url: str, token: str | None) -> None:
     if not rows:
         click.echo("no scenarios yet (the first request creates one)")
     for row in rows:
-        click.echo(f"{row['name']}: recipe {row['recipe']}, step {row['step']}, head {row['head']['release_id'][:12]} "
-                   f"({row['head']['operation']}), {row['records']} records, {row['reports']} reports")
+        click.echo(
+            f"{row['name']}: recipe {row['recipe']}, step {row['step']}, head {row['head']['release_id'][:12]} "
+            f"({row['head']['operation']}), {row['records']} records, {row['reports']} reports"
+        )
 
 
 @main.command()
@@ -313,8 +398,10 @@ def releases(url: str, token: str | None, scenario: str) -> None:
     for r in data["releases"]:
         mark = "*" if r["current"] else " "
         verdict = (r.get("verdict") or {}).get("decision", "-")
-        click.echo(f"{mark} step {r['step']:>4}  {r['release_id']}  {r['operation']:<9} verdict {verdict}"
-                   + ("  (pending review)" if r["pending"] else ""))
+        click.echo(
+            f"{mark} step {r['step']:>4}  {r['release_id']}  {r['operation']:<9} verdict {verdict}"
+            + ("  (pending review)" if r["pending"] else "")
+        )
 
 
 @main.command()
@@ -325,7 +412,9 @@ def releases(url: str, token: str | None, scenario: str) -> None:
 def rollback(url: str, token: str | None, scenario: str, release_id: str) -> None:
     """Serve an earlier release's content again, published as a new release (history is kept)."""
     data = _client_call(url, token, lambda c: c.rollback(scenario, release_id))
-    click.echo(f"step {data['release']['step']}: {data['release']['release_id']} now serves the content of {release_id}")
+    click.echo(
+        f"step {data['release']['step']}: {data['release']['release_id']} now serves the content of {release_id}"
+    )
 
 
 @main.command()
@@ -333,12 +422,16 @@ def rollback(url: str, token: str | None, scenario: str, release_id: str) -> Non
 @TOKEN
 @click.argument("scenario", required=False)
 @click.option("--release-id", help="A release of the scenario's chain  [default: the serving release]")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              help="Write the tree into this folder (system.md, rules/, skills/, ...); harness files the "
-                   "release lacks are removed from it, other files stay.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the tree into this folder (system.md, rules/, skills/, ...); harness files the "
+    "release lacks are removed from it, other files stay.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
-def harness(url: str, token: str | None, scenario: str | None, release_id: str | None, out: Path | None,
-            as_json: bool) -> None:
+def harness(
+    url: str, token: str | None, scenario: str | None, release_id: str | None, out: Path | None, as_json: bool
+) -> None:
     """Show or fetch a scenario's harness: system prompt, rules and skills.
 
     SCENARIO defaults to `default`. Without --out it prints the release, the files and the
@@ -394,8 +487,10 @@ def diff(url: str, token: str | None, scenario: str, release_id: str, as_json: b
         _print(data)
         return
     parent = data["parent_release_id"] or "nothing (the scenario's creation)"
-    click.echo(f"release {data['release_id']} ({data['operation']}) against {parent}: "
-               f"{len(data['changed'])} file(s) changed", err=True)
+    click.echo(
+        f"release {data['release_id']} ({data['operation']}) against {parent}: {len(data['changed'])} file(s) changed",
+        err=True,
+    )
     click.echo(data["diff"], nl=False)
 
 
@@ -416,7 +511,9 @@ def promote(url: str, token: str | None, scenario: str, release_id: str, expecte
       reef promote coding 3f2a...9c
     """
     data = _client_call(url, token, lambda c: c.promote(scenario, release_id, expected_head))
-    click.echo(f"step {data['release']['step']}: {data['release']['release_id']} now serves the content of {release_id}")
+    click.echo(
+        f"step {data['release']['step']}: {data['release']['release_id']} now serves the content of {release_id}"
+    )
 
 
 @main.command()
@@ -429,10 +526,15 @@ def status(url: str, token: str | None) -> None:
 
 # -- export: reading the state directory offline -----------------------------------------------
 
-STORE = click.option("--store", "store_dsn", envvar="REEF_STORE", metavar="DSN",
-                     help="The experience store, when the server keeps it in PostgreSQL: the same "
-                          "postgresql:// DSN as its `store:` setting (REEF_STORE). Default: the SQLite "
-                          "store in the state directory.")
+STORE = click.option(
+    "--store",
+    "store_dsn",
+    envvar="REEF_STORE",
+    metavar="DSN",
+    help="The experience store, when the server keeps it in PostgreSQL: the same "
+    "postgresql:// DSN as its `store:` setting (REEF_STORE). Default: the SQLite "
+    "store in the state directory.",
+)
 
 
 def _open_state(state_dir: Path, store_dsn: str | None, artifacts_remote: str | None = None) -> ReefState:
@@ -452,8 +554,9 @@ def _open_state(state_dir: Path, store_dsn: str | None, artifacts_remote: str | 
 
         store = PostgresStore(store_dsn)
     elif not (state_dir / "experience.db").is_file():
-        raise click.ClickException(f"no experience store at {state_dir / 'experience.db'} "
-                                   "(a PostgreSQL store is named with --store)")
+        raise click.ClickException(
+            f"no experience store at {state_dir / 'experience.db'} (a PostgreSQL store is named with --store)"
+        )
     return ReefState.open(state_dir, store=store, artifacts_remote=artifacts_remote)
 
 
@@ -471,23 +574,51 @@ def export() -> None:
 @STATE_DIR
 @STORE
 @click.argument("scenario")
-@click.option("--out", "out_path", default="-", show_default=True, metavar="FILE|-",
-              help="Where to write the JSONL; '-' is standard output. A file is written whole or not at all; "
-                   "a symbolic link or a device (/dev/stdout) is refused, never replaced.")
+@click.option(
+    "--out",
+    "out_path",
+    default="-",
+    show_default=True,
+    metavar="FILE|-",
+    help="Where to write the JSONL; '-' is standard output. A file is written whole or not at all; "
+    "a symbolic link or a device (/dev/stdout) is refused, never replaced.",
+)
 @click.option("--release", "release_id", metavar="ID", help="Only records served by this release (id or prefix).")
 @click.option("--min-score", type=float, help="Only records whose score (mean of their reports) is at least this.")
 @click.option("--max-score", type=float, help="Only records whose score (mean of their reports) is at most this.")
-@click.option("--since", metavar="TIME",
-              help="Only records stored at or after TIME (ISO 8601, UTC unless it says otherwise, or epoch seconds).")
+@click.option(
+    "--since",
+    metavar="TIME",
+    help="Only records stored at or after TIME (ISO 8601, UTC unless it says otherwise, or epoch seconds).",
+)
 @click.option("--until", metavar="TIME", help="Only records stored before TIME.")
-@click.option("--status", type=click.Choice(["complete", "incomplete", "any"]), default="complete", show_default=True,
-              help="Which records: finished normally, ended by an error (partial answers), or all (in progress too).")
+@click.option(
+    "--status",
+    type=click.Choice(["complete", "incomplete", "any"]),
+    default="complete",
+    show_default=True,
+    help="Which records: finished normally, ended by an error (partial answers), or all (in progress too).",
+)
 @click.option("--reported-only", is_flag=True, help="Only records some report scored.")
-@click.option("--client-messages", is_flag=True,
-              help="Export the client's own messages, without the harness inject mode put in front.")
-def export_records(state_dir: Path, store_dsn: str | None, scenario: str, out_path: str, release_id: str | None,
-                   min_score: float | None, max_score: float | None, since: str | None, until: str | None,
-                   status: str, reported_only: bool, client_messages: bool) -> None:
+@click.option(
+    "--client-messages",
+    is_flag=True,
+    help="Export the client's own messages, without the harness inject mode put in front.",
+)
+def export_records(
+    state_dir: Path,
+    store_dsn: str | None,
+    scenario: str,
+    out_path: str,
+    release_id: str | None,
+    min_score: float | None,
+    max_score: float | None,
+    since: str | None,
+    until: str | None,
+    status: str,
+    reported_only: bool,
+    client_messages: bool,
+) -> None:
     """Write a scenario's records as JSONL in chat format, one record a line.
 
     Each line: {"messages": [the request in OpenAI chat format, then the assistant's answer],
@@ -503,17 +634,28 @@ def export_records(state_dir: Path, store_dsn: str | None, scenario: str, out_pa
       reef export records coding --store postgresql://reef@db/reef --release 3f2a9c | jq .score
     """
     from reef.core.types import RecordStatus
-    from reef.observe.export import (RecordFilters, examples, parse_time, refuse_link_or_special, write_jsonl,
-                                     write_jsonl_file)
+    from reef.observe.export import (
+        RecordFilters,
+        examples,
+        parse_time,
+        refuse_link_or_special,
+        write_jsonl,
+        write_jsonl_file,
+    )
 
     statuses = None if status == "any" else {RecordStatus(status)}
     out_file = None if out_path == "-" else Path(out_path)
     try:
         if out_file is not None:
             refuse_link_or_special(out_file)  # before any work: `--out /dev/stdout` is refused at once
-        filters = RecordFilters(statuses=statuses, since=parse_time(since) if since else None,
-                                until=parse_time(until) if until else None, min_score=min_score,
-                                max_score=max_score, reported_only=reported_only)
+        filters = RecordFilters(
+            statuses=statuses,
+            since=parse_time(since) if since else None,
+            until=parse_time(until) if until else None,
+            min_score=min_score,
+            max_score=max_score,
+            reported_only=reported_only,
+        )
         with _open_state(state_dir, store_dsn) as state:
             state.chain(scenario)  # NotFound for an unknown scenario
             if release_id:
@@ -543,8 +685,16 @@ def export_records(state_dir: Path, store_dsn: str | None, scenario: str, out_pa
 @click.option("--force", is_flag=True, help="Write into DIR even if it is not empty (our files are overwritten).")
 @click.option("--base-model", help="Set adapter_config.json's base_model_name_or_path to this name or path.")
 @click.option("--only", type=click.Choice(["adapter", "harness"]), help="Write only this part of the release.")
-def export_release(state_dir: Path, store_dsn: str | None, scenario: str, release_id: str, dest: Path, force: bool,
-                   base_model: str | None, only: str | None) -> None:
+def export_release(
+    state_dir: Path,
+    store_dsn: str | None,
+    scenario: str,
+    release_id: str,
+    dest: Path,
+    force: bool,
+    base_model: str | None,
+    only: str | None,
+) -> None:
     """Write a release's LoRA adapter as a PEFT folder and/or its harness as files under DIR/harness/.
 
     DIR gets adapter_config.json and adapter_model.safetensors, loadable by
@@ -558,12 +708,14 @@ def export_release(state_dir: Path, store_dsn: str | None, scenario: str, releas
       reef export release coding 3f2a9c ./coding-adapter
       reef export release coding 3f2a9c ./coding-harness --only harness --force
     """
-    from reef.commit.export import PARTS, export_release as write_release
+    from reef.commit.export import PARTS
+    from reef.commit.export import export_release as write_release
 
     try:
         with _open_state(state_dir, store_dsn) as state:
-            done = write_release(state, scenario, release_id, dest, force=force, base_model=base_model,
-                                 parts=(only,) if only else PARTS)
+            done = write_release(
+                state, scenario, release_id, dest, force=force, base_model=base_model, parts=(only,) if only else PARTS
+            )
     except (ReefError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     what = []
@@ -571,8 +723,9 @@ def export_release(state_dir: Path, store_dsn: str | None, scenario: str, releas
         what.append(f"adapter ({', '.join(done.adapter_files)}; base model {done.base_model})")
     if done.harness_files:
         what.append(f"harness ({len(done.harness_files)} file(s) under {dest / 'harness'})")
-    click.echo(f"release {done.release.release_id} (step {done.release.step}) of {scenario} -> {dest}: "
-               + "; ".join(what))
+    click.echo(
+        f"release {done.release.release_id} (step {done.release.step}) of {scenario} -> {dest}: " + "; ".join(what)
+    )
 
 
 from reef.demo.cli import demo  # noqa: E402  (a command of its own module, registered here)

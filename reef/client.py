@@ -41,8 +41,16 @@ class ReefClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def report(self, *references: str, score: float, feedback: str | dict | None = None, session: str | None = None,
-               scenario: str | None = None, metadata: dict | None = None, report_id: str | None = None) -> dict[str, Any]:
+    def report(
+        self,
+        *references: str,
+        score: float,
+        feedback: str | dict | None = None,
+        session: str | None = None,
+        scenario: str | None = None,
+        metadata: dict | None = None,
+        report_id: str | None = None,
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"score": score}
         if session:
             body["session"] = session

@@ -41,5 +41,7 @@ def require(what: str, *extras: str, otherwise: str = "") -> None:
     installs them (then `otherwise`, another way), unless every module is here."""
     absent = missing(*extras)
     if absent:
-        raise MissingExtra(f"{what} needs {', '.join(absent)}, not installed here: {install_hint(*extras)}"
-                           + (f"; {otherwise}" if otherwise else ""))
+        raise MissingExtra(
+            f"{what} needs {', '.join(absent)}, not installed here: {install_hint(*extras)}"
+            + (f"; {otherwise}" if otherwise else "")
+        )

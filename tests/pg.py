@@ -133,8 +133,11 @@ def _start(root: Path, data: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 def _stop(server: subprocess.Popen[bytes], data: Path) -> None:
     if server.poll() is None:
-        subprocess.run(_as_owner([str(PG_BIN / "pg_ctl"), "stop", "-D", str(data), "-m", "immediate", "-w"]),
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            _as_owner([str(PG_BIN / "pg_ctl"), "stop", "-D", str(data), "-m", "immediate", "-w"]),
+            capture_output=True,
+            timeout=60,
+        )
     if server.poll() is None:
         server.kill()
     server.wait(timeout=30)
@@ -149,7 +152,20 @@ def postgres_dsn() -> Iterator[str]:
     root = _make_root()
     data = root / "data"
     try:
-        _run([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+        _run(
+            [
+                str(PG_BIN / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]
+        )
         server, dsn = _start(root, data)
         try:
             yield dsn

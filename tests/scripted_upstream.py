@@ -39,14 +39,30 @@ import uvicorn
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
-MODES = ("normal", "hang", "reset", "malformed", "stop_midstream", "slow", "stall_midstream",
-         "huge", "huge_sse_line", "redirect")
+MODES = (
+    "normal",
+    "hang",
+    "reset",
+    "malformed",
+    "stop_midstream",
+    "slow",
+    "stall_midstream",
+    "huge",
+    "huge_sse_line",
+    "redirect",
+)
 HUGE_PIECE = 64 * 1024  # "huge" modes send their `size` bytes in pieces of this size
 _WORDS = re.compile(r"\s*\S+\s*$|\s*\S+")
 _OPENAI_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"}
 _ANTHROPIC_FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 429: "rate_limit_error", 529: "overloaded_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
 _SSE_HEAD = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _JSON_HEAD = [(b"content-type", b"application/json")]
 
@@ -117,7 +133,7 @@ def _args_text(call: dict[str, Any]) -> str:
 
 def _pieces(text: str, n: int = 3) -> list[str]:
     size = max(1, -(-len(text) // n))
-    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
 def _sse(data: Any, event: str | None = None) -> bytes:
@@ -127,15 +143,36 @@ def _sse(data: Any, event: str | None = None) -> bytes:
 
 def openai_events(step: Step, text: str, model: str, usage: tuple[int, int], with_usage: bool) -> list[bytes]:
     head = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-    out = [b": scripted upstream\n\n",
-           _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})]
-    out += [_sse({**head, "choices": [{"index": 0, "delta": {"content": c}, "finish_reason": None}]}) for c in _chunks(text)]
+    out = [
+        b": scripted upstream\n\n",
+        _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}),
+    ]
+    out += [
+        _sse({**head, "choices": [{"index": 0, "delta": {"content": c}, "finish_reason": None}]}) for c in _chunks(text)
+    ]
     for i, call in enumerate(step.tool_calls):
-        first = {"index": i, "id": call.get("id", f"call_{i}"), "type": "function",
-                 "function": {"name": call["name"], "arguments": ""}}
+        first = {
+            "index": i,
+            "id": call.get("id", f"call_{i}"),
+            "type": "function",
+            "function": {"name": call["name"], "arguments": ""},
+        }
         out.append(_sse({**head, "choices": [{"index": 0, "delta": {"tool_calls": [first]}, "finish_reason": None}]}))
-        out += [_sse({**head, "choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": p}}]},
-                                           "finish_reason": None}]}) for p in _pieces(_args_text(call))]
+        out += [
+            _sse(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"tool_calls": [{"index": i, "function": {"arguments": p}}]},
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
+            for p in _pieces(_args_text(call))
+        ]
     finish = _finish(step, _OPENAI_FINISH)
     out.append(_sse({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}))
     if with_usage:
@@ -145,26 +182,56 @@ def openai_events(step: Step, text: str, model: str, usage: tuple[int, int], wit
 
 
 def anthropic_events(step: Step, text: str, model: str, usage: tuple[int, int]) -> list[bytes]:
-    message = {"id": "msg_scripted", "type": "message", "role": "assistant", "model": model, "content": [],
-               "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": usage[0], "output_tokens": 1}}
+    message = {
+        "id": "msg_scripted",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": usage[0], "output_tokens": 1},
+    }
     out = [_sse({"type": "message_start", "message": message}, "message_start")]
     index = 0
     if text:
-        out.append(_sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-                        "content_block_start"))
+        out.append(
+            _sse(
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                "content_block_start",
+            )
+        )
         out.append(_sse({"type": "ping"}, "ping"))
-        out += [_sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": c}},
-                     "content_block_delta") for c in _chunks(text)]
+        out += [
+            _sse(
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": c}},
+                "content_block_delta",
+            )
+            for c in _chunks(text)
+        ]
         out.append(_sse({"type": "content_block_stop", "index": 0}, "content_block_stop"))
         index = 1
     for i, call in enumerate(step.tool_calls, start=index):
         block = {"type": "tool_use", "id": call.get("id", f"toolu_{i}"), "name": call["name"], "input": {}}
         out.append(_sse({"type": "content_block_start", "index": i, "content_block": block}, "content_block_start"))
-        out += [_sse({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": p}},
-                     "content_block_delta") for p in _pieces(_args_text(call))]
+        out += [
+            _sse(
+                {"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": p}},
+                "content_block_delta",
+            )
+            for p in _pieces(_args_text(call))
+        ]
         out.append(_sse({"type": "content_block_stop", "index": i}, "content_block_stop"))
-    out.append(_sse({"type": "message_delta", "delta": {"stop_reason": _finish(step, _ANTHROPIC_FINISH), "stop_sequence": None},
-                     "usage": {"output_tokens": usage[1]}}, "message_delta"))
+    out.append(
+        _sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": _finish(step, _ANTHROPIC_FINISH), "stop_sequence": None},
+                "usage": {"output_tokens": usage[1]},
+            },
+            "message_delta",
+        )
+    )
     out.append(_sse({"type": "message_stop"}, "message_stop"))
     return out
 
@@ -172,21 +239,40 @@ def anthropic_events(step: Step, text: str, model: str, usage: tuple[int, int]) 
 def openai_whole(step: Step, text: str, model: str, usage: tuple[int, int]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text or None, "refusal": None}
     if step.tool_calls:
-        message["tool_calls"] = [{"id": c.get("id", f"call_{i}"), "type": "function",
-                                  "function": {"name": c["name"], "arguments": _args_text(c)}}
-                                 for i, c in enumerate(step.tool_calls)]
-    return {"id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish(step, _OPENAI_FINISH)}],
-            "usage": _openai_usage(usage)}
+        message["tool_calls"] = [
+            {
+                "id": c.get("id", f"call_{i}"),
+                "type": "function",
+                "function": {"name": c["name"], "arguments": _args_text(c)},
+            }
+            for i, c in enumerate(step.tool_calls)
+        ]
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish(step, _OPENAI_FINISH)}],
+        "usage": _openai_usage(usage),
+    }
 
 
 def anthropic_whole(step: Step, text: str, model: str, usage: tuple[int, int]) -> dict[str, Any]:
     content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
-    content += [{"type": "tool_use", "id": c.get("id", f"toolu_{i}"), "name": c["name"], "input": json.loads(_args_text(c))}
-                for i, c in enumerate(step.tool_calls)]
-    return {"id": "msg_scripted", "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": _finish(step, _ANTHROPIC_FINISH), "stop_sequence": None,
-            "usage": {"input_tokens": usage[0], "output_tokens": usage[1]}}
+    content += [
+        {"type": "tool_use", "id": c.get("id", f"toolu_{i}"), "name": c["name"], "input": json.loads(_args_text(c))}
+        for i, c in enumerate(step.tool_calls)
+    ]
+    return {
+        "id": "msg_scripted",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": _finish(step, _ANTHROPIC_FINISH),
+        "stop_sequence": None,
+        "usage": {"input_tokens": usage[0], "output_tokens": usage[1]},
+    }
 
 
 def huge_whole(anthropic: bool, model: str) -> tuple[bytes, bytes, bytes]:
@@ -200,17 +286,31 @@ def huge_stream(anthropic: bool, model: str) -> tuple[bytes, bytes, bytes]:
     """(head, piece, tail) of a stream whose text is any number of events of one piece each."""
     text = "x" * HUGE_PIECE
     if anthropic:
-        message = {"id": "msg_scripted", "type": "message", "role": "assistant", "model": model, "content": [],
-                   "stop_reason": None, "usage": {"input_tokens": 1, "output_tokens": 1}}
-        head = (_sse({"type": "message_start", "message": message}, "message_start")
-                + _sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-                       "content_block_start"))
-        piece = _sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
-                     "content_block_delta")
-        tail = (_sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-                + _sse({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
-                       "message_delta")
-                + _sse({"type": "message_stop"}, "message_stop"))
+        message = {
+            "id": "msg_scripted",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+        }
+        head = _sse({"type": "message_start", "message": message}, "message_start") + _sse(
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            "content_block_start",
+        )
+        piece = _sse(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+            "content_block_delta",
+        )
+        tail = (
+            _sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+            + _sse(
+                {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+                "message_delta",
+            )
+            + _sse({"type": "message_stop"}, "message_stop")
+        )
         return head, piece, tail
     chunk = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": 0, "model": model}
     head = _sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
@@ -258,11 +358,15 @@ class ScriptedApp:
         if method == "GET" and path == "/v1/models":
             return await self._json(send, 200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
         if method != "POST" or path not in ("/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens"):
-            return await self._json(send, 404, {"error": {"message": f"no route {method} {path}", "type": "not_found_error"}})
+            return await self._json(
+                send, 404, {"error": {"message": f"no route {method} {path}", "type": "not_found_error"}}
+            )
         try:
             body = json.loads(raw)
         except ValueError:
-            return await self._json(send, 400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
+            return await self._json(
+                send, 400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}}
+            )
         if self.record:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             self.requests.append(RecordedRequest(path, headers, body))
@@ -300,8 +404,11 @@ class ScriptedApp:
         if step.status >= 400:
             kind = step.error_type or _ERROR_TYPES.get(step.status, "api_error")
             message = step.error or f"scripted {step.status}"
-            error = ({"type": "error", "error": {"type": kind, "message": message}} if anthropic
-                     else {"error": {"message": message, "type": kind, "param": None, "code": None}})
+            error = (
+                {"type": "error", "error": {"type": kind, "message": message}}
+                if anthropic
+                else {"error": {"message": message, "type": kind, "param": None, "code": None}}
+            )
             return await self._json(send, step.status, error, step.headers)
         model = step.model or str(body.get("model", "scripted"))
         if step.mode == "huge":
@@ -313,8 +420,13 @@ class ScriptedApp:
             whole = (anthropic_whole if anthropic else openai_whole)(step, text, model, usage)
             data = json.dumps(whole).encode()
             if step.mode in ("stop_midstream", "stall_midstream"):  # promise the whole body, send half
-                await send({"type": "http.response.start", "status": 200,
-                            "headers": _JSON_HEAD + [(b"content-length", str(len(data)).encode())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 200,
+                        "headers": _JSON_HEAD + [(b"content-length", str(len(data)).encode())],
+                    }
+                )
                 await send({"type": "http.response.body", "body": data[: len(data) // 2], "more_body": True})
                 if step.mode == "stall_midstream":
                     await self._stall()
@@ -326,7 +438,7 @@ class ScriptedApp:
             with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             events = openai_events(step, text, model, usage, with_usage)
         if step.mode == "malformed":
-            events = events[:3] + [b"data: {\"choices\": [{\"delta\": \n\n"]
+            events = events[:3] + [b'data: {"choices": [{"delta": \n\n']
         elif step.mode in ("stop_midstream", "stall_midstream"):
             events = events[:4]
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
@@ -355,10 +467,13 @@ class ScriptedApp:
     async def _huge_sse_line(self, step: Step, receive: Receive, send: Send) -> None:
         """A stream whose second event is one `data:` line of `step.size` bytes with no newline."""
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEAD})
-        await self._send_pieces(receive, send, b": scripted upstream\n\ndata: ", b"x" * HUGE_PIECE,
-                                step.size // HUGE_PIECE, b"")
+        await self._send_pieces(
+            receive, send, b": scripted upstream\n\ndata: ", b"x" * HUGE_PIECE, step.size // HUGE_PIECE, b""
+        )
 
-    async def _send_pieces(self, receive: Receive, send: Send, head: bytes, piece: bytes, count: int, tail: bytes) -> None:
+    async def _send_pieces(
+        self, receive: Receive, send: Send, head: bytes, piece: bytes, count: int, tail: bytes
+    ) -> None:
         cycle = getattr(receive, "__self__", None)  # uvicorn's request cycle knows when the client has gone
         self.huge_sent = 0
         for data in (head, *([piece] * count), tail):
@@ -391,8 +506,13 @@ class ScriptedApp:
         await self._raw(send, status, _JSON_HEAD + extra, json.dumps(body).encode())
 
     async def _raw(self, send: Send, status: int, headers: list[tuple[bytes, bytes]], data: bytes) -> None:
-        await send({"type": "http.response.start", "status": status,
-                    "headers": headers + [(b"content-length", str(len(data)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": headers + [(b"content-length", str(len(data)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": data})
 
 
@@ -411,9 +531,16 @@ class ScriptedUpstream:
         self.port: int = self._sock.getsockname()[1]
         self.root_url = f"http://127.0.0.1:{self.port}"
         self.base_url = f"{self.root_url}/v1"
-        config = uvicorn.Config(self.app, lifespan="off", log_level="critical", access_log=False,
-                                proxy_headers=False, server_header=False, date_header=False,
-                                timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            self.app,
+            lifespan="off",
+            log_level="critical",
+            access_log=False,
+            proxy_headers=False,
+            server_header=False,
+            date_header=False,
+            timeout_graceful_shutdown=1,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 
@@ -421,16 +548,43 @@ class ScriptedUpstream:
     def requests(self) -> list[RecordedRequest]:
         return self.app.requests
 
-    def script(self, text: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
-               finish: str | None = None, status: int = 200, error: str | None = None, mode: str = "normal",
-               delay: float = 0.0, *, error_type: str | None = None, usage: tuple[int, int] | None = None,
-               model: str | None = None, size: int = 0, location: str | None = None,
-               headers: dict[str, str] | None = None) -> None:
+    def script(
+        self,
+        text: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+        finish: str | None = None,
+        status: int = 200,
+        error: str | None = None,
+        mode: str = "normal",
+        delay: float = 0.0,
+        *,
+        error_type: str | None = None,
+        usage: tuple[int, int] | None = None,
+        model: str | None = None,
+        size: int = 0,
+        location: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         """Queue one answer (FIFO, shared by both dialects)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
-        self.app.queue.append(Step(text, list(tool_calls or ()), finish, status, error, error_type, mode, delay,
-                                   usage, model, size, location, dict(headers or {})))
+        self.app.queue.append(
+            Step(
+                text,
+                list(tool_calls or ()),
+                finish,
+                status,
+                error,
+                error_type,
+                mode,
+                delay,
+                usage,
+                model,
+                size,
+                location,
+                dict(headers or {}),
+            )
+        )
 
     def answer_by_system(self, answers: dict[str, str], otherwise: str) -> None:
         """With no scripted answer queued, answer the first text of `answers` whose marker the
@@ -471,8 +625,17 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8901)
     args = parser.parse_args()
-    uvicorn.run(ScriptedApp(record=False), host=args.host, port=args.port, lifespan="off", log_level="warning",
-                access_log=False, proxy_headers=False, server_header=False, date_header=False)
+    uvicorn.run(
+        ScriptedApp(record=False),
+        host=args.host,
+        port=args.port,
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,11 @@ def manifest_for(files: dict[str, bytes], parent: str | None = None, kind: str =
 
 
 # git as a user without git-lfs would run it: no help from the store, no user config.
-PLAIN_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},
-             "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+PLAIN_ENV = {
+    **{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+}
 
 
 def plain_git(root: Path, *args: str) -> str:
@@ -194,8 +197,21 @@ def test_diff_shows_changed_lines_and_pointer_changes(store: ArtifactStore) -> N
 @pytest.mark.parametrize(
     "path",
     [
-        "/abs", "../up", "a/../b", "a//b", "./a", "a/", "", ".git/config", "x/.git/y", ".GIT/x",
-        ".gitattributes", "sub/.gitmodules", MANIFEST_NAME, "a\\b", "nul\0",
+        "/abs",
+        "../up",
+        "a/../b",
+        "a//b",
+        "./a",
+        "a/",
+        "",
+        ".git/config",
+        "x/.git/y",
+        ".GIT/x",
+        ".gitattributes",
+        "sub/.gitmodules",
+        MANIFEST_NAME,
+        "a\\b",
+        "nul\0",
     ],
 )
 def test_bad_paths_are_refused(store: ArtifactStore, path: str) -> None:

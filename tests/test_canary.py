@@ -20,9 +20,11 @@ from tests.helpers.lora import lora_files
 from tests.test_learner import PROMISING, Rig, ScriptedGate, run_with_rig, until
 
 
-def with_directory(model_dir: Path, tmp_path: Path,
-                   body: Callable[[ReefState, EmbeddedRuntime, ScenarioDirectory], Awaitable[None]]) -> None:
+def with_directory(
+    model_dir: Path, tmp_path: Path, body: Callable[[ReefState, EmbeddedRuntime, ScenarioDirectory], Awaitable[None]]
+) -> None:
     """Run `body` with the embedded tiny model started and a scenario directory on a real state."""
+
     async def main() -> None:
         runtime = EmbeddedRuntime(model_dir, threads=1, default_max_tokens=4)
         await runtime.start()
@@ -57,7 +59,8 @@ def test_live_scores_withdraw_only_on_evidence_that_the_canary_is_worse() -> Non
 
 
 def test_a_canary_serves_its_fraction_of_an_opted_in_scenario_and_unloads_when_free(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def body(state: ReefState, runtime: EmbeddedRuntime, directory: ScenarioDirectory) -> None:
         await directory.create("s")
         await directory.create("t")
@@ -70,8 +73,10 @@ def test_a_canary_serves_its_fraction_of_an_opted_in_scenario_and_unloads_when_f
                 served.append(admitted.release_id)
             async with directory.admit("t") as other:
                 assert other.release_id == state.chain("t").head().release_id  # not opted in
-        assert 60 < served.count(ref.release_id) < 140 and set(served) == {ref.release_id,
-                                                                           state.chain("s").head().release_id}
+        assert 60 < served.count(ref.release_id) < 140 and set(served) == {
+            ref.release_id,
+            state.chain("s").head().release_id,
+        }
         result = ChatResult()
         request = ChatRequest(model="m", messages=(Message("user", "hi"),), dialect="openai", max_tokens=4)
         async for delta in runtime.generate(request, ref):
@@ -135,7 +140,8 @@ class RecordingCanary:
 
 
 def test_the_newest_candidate_serves_the_canary_its_records_train_and_a_worse_one_is_withdrawn(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def body(rig: Rig) -> None:
         canary, gate = RecordingCanary(), ScriptedGate(("reject", PROMISING), ("reject", PROMISING))
         learner = rig.learner(gate, canary)
@@ -160,11 +166,13 @@ def test_the_newest_candidate_serves_the_canary_its_records_train_and_a_worse_on
     run_with_rig(tmp_path, tiny_model_dir, body)
 
 
-def test_a_canary_a_little_worse_is_withdrawn_once_it_has_its_bound_of_reports(tiny_model_dir: Path,
-                                                                                 tmp_path: Path) -> None:
+def test_a_canary_a_little_worse_is_withdrawn_once_it_has_its_bound_of_reports(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """Live scores a little worse than the serving release's, never significantly: withdrawn by
     the learner at the step that reads the canary's WITHDRAW_BY-th score, not left serving until
     its verdict."""
+
     async def body(rig: Rig) -> None:
         canary, gate = RecordingCanary(), ScriptedGate(("reject", PROMISING), ("reject", PROMISING))
         learner = rig.learner(gate, canary)
@@ -207,7 +215,9 @@ def test_a_rollback_mid_canary_stops_it_and_voids_the_candidate(tiny_model_dir: 
     run_with_rig(tmp_path, tiny_model_dir, body)
 
 
-def test_a_canary_keeps_the_serving_releases_harness_in_front_of_its_requests(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_canary_keeps_the_serving_releases_harness_in_front_of_its_requests(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """The canary serves the candidate's weights over the serving release's files: a learned
     system prompt (inject mode, the default) still goes in front of the requests it serves."""
     from reef.commit.release_chain import Candidate
@@ -216,10 +226,15 @@ def test_a_canary_keeps_the_serving_releases_harness_in_front_of_its_requests(ti
     async def body(state: ReefState, runtime: EmbeddedRuntime, directory: ScenarioDirectory) -> None:
         chain = await directory.create("s")
         rule = b"Answer in one word."
-        learned = chain.publish(Candidate({"harness/system.md": rule}, ArtifactKind.HARNESS),
-                                chain.head().release_id, verdict=Verdict("select", {}))
+        learned = chain.publish(
+            Candidate({"harness/system.md": rule}, ArtifactKind.HARNESS),
+            chain.head().release_id,
+            verdict=Verdict("select", {}),
+        )
         await directory.serve_release(chain, learned)
-        ref = await directory.start_canary("s", canary_release_id("b1"), lora_files(tiny_model_dir, tmp_path / "a"), 1.0)
+        ref = await directory.start_canary(
+            "s", canary_release_id("b1"), lora_files(tiny_model_dir, tmp_path / "a"), 1.0
+        )
         async with directory.admit("s") as admitted:
             assert admitted == ref
         request = ChatRequest(model="m", messages=(Message("user", "hi"),), dialect="openai", max_tokens=4)

@@ -62,7 +62,9 @@ def test_serve_refuses_a_bad_gate_setting_before_loading_a_model(tmp_path: Path)
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"prompt": "Opposite of hot?", "answer": "cold"}) + "\n")
     config = tmp_path / "reef.yaml"
-    config.write_text(f"learner:\n  gate:\n    tasks: {tasks}\n    scorer: reef.demo.tasks:gate_score\n    halves: true\n")
+    config.write_text(
+        f"learner:\n  gate:\n    tasks: {tasks}\n    scorer: reef.demo.tasks:gate_score\n    halves: true\n"
+    )
     result = CliRunner().invoke(main, ["serve", "-c", str(config), "--state-dir", str(tmp_path / "state")])
     assert result.exit_code == 1 and "halves needs at least two tasks" in result.output, result.output
     assert not (tmp_path / "state").exists()  # refused before anything was created

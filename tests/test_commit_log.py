@@ -20,18 +20,23 @@ from uuid import uuid4
 
 import pytest
 
-from tests.pg import postgres_dsn  # noqa: F401  (session fixture used by the postgres params)
 from reef.commit.commit_log import CommitLog, CommitLogs, JsonlCommitLog, JsonlCommitLogs
 from reef.core.errors import Conflict, Corruption, InvalidInput, StaleHead, StorageUnavailable
 from reef.core.types import CommitEntry, Operation, ReleaseRef
+from tests.pg import postgres_dsn  # noqa: F401  (session fixture used by the postgres params)
 
 FrontEnd = Callable[[], CommitLogs]
 
 
 def entry(step: int, scenario: str = "s", **fields: object) -> CommitEntry:
     operation = Operation.CREATION if step == 1 else Operation.TRAINING
-    return CommitEntry(scenario=scenario, step=step, operation=operation,  # type: ignore[arg-type]
-                       release=ReleaseRef(f"r{step}", f"c{step}"), **fields)
+    return CommitEntry(
+        scenario=scenario,
+        step=step,
+        operation=operation,  # type: ignore[arg-type]
+        release=ReleaseRef(f"r{step}", f"c{step}"),
+        **fields,
+    )
 
 
 def _backend_maker(kind: str, where: str) -> FrontEnd:
@@ -363,13 +368,18 @@ def test_postgres_table_is_append_only(pg_logs: tuple[str, str]) -> None:
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("damage, message", [
-    ("UPDATE commit_log SET body = 'not json' WHERE step = 2", r"commit_log\['s'\]:2: unreadable"),
-    ("DELETE FROM commit_log WHERE step = 2", r"commit_log\['s'\]:2: step 3 where step 2 belongs"),
-    ("UPDATE commit_heads SET last_step = 7", "commit_heads says last step 7"),
-    ("UPDATE commit_log SET body = replace(body, '\"scenario\":\"s\"', '\"scenario\":\"t\"') WHERE step = 3",
-     r":3: row holds step 3 of scenario 't'"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("UPDATE commit_log SET body = 'not json' WHERE step = 2", r"commit_log\['s'\]:2: unreadable"),
+        ("DELETE FROM commit_log WHERE step = 2", r"commit_log\['s'\]:2: step 3 where step 2 belongs"),
+        ("UPDATE commit_heads SET last_step = 7", "commit_heads says last step 7"),
+        (
+            'UPDATE commit_log SET body = replace(body, \'"scenario":"s"\', \'"scenario":"t"\') WHERE step = 3',
+            r":3: row holds step 3 of scenario 't'",
+        ),
+    ],
+)
 def test_postgres_damage_names_database_scenario_and_step(pg_logs: tuple[str, str], damage: str, message: str) -> None:
     from reef.commit.pg_commit_log import PgCommitLogs
 
@@ -420,8 +430,10 @@ def test_postgres_log_survives_dropped_connections(pg_logs: tuple[str, str]) -> 
         log = logs.open("s")
         log.append(entry(1), expected_step=0)
         with psycopg.connect(dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
-                          " WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'")
+            admin.execute(
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+                " WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
         log.append(entry(2), expected_step=1)  # a dead pooled connection is replaced
         assert logs.open("s").last_step == 2
     finally:

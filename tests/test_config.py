@@ -45,17 +45,25 @@ def test_a_non_loopback_address_needs_a_token_or_insecure() -> None:
 
 
 def test_any_setting_from_the_environment_with_nested_keys() -> None:
-    config = load_config(None, env={
-        "REEF_UPSTREAM__TIMEOUT": "30", "REEF_LEARNER__SAO__LR": "1e-4", "REEF_LIMITS__MAX_TAGS": "8",
-        "REEF_LEARNER__ENABLED": "false", "REEF_PORT": "9100", "REEF_EMBEDDED__THREADS": "null",
-        "REEF_TOKENS": '["one", "two"]',  # JSON for a list
-        "REEF_RECIPES__SCENARIOS__CODING": "skills",  # a key of a mapping
-        "REEF_HARNESS__SCENARIOS": '{"review": {"mode": "pull"}}',  # a whole mapping
-        "REEF_LEARNER__SKILLS__GATE__JUDGE__MODEL": "gpt-4o-mini",  # inside an optional section
-        "REEF_UPSTREAM__API_KEY": "12345",  # text stays text, even when it looks like a number
-        "REEF_UPSTREAM__MODEL": "1.5", "REEF_PUBLIC_URL": "null",
-        "REEF_LOG_FORMAT": "",  # empty: unset
-    })
+    config = load_config(
+        None,
+        env={
+            "REEF_UPSTREAM__TIMEOUT": "30",
+            "REEF_LEARNER__SAO__LR": "1e-4",
+            "REEF_LIMITS__MAX_TAGS": "8",
+            "REEF_LEARNER__ENABLED": "false",
+            "REEF_PORT": "9100",
+            "REEF_EMBEDDED__THREADS": "null",
+            "REEF_TOKENS": '["one", "two"]',  # JSON for a list
+            "REEF_RECIPES__SCENARIOS__CODING": "skills",  # a key of a mapping
+            "REEF_HARNESS__SCENARIOS": '{"review": {"mode": "pull"}}',  # a whole mapping
+            "REEF_LEARNER__SKILLS__GATE__JUDGE__MODEL": "gpt-4o-mini",  # inside an optional section
+            "REEF_UPSTREAM__API_KEY": "12345",  # text stays text, even when it looks like a number
+            "REEF_UPSTREAM__MODEL": "1.5",
+            "REEF_PUBLIC_URL": "null",
+            "REEF_LOG_FORMAT": "",  # empty: unset
+        },
+    )
     assert config.upstream.timeout == 30.0 and config.learner.sao.lr == 1e-4 and config.limits.max_tags == 8
     assert config.learner.enabled is False and config.port == 9100 and config.embedded.threads is None
     assert config.tokens == ["one", "two"] and config.recipes.scenarios == {"coding": "skills"}
@@ -66,8 +74,16 @@ def test_any_setting_from_the_environment_with_nested_keys() -> None:
 
 
 def test_the_five_older_names_are_kept(tmp_path: Path) -> None:
-    config = load_config(None, env={"REEF_TOKEN": "a,b", "REEF_STATE_DIR": str(tmp_path), "REEF_UPSTREAM_URL": "http://u/v1",
-                                    "REEF_UPSTREAM_API_KEY": "sk-1", "REEF_UPSTREAM_MODEL": "m"})
+    config = load_config(
+        None,
+        env={
+            "REEF_TOKEN": "a,b",
+            "REEF_STATE_DIR": str(tmp_path),
+            "REEF_UPSTREAM_URL": "http://u/v1",
+            "REEF_UPSTREAM_API_KEY": "sk-1",
+            "REEF_UPSTREAM_MODEL": "m",
+        },
+    )
     assert config.tokens == ["a", "b"] and config.state_dir == tmp_path
     assert (config.upstream.url, config.upstream.api_key, config.upstream.model) == ("http://u/v1", "sk-1", "m")
     assert load_config(None, env={"REEF_UPSTREAM__URL": "http://n/v1"}).upstream.url == "http://n/v1"
@@ -114,11 +130,13 @@ def test_an_unknown_variable_is_named_and_a_single_underscore_gets_a_hint() -> N
 
 
 def test_a_bad_value_names_its_variable_and_one_setting_is_set_once() -> None:
-    for env, expected in [({"REEF_UPSTREAM__TIMEOUT": "-1"}, "REEF_UPSTREAM__TIMEOUT: Input should be greater than 0"),
-                          ({"REEF_UPSTREAM__DIALECT": "grpc"}, "REEF_UPSTREAM__DIALECT: Input should be 'openai'"),
-                          ({"REEF_TOKENS": "[1"}, "REEF_TOKENS: not a YAML value"),
-                          ({"REEF_TOKEN": "a", "REEF_TOKENS": '["b"]'}, "REEF_TOKEN and REEF_TOKENS both set tokens"),
-                          ({"REEF_UPSTREAM_URL": "http://a", "REEF_UPSTREAM__URL": "http://b"}, "both set upstream.url")]:
+    for env, expected in [
+        ({"REEF_UPSTREAM__TIMEOUT": "-1"}, "REEF_UPSTREAM__TIMEOUT: Input should be greater than 0"),
+        ({"REEF_UPSTREAM__DIALECT": "grpc"}, "REEF_UPSTREAM__DIALECT: Input should be 'openai'"),
+        ({"REEF_TOKENS": "[1"}, "REEF_TOKENS: not a YAML value"),
+        ({"REEF_TOKEN": "a", "REEF_TOKENS": '["b"]'}, "REEF_TOKEN and REEF_TOKENS both set tokens"),
+        ({"REEF_UPSTREAM_URL": "http://a", "REEF_UPSTREAM__URL": "http://b"}, "both set upstream.url"),
+    ]:
         with pytest.raises(InvalidInput) as info:
             load_config(None, env=env)
         assert expected in str(info.value), (env, str(info.value))
@@ -132,6 +150,7 @@ def test_variables_that_are_not_settings_are_left_alone() -> None:
     assert load_config(None, env=env) == ServeConfig()
     documented = DOCS.read_text()
     assert all(f"`{name}`" in documented for name in ENV_NOT_SETTINGS), "docs/configuration.md lists them"
+
 
 def test_an_unknown_recipe_is_refused_when_the_config_loads_naming_the_known_ones(tmp_path: Path) -> None:
     path = tmp_path / "serve.yaml"
@@ -147,7 +166,9 @@ def test_an_unknown_recipe_is_refused_when_the_config_loads_naming_the_known_one
     path.write_text("recipes:\n  default: reef.config:ServeConfig\n")  # a class, but no recipe
     with pytest.raises(InvalidInput, match="lacks name, surface, Settings"):
         load_config(path, env={})
-    path.write_text("recipes:\n  default: reef.recipes.sao:SAORecipe\nlearner:\n  reef.recipes.sao:SAORecipe: {lr: 0.1}\n")
+    path.write_text(
+        "recipes:\n  default: reef.recipes.sao:SAORecipe\nlearner:\n  reef.recipes.sao:SAORecipe: {lr: 0.1}\n"
+    )
     assert load_config(path, env={}).learner.settings_for("reef.recipes.sao:SAORecipe").lr == 0.1
 
 
@@ -155,8 +176,12 @@ def test_reef_serve_with_an_unknown_recipe_exits_before_binding_anything(tmp_pat
     path = tmp_path / "serve.yaml"
     path.write_text("recipes:\n  default: nope\n")
     state = tmp_path / "state"
-    done = subprocess.run([sys.executable, "-m", "reef", "serve", "-c", str(path), "--state-dir", str(state),
-                           "--port", "0"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "reef", "serve", "-c", str(path), "--state-dir", str(state), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0 and "unknown recipe 'nope'; known recipes: sao, skills" in done.stderr
     assert not state.exists()
 

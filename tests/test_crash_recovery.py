@@ -19,8 +19,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_until_killed(state_dir: Path, run: str, rng: random.Random) -> list[str]:
     """Start a writer, let it work for a random moment, SIGKILL it; its complete ack lines."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen([sys.executable, "-m", "tests.helpers.crash_writer", str(state_dir), run],
-                             stdout=subprocess.PIPE, cwd=ROOT, env=env, bufsize=0)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.crash_writer", str(state_dir), run],
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+        bufsize=0,
+    )
     assert child.stdout is not None
     assert child.stdout.readline().strip() == b"READY"
     fd = child.stdout.fileno()

@@ -29,8 +29,16 @@ from tests.helpers.reef_server import ReefServer
 from tests.scripted_upstream import ScriptedUpstream
 
 CHROMIUM = os.environ.get("REEF_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 TOKEN = "ui-token-7c1e93a0b5"
 SCENARIO = "fmt"
 RULE_MARKER = "single word"
@@ -62,13 +70,27 @@ def serve(model: ScriptedUpstream, work: Path, publish: str = "auto", tokens: tu
     """`reef serve` whose `fmt` scenario learns a rule after three failures with the same feedback."""
     tasks = work / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"prompt": f"What is {i}+{4 - i}?", "expected": "4"}) + "\n" for i in range(4)))
-    settings = {"tokens": list(tokens), "log_level": "info",
-                "upstream": {"url": model.base_url, "model": "scripted"},
-                "recipes": {"scenarios": {SCENARIO: "skills"}},
-                "learner": {"poll_interval": 0.05, "skills": {
-                    "proposer": "distill", "min_recurrence": 3, "batch_size": 8, "successes": 0,
-                    "gate": {"tasks": str(tasks), "scorer": "tests.test_dashboard:exact_answer", "margin": 1,
-                             "publish": publish}}}}
+    settings = {
+        "tokens": list(tokens),
+        "log_level": "info",
+        "upstream": {"url": model.base_url, "model": "scripted"},
+        "recipes": {"scenarios": {SCENARIO: "skills"}},
+        "learner": {
+            "poll_interval": 0.05,
+            "skills": {
+                "proposer": "distill",
+                "min_recurrence": 3,
+                "batch_size": 8,
+                "successes": 0,
+                "gate": {
+                    "tasks": str(tasks),
+                    "scorer": "tests.test_dashboard:exact_answer",
+                    "margin": 1,
+                    "publish": publish,
+                },
+            },
+        },
+    }
     return ReefServer(work, settings)
 
 
@@ -109,8 +131,13 @@ def ask(reef: ReefServer, text: str = "What is 2+2?", session: str | None = None
     oai = openai.OpenAI(base_url=reef.base_url, api_key=TOKEN, max_retries=0, timeout=30)
     headers = {"x-reef-scenario": SCENARIO, **({"x-reef-session": session} if session else {})}
     raw = oai.chat.completions.with_raw_response.create(
-        model="any", messages=[{"role": "user", "content": text}], extra_headers=headers)
-    return raw.headers["x-reef-agent-record-id"], raw.headers["x-reef-release-id"], raw.parse().choices[0].message.content or ""
+        model="any", messages=[{"role": "user", "content": text}], extra_headers=headers
+    )
+    return (
+        raw.headers["x-reef-agent-record-id"],
+        raw.headers["x-reef-release-id"],
+        raw.parse().choices[0].message.content or "",
+    )
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
@@ -154,8 +181,13 @@ def test_static_files_need_no_token_but_every_data_call_does(reef: ReefServer) -
     assert httpx.get(f"{reef.url}/ui/../reef/status").status_code == 401  # httpx normalises: /reef/status
     assert httpx.get(f"{reef.url}/ui/nothing.js").status_code == 404
     assert httpx.post(f"{reef.url}/ui/", data={"token": "x"}).status_code == 405
-    for path in ("/reef/status", "/reef/scenarios", f"/reef/scenarios/{SCENARIO}/records",
-                 f"/reef/scenarios/{SCENARIO}/curve", f"/reef/scenarios/{SCENARIO}/compare?base=a&target=b"):
+    for path in (
+        "/reef/status",
+        "/reef/scenarios",
+        f"/reef/scenarios/{SCENARIO}/records",
+        f"/reef/scenarios/{SCENARIO}/curve",
+        f"/reef/scenarios/{SCENARIO}/compare?base=a&target=b",
+    ):
         assert httpx.get(f"{reef.url}{path}").status_code == 401, path
 
 
@@ -185,8 +217,7 @@ def test_a_wrong_token_is_refused_with_a_message_and_the_token_stays_out_of_urls
     assert TOKEN not in reef.logs() and "not-the-token" not in reef.logs()
 
 
-def test_a_learned_release_appears_without_reloading_and_a_record_opens_in_full(
-        page: Any, reef: ReefServer) -> None:
+def test_a_learned_release_appears_without_reloading_and_a_record_opens_in_full(page: Any, reef: ReefServer) -> None:
     first_receipt, first_release, answer = ask(reef, session="ui-demo")
     assert answer == CHATTY
     sign_in(page, reef)
@@ -234,7 +265,9 @@ def test_a_learned_release_appears_without_reloading_and_a_record_opens_in_full(
     newest.get_by_role("link").click()
     record = page.get_by_test_id("record")
     sync_api.expect(record).to_be_visible()
-    sync_api.expect(page.get_by_test_id("conversation")).to_contain_text("Answer with a single word only")  # injected rule
+    sync_api.expect(page.get_by_test_id("conversation")).to_contain_text(
+        "Answer with a single word only"
+    )  # injected rule
     sync_api.expect(page.get_by_test_id("conversation")).to_contain_text("What is 2+2?")
     sync_api.expect(page.get_by_test_id("response-text")).to_have_text(GOOD)
     sync_api.expect(page.get_by_test_id("reports")).to_contain_text("right")
@@ -249,9 +282,12 @@ def test_a_learned_release_appears_without_reloading_and_a_record_opens_in_full(
 
 
 def test_rollback_asks_for_confirmation_grows_the_chain_and_a_conflict_is_shown_plainly(
-        page: Any, reef: ReefServer) -> None:
-    before = wait_for(lambda: (r := releases(reef)) and any(x["operation"] == "training" for x in r) and r,
-                      what="the learned release (the previous test)")
+    page: Any, reef: ReefServer
+) -> None:
+    before = wait_for(
+        lambda: (r := releases(reef)) and any(x["operation"] == "training" for x in r) and r,
+        what="the learned release (the previous test)",
+    )
     first = before[-1]  # the creation
     sign_in(page, reef, where=f"#/s/{SCENARIO}/chain")
     chain = page.get_by_test_id("chain")
@@ -310,7 +346,8 @@ def test_rollback_asks_for_confirmation_grows_the_chain_and_a_conflict_is_shown_
 
 
 def test_a_release_held_for_review_appears_and_is_promoted_through_the_confirmation(
-        page: Any, model: ScriptedUpstream, tmp_path: Path) -> None:
+    page: Any, model: ScriptedUpstream, tmp_path: Path
+) -> None:
     with serve(model, tmp_path, publish="review") as reef:
         first_receipt, first_release, _ = ask(reef)
         sign_in(page, reef, where=f"#/s/{SCENARIO}/chain")
@@ -370,7 +407,8 @@ def test_a_slow_server_gets_one_poll_at_a_time_from_an_open_page(page: Any, reef
 
 @pytest.mark.parametrize("link", ["#/s/%E0%A4%A", "#/s/%/records", f"#/s/{SCENARIO}/record/%E0%A4%A"])
 def test_a_malformed_escape_in_the_link_shows_an_error_and_the_page_goes_on(
-        page: Any, reef: ReefServer, link: str) -> None:
+    page: Any, reef: ReefServer, link: str
+) -> None:
     ask(reef)
     sign_in(page, reef, where=link)
     sync_api.expect(page.locator("main .error")).to_be_visible()  # the server says what is wrong with the name
@@ -417,8 +455,14 @@ def test_an_adapter_diff_is_summarised_never_dumped(page: Any, reef: ReefServer)
     """Weights change as LFS pointers; the page names size and hash, never the bytes. (The
     scripted upstream cannot load weights, so the diff route's answer is played here.)"""
     release = releases(reef)[-1]["release_id"]
-    body = {"scenario": SCENARIO, "release_id": release, "parent_release_id": None, "operation": "training",
-            "changed": ["adapter_model.safetensors"], "diff": LFS_DIFF}
+    body = {
+        "scenario": SCENARIO,
+        "release_id": release,
+        "parent_release_id": None,
+        "operation": "training",
+        "changed": ["adapter_model.safetensors"],
+        "diff": LFS_DIFF,
+    }
     page.route("**/reef/scenarios/*/releases/*/diff", lambda route: route.fulfill(json=body))
     sign_in(page, reef, where=f"#/s/{SCENARIO}/release/{release}")
     diff = page.get_by_test_id("diff")
@@ -433,7 +477,10 @@ def test_the_weights_gate_tasks_are_named_by_their_place_in_the_tasks_file(page:
     chain = {"releases": releases(reef)}
     release = chain["releases"][-1]
     per_task = [{"current": 1.0, "candidate": 0.0, "index": 7}, {"current": 0.0, "candidate": 1.0, "index": 41}]
-    release["verdict"] = {"decision": "select", "metrics": {"gate": "tasks", "wins": 1, "losses": 1, "per_task": per_task}}
+    release["verdict"] = {
+        "decision": "select",
+        "metrics": {"gate": "tasks", "wins": 1, "losses": 1, "per_task": per_task},
+    }
     page.route(f"**/reef/scenarios/{SCENARIO}/releases", lambda route: route.fulfill(json=chain))
     sign_in(page, reef, where=f"#/s/{SCENARIO}/release/{release['release_id']}")
     view = page.get_by_test_id("release-view")
@@ -449,12 +496,20 @@ def serve_tiny(model_dir: Path, work: Path) -> ReefServer:
     `sao`: a LoRA step per four scored samples, judged by the offline gate on held-out reports
     (a generous bound: this shows the page following learning, not the gate's taste); the
     candidate under test serves half its requests (the canary)."""
-    settings = {"tokens": [TOKEN], "log_level": "info",
-                "embedded": {"model_dir": str(model_dir), "default_max_tokens": 8, "threads": 1},
-                "recipes": {"scenarios": {TINY: "sao"}},
-                "learner": {"poll_interval": 0.1, "train_threads": 1, "canary": {TINY: 0.5}, "canary_max_fraction": 0.5,
-                            "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
-                            "gate": {"holdout_fraction": 0.5, "offline_bound": 1000.0}}}
+    settings = {
+        "tokens": [TOKEN],
+        "log_level": "info",
+        "embedded": {"model_dir": str(model_dir), "default_max_tokens": 8, "threads": 1},
+        "recipes": {"scenarios": {TINY: "sao"}},
+        "learner": {
+            "poll_interval": 0.1,
+            "train_threads": 1,
+            "canary": {TINY: 0.5},
+            "canary_max_fraction": 0.5,
+            "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
+            "gate": {"holdout_fraction": 0.5, "offline_bound": 1000.0},
+        },
+    }
     return ReefServer(work, settings)
 
 
@@ -462,7 +517,8 @@ TINY = "tiny"
 
 
 def test_the_tiny_model_learns_and_the_open_page_shows_the_new_release_in_the_chain_and_on_the_curve(
-        page: Any, tiny_model_dir: Path, tmp_path: Path) -> None:
+    page: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """The embedded model, real LoRA training in the training process, the gate, a published
     adapter: the page, opened before any of it and never reloaded, shows the new release."""
     with serve_tiny(tiny_model_dir, tmp_path) as reef:
@@ -472,8 +528,11 @@ def test_the_tiny_model_learns_and_the_open_page_shows_the_new_release_in_the_ch
             with client(reef) as c:
                 for i in range(offset, offset + n):
                     raw = oai.chat.completions.with_raw_response.create(
-                        model="tiny", messages=[{"role": "user", "content": f"Say {i}."}], temperature=1.0,
-                        extra_headers={"x-reef-scenario": TINY})
+                        model="tiny",
+                        messages=[{"role": "user", "content": f"Say {i}."}],
+                        temperature=1.0,
+                        extra_headers={"x-reef-scenario": TINY},
+                    )
                     c.report(raw.headers["x-reef-agent-record-id"], score=float(i % 2))
 
         def trained() -> list[dict[str, Any]]:
@@ -510,20 +569,33 @@ def test_the_tiny_model_learns_and_the_open_page_shows_the_new_release_in_the_ch
         sync_api.expect(page.get_by_test_id("canary")).to_contain_text("withdrawn")
         shot(page, "canary")
 
-        records = httpx.get(f"{reef.url}/reef/scenarios/{TINY}/records", params={"limit": 50},
-                            headers={"Authorization": f"Bearer {TOKEN}"}).json()["records"]
+        records = httpx.get(
+            f"{reef.url}/reef/scenarios/{TINY}/records",
+            params={"limit": 50},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ).json()["records"]
         by_canary = [r for r in records if str(r["release_id"]).startswith("canary-")]  # labelled as the canary's
         page.get_by_test_id("tab-records").click()
         rows = page.get_by_test_id("record-row")
         sync_api.expect(rows).to_have_count(len(records))
         for r in by_canary[:3]:
-            label = f"canary {r['release_id'][len('canary-'):][:10]}"
+            label = f"canary {r['release_id'][len('canary-') :][:10]}"
             sync_api.expect(page.locator(f"[data-record='{r['id']}']")).to_contain_text(label)
 
 
 def test_screenshots_exist_when_asked() -> None:
     if not SCREENSHOTS:
         pytest.skip("REEF_UI_SCREENSHOTS=1 writes docs/ui-*.png")
-    for name in ("login", "scenarios", "chain", "curve", "records", "record", "diff", "rollback-confirm", "conflict",
-                 "canary"):
+    for name in (
+        "login",
+        "scenarios",
+        "chain",
+        "curve",
+        "records",
+        "record",
+        "diff",
+        "rollback-confirm",
+        "conflict",
+        "canary",
+    ):
         assert (DOCS / f"ui-{name}.png").stat().st_size > 10_000, name

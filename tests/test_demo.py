@@ -82,7 +82,9 @@ def test_the_task_set_is_large_varied_and_well_formed() -> None:
 
 
 def test_the_split_is_deterministic_disjoint_and_covers_every_family() -> None:
-    parts = {name: [t["question"] for t in getattr(demo_tasks, f"{name}_tasks")()] for name in ("train", "heldout", "test")}
+    parts = {
+        name: [t["question"] for t in getattr(demo_tasks, f"{name}_tasks")()] for name in ("train", "heldout", "test")
+    }
     train, heldout, test = (set(parts[n]) for n in ("train", "heldout", "test"))
     assert not train & heldout and not train & test and not heldout & test
     assert len(train) + len(heldout) + len(test) == len(demo_tasks.TASKS)
@@ -96,10 +98,17 @@ def test_the_split_is_deterministic_disjoint_and_covers_every_family() -> None:
     import subprocess
     import sys
 
-    code = ("from reef.demo.tasks import heldout_tasks, test_tasks\n"
-            "for part in (heldout_tasks(), test_tasks()): print('|'.join(t['question'] for t in part))")
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": "123", "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    code = (
+        "from reef.demo.tasks import heldout_tasks, test_tasks\n"
+        "for part in (heldout_tasks(), test_tasks()): print('|'.join(t['question'] for t in part))"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "123", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
     assert [line.split("|") for line in other.stdout.strip().splitlines()] == [parts["heldout"], parts["test"]]
 
 
@@ -128,16 +137,23 @@ def test_the_number_of_worked_examples_is_a_setting(tmp_path: Path) -> None:
 
 
 def _synthetic_curve() -> dict:
-    traffic = [{"minute": i / 20, "score": 1.0 if i % 4 == 0 else 0.25, "success": i % 4 == 0, "release_id": "r1"}
-               for i in range(120)]
+    traffic = [
+        {"minute": i / 20, "score": 1.0 if i % 4 == 0 else 0.25, "success": i % 4 == 0, "release_id": "r1"}
+        for i in range(120)
+    ]
     return {
-        "heldout": [{"minute": 0.0, "success": 0.1, "score": 0.2, "release_id": "r1", "kind": "start"},
-                    {"minute": 2.5, "success": 0.3, "score": 0.4, "release_id": "r2", "kind": "published"},
-                    {"minute": 4.0, "success": 0.45, "score": 0.5, "release_id": "r3", "kind": "published"}],
+        "heldout": [
+            {"minute": 0.0, "success": 0.1, "score": 0.2, "release_id": "r1", "kind": "start"},
+            {"minute": 2.5, "success": 0.3, "score": 0.4, "release_id": "r2", "kind": "published"},
+            {"minute": 4.0, "success": 0.45, "score": 0.5, "release_id": "r3", "kind": "published"},
+        ],
         "rejected": [{"minute": 3.1, "candidate_success": 0.2, "current_success": 0.3, "p_value": 0.7}],
         "traffic": traffic,
         "releases": [{"release_id": "r1", "requests": 120, "mean_score": 0.44, "success_rate": 0.25}],
-        "test": {"start": {"release_id": "r1", "n": 8, "success": 0.125}, "final": {"release_id": "r3", "n": 8, "success": 0.5}},
+        "test": {
+            "start": {"release_id": "r1", "n": 8, "success": 0.125},
+            "final": {"release_id": "r3", "n": 8, "success": 0.5},
+        },
         "settings": {"examples": 1, "temperature": 1.0, "lr": 2e-4, "minutes": 6.0},
         "summary": {"minutes": 6.0},
     }
@@ -173,12 +189,27 @@ def test_rolling_success_is_a_windowed_rate() -> None:
 
 def _decision(step: int, decision: str, minute: float, stats, current: float, candidate: float) -> dict:
     operation = "training" if decision == "select" else "rejection"
-    return {"step": step, "operation": operation, "release_id": f"rel{step}",
-            "recorded_at": stats.started_wall + 60 * minute,
-            "verdict": {"decision": decision, "metrics": {"gate": "tasks", "current_success": current,
-                                                          "candidate_success": candidate, "current_score": current,
-                                                          "candidate_score": candidate, "wins": 3, "losses": 1,
-                                                          "ties": 50, "n": 54, "p_value": 0.31}}}
+    return {
+        "step": step,
+        "operation": operation,
+        "release_id": f"rel{step}",
+        "recorded_at": stats.started_wall + 60 * minute,
+        "verdict": {
+            "decision": decision,
+            "metrics": {
+                "gate": "tasks",
+                "current_success": current,
+                "candidate_success": candidate,
+                "current_score": current,
+                "candidate_score": candidate,
+                "wins": 3,
+                "losses": 1,
+                "ties": 50,
+                "n": 54,
+                "p_value": 0.31,
+            },
+        },
+    }
 
 
 def test_gate_verdicts_become_the_heldout_curve_and_the_live_view_shows_them() -> None:
@@ -203,7 +234,12 @@ def test_gate_verdicts_become_the_heldout_curve_and_the_live_view_shows_them() -
     out = io.StringIO()
     Console(file=out, width=160).print(live_view(stats))
     text = out.getvalue()
-    assert "1 published, 1 rejected" in text and "step 4: reject" in text and "training, 5 scored samples" in text and "2 candidate(s)" in text
+    assert (
+        "1 published, 1 rejected" in text
+        and "step 4: reject" in text
+        and "training, 5 scored samples" in text
+        and "2 candidate(s)" in text
+    )
     assert "test success" in text and "33.3% at the start" in text
 
 
@@ -227,8 +263,16 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     from reef.demo.run import run_demo
 
     out = io.StringIO()
-    result = run_demo(minutes=0.4, workdir=tmp_path / "work", model_dir=tiny_model_dir, concurrency=4,
-                      out_dir=tmp_path / "out", console=Console(file=out, width=120), temperature=0.5, lr=1e-4)
+    result = run_demo(
+        minutes=0.4,
+        workdir=tmp_path / "work",
+        model_dir=tiny_model_dir,
+        concurrency=4,
+        out_dir=tmp_path / "out",
+        console=Console(file=out, width=120),
+        temperature=0.5,
+        lr=1e-4,
+    )
     assert result.requests > 0, out.getvalue()
     assert result.reports > 0 and result.reports <= result.requests
     assert result.errors < result.requests
@@ -239,13 +283,24 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     assert (tmp_path / "out" / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "out" / "serve.log").exists()
     assert "reef demo:" in out.getvalue()
-    assert curve["settings"] == {"examples": demo_tasks.SHOWN_EXAMPLES, "temperature": 0.5, "lr": 1e-4, "minutes": 0.4,
-                                 "runtime": "embedded", "canary": 0.1, "loss": "cispo"}
+    assert curve["settings"] == {
+        "examples": demo_tasks.SHOWN_EXAMPLES,
+        "temperature": 0.5,
+        "lr": 1e-4,
+        "minutes": 0.4,
+        "runtime": "embedded",
+        "canary": 0.1,
+        "loss": "cispo",
+    }
     config = yaml.safe_load((tmp_path / "work" / "serve.yaml").read_text())
     assert config["learner"]["sao"]["lr"] == 1e-4 and config["learner"]["canary"] == {"demo": 0.1}  # within the bound
-    assert config["learner"]["sao"]["loss"] == "cispo"  # the demo's loss (the race's measure; sao's default too since 2026-12-02)
+    assert (
+        config["learner"]["sao"]["loss"] == "cispo"
+    )  # the demo's loss (the race's measure; sao's default too since 2026-12-02)
     assert config["learner"]["gate"]["live_split"] == 0.1  # with its canary, live scores as evidence, within the bound
-    assert config["learner"]["gate"]["halves"] == "after_first"  # later heads judged on the half that did not choose them
+    assert (
+        config["learner"]["gate"]["halves"] == "after_first"
+    )  # later heads judged on the half that did not choose them
     with SQLiteStore(tmp_path / "work" / "state" / "experience.db") as store:
         reported = [r for batch in store.reported_since("demo") for r in batch.records]
     assert reported and {r.request["temperature"] for r in reported} == {0.5}
@@ -276,11 +331,33 @@ def test_sigterm_stops_a_background_demo_and_still_writes_the_curve(tiny_model_d
     import time
 
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "reef", "demo", "--json", "--minutes", "5", "--concurrency", "2", "--loss", "ppo",
-               "--model-dir", str(tiny_model_dir), "--workdir", str(tmp_path / "work"), "--out-dir", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "reef",
+        "demo",
+        "--json",
+        "--minutes",
+        "5",
+        "--concurrency",
+        "2",
+        "--loss",
+        "ppo",
+        "--model-dir",
+        str(tiny_model_dir),
+        "--workdir",
+        str(tmp_path / "work"),
+        "--out-dir",
+        str(out),
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    demo = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    demo = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     try:
         deadline = time.monotonic() + 90
         while not _demo_has_traffic(tmp_path / "work" / "serve.yaml"):
@@ -327,4 +404,6 @@ def test_the_vllm_demo_serves_with_vllm_and_trains_the_same_model_folder(tmp_pat
     assert config.learner.enabled and config.vllm.dtype == "auto"  # fp32 while learning
     gate = config.learner.gate  # the gate leaves the runtime to the traffic while the learner waits for samples
     assert (gate.concurrency, gate.concurrency_when) == (4, "starved")
-    assert demo_settings(tmp_path, heldout, 8765, None, canary=None)["learner"]["gate"].get("live_split") is None  # needs a canary
+    assert (
+        demo_settings(tmp_path, heldout, 8765, None, canary=None)["learner"]["gate"].get("live_split") is None
+    )  # needs a canary

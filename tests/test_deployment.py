@@ -23,14 +23,14 @@ from uuid import uuid4
 import httpx
 import pytest
 
-from tests.helpers.reef_server import ReefServer
-from tests.pg import postgres_dsn  # noqa: F401  (session fixture)
-from tests.scripted_upstream import ScriptedUpstream
-from reef.commit.artifacts import ArtifactManifest, LFS_REF_PREFIX
+from reef.commit.artifacts import LFS_REF_PREFIX, ArtifactManifest
 from reef.commit.release_chain import Candidate
 from reef.commit.state import ReefState
 from reef.core.errors import MissingArtifact, StaleHead
 from reef.core.types import ArtifactKind, Verdict
+from tests.helpers.reef_server import ReefServer
+from tests.pg import postgres_dsn  # noqa: F401  (session fixture)
+from tests.scripted_upstream import ScriptedUpstream
 
 pytestmark = pytest.mark.postgres
 SELECT = Verdict("select", {"wins": 3})
@@ -39,8 +39,10 @@ Open = Callable[[Path], ReefState]
 
 
 def adapter(n: int) -> Candidate:
-    return Candidate({"adapter_config.json": b'{"r": 16}', "adapter_model.safetensors": n.to_bytes(4, "big") * 1024},
-                     ArtifactKind.WEIGHTS)
+    return Candidate(
+        {"adapter_config.json": b'{"r": 16}', "adapter_model.safetensors": n.to_bytes(4, "big") * 1024},
+        ArtifactKind.WEIGHTS,
+    )
 
 
 def git(repo: Path, *args: str) -> str:
@@ -96,8 +98,9 @@ def race(fronts: list[ReefState], attempt: Callable[[ReefState, int], object]) -
 # -- the shared artifact store, in process -------------------------------------------------------
 
 
-def test_a_release_published_on_one_front_end_is_fetched_by_another(front_end: Open, tmp_path: Path,
-                                                                    remote: Path) -> None:
+def test_a_release_published_on_one_front_end_is_fetched_by_another(
+    front_end: Open, tmp_path: Path, remote: Path
+) -> None:
     a, b = front_end(tmp_path / "a"), front_end(tmp_path / "b")
     base = a.create("s", "sao").head()
     r2 = a.chain("s").publish(adapter(2), base.release_id, verdict=SELECT)
@@ -118,15 +121,17 @@ def test_objects_the_remote_lacks_too_are_named(front_end: Open, tmp_path: Path,
     (ref,) = git(remote, "for-each-ref", "--format=%(refname)", LFS_REF_PREFIX).split()
     git(remote, "update-ref", "-d", ref)
     oid = ref.rsplit("/", 1)[1]
-    with pytest.raises(MissingArtifact, match=rf"release {r2.release_id}: LFS object {oid} for "
-                                              rf"'adapter_model.safetensors' is missing .* nor on the artifact remote"):
+    with pytest.raises(
+        MissingArtifact,
+        match=rf"release {r2.release_id}: LFS object {oid} for "
+        rf"'adapter_model.safetensors' is missing .* nor on the artifact remote",
+    ):
         b.artifacts.files(r2.release_id)
     with pytest.raises(MissingArtifact, match="nor on the artifact remote"):
         b.artifacts.files("0" * 40)
 
 
-def test_front_ends_publishing_at_once_have_one_winner_each_step(front_end: Open, tmp_path: Path,
-                                                                  remote: Path) -> None:
+def test_front_ends_publishing_at_once_have_one_winner_each_step(front_end: Open, tmp_path: Path, remote: Path) -> None:
     fronts = [front_end(tmp_path / "a"), front_end(tmp_path / "b")]  # two machines
     created = race(fronts, lambda st, i: st.create("s", "sao").history()[0])
     assert created[0] == created[1]
@@ -190,9 +195,14 @@ def deployment(postgres_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> I
     with ScriptedUpstream(record=False) as upstream:
         servers = []
         for name in ("fe0", "fe1", "fe2"):
-            settings = {"state_dir": str(root / name / "state"), "store": store, "artifacts": {"remote": str(remote)},
-                        "recipes": {"default": "skills"}, "learner": {"enabled": False},
-                        "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5}}
+            settings = {
+                "state_dir": str(root / name / "state"),
+                "store": store,
+                "artifacts": {"remote": str(remote)},
+                "recipes": {"default": "skills"},
+                "learner": {"enabled": False},
+                "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5},
+            }
             servers.append(ReefServer(root / name, settings))
         threads = [threading.Thread(target=s.start) for s in servers]
         for t in threads:
@@ -209,8 +219,12 @@ def deployment(postgres_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 def ask(server: ReefServer, scenario: str) -> httpx.Response:
-    response = httpx.post(f"{server.base_url}/chat/completions", headers={"x-reef-scenario": scenario}, timeout=10,
-                          json={"model": "m", "messages": [{"role": "user", "content": "hello"}]})
+    response = httpx.post(
+        f"{server.base_url}/chat/completions",
+        headers={"x-reef-scenario": scenario},
+        timeout=10,
+        json={"model": "m", "messages": [{"role": "user", "content": "hello"}]},
+    )
     assert response.status_code == 200, response.text
     return response
 
@@ -222,8 +236,9 @@ def served_by_all_within(servers: list[ReefServer], scenario: str, release_id: s
     while waiting:
         waiting = [s for s in waiting if ask(s, scenario).headers["x-reef-release-id"] != release_id]
         elapsed = time.monotonic() - start
-        assert elapsed < FOLLOW_WITHIN_S or not waiting, \
+        assert elapsed < FOLLOW_WITHIN_S or not waiting, (
             f"{[s.port for s in waiting]} still serve another release after {elapsed:.2f} s"
+        )
         if waiting:
             time.sleep(0.05)
     return time.monotonic() - start
@@ -264,8 +279,11 @@ def test_two_front_ends_rolling_back_at_once_have_one_winner_each_step(deploymen
 
         def roll(i: int, barrier: threading.Barrier) -> None:
             barrier.wait()
-            results[i] = httpx.post(f"{deployment[i].url}/reef/scenarios/race/rollback", timeout=30,
-                                    json={"release_id": first, "expected_head": head})
+            results[i] = httpx.post(
+                f"{deployment[i].url}/reef/scenarios/race/rollback",
+                timeout=30,
+                json={"release_id": first, "expected_head": head},
+            )
 
         barrier = threading.Barrier(2)
         threads = [threading.Thread(target=roll, args=(i, barrier)) for i in range(2)]

@@ -41,7 +41,7 @@ def section(markdown: str, heading: str) -> str:
     match = re.search(rf"^(#+) {re.escape(heading)}\s*$", markdown, re.M)
     assert match, f"no heading {heading!r}"
     level = len(match.group(1))
-    rest = markdown[match.end():]
+    rest = markdown[match.end() :]
     end = re.search(rf"^#{{1,{level}}} ", rest, re.M)
     return rest[: end.start()] if end else rest
 
@@ -248,8 +248,11 @@ def learner_status_fields() -> set[str]:
                 for inner in ast.walk(node):
                     if isinstance(inner, ast.Dict):
                         fields |= {k.value for k in inner.keys if isinstance(k, ast.Constant)}
-                    elif isinstance(inner, ast.Subscript) and isinstance(inner.ctx, ast.Store) \
-                            and isinstance(inner.slice, ast.Constant):
+                    elif (
+                        isinstance(inner, ast.Subscript)
+                        and isinstance(inner.ctx, ast.Store)
+                        and isinstance(inner.slice, ast.Constant)
+                    ):
                         fields.add(inner.slice.value)
     return fields
 
@@ -287,8 +290,17 @@ OUTSIDE = ["../" + "shared", "/work/" + "shared", "DESIGN" + ".md", "EMBEDDED_MO
 
 def repository_files() -> list[Path]:
     try:
-        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
-                                capture_output=True, check=True, timeout=30).stdout.decode().split("\0")
+        listed = (
+            subprocess.run(
+                ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                cwd=ROOT,
+                capture_output=True,
+                check=True,
+                timeout=30,
+            )
+            .stdout.decode()
+            .split("\0")
+        )
         files = [ROOT / name for name in listed if name]
     except (OSError, subprocess.SubprocessError):  # not a git checkout: walk it
         skip = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", ".reef", "build"}

@@ -28,7 +28,9 @@ def reasons_in(tree: ast.AST) -> set[str]:
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
             if name == "drop" or name in ABANDONS:
                 found.add(_text(node.args[0]) or "")
-        if isinstance(node, ast.FunctionDef) and (node.name.endswith("problem") or node.name in ("_ineligible", "_refusal")):
+        if isinstance(node, ast.FunctionDef) and (
+            node.name.endswith("problem") or node.name in ("_ineligible", "_refusal")
+        ):
             for inner in ast.walk(node):
                 if isinstance(inner, ast.Return):
                     value = inner.value.elts[0] if isinstance(inner.value, ast.Tuple) else inner.value

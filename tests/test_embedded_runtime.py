@@ -25,7 +25,12 @@ from tests.helpers.lora import lora_files
 LORA_WARNING = "ignore:`is_gradient_checkpointing` is deprecated:FutureWarning"
 MANY_ADAPTERS = "ignore:Already found a `peft_config` attribute:UserWarning"  # many resident adapters is the point
 DELETED_ACTIVE = "ignore:Adapter .* was active which is now deleted:UserWarning"  # we set the adapter every batch
-PROMPTS = ["Hello there", "What is the capital of France? Answer in one word.", "Count: 1 2 3", "Tell me a long story about the sea"]
+PROMPTS = [
+    "Hello there",
+    "What is the capital of France? Answer in one word.",
+    "Count: 1 2 3",
+    "Tell me a long story about the sea",
+]
 
 
 def ask(text: str = "Hello", **kw: Any) -> ChatRequest:
@@ -102,8 +107,11 @@ def test_stop_string_cuts_the_text_and_ends_with_stop(tiny_model_dir: Path) -> N
         load = await rt.load("c", {})
         free, _ = await collect(rt, ask(max_tokens=24, seed=7), load)
         start = len(rt.tokenizer.decode(free.token_ids[:4]))
-        stop = next(free.text[i : i + 3] for i in range(start, len(free.text)) if free.text[i : i + 3].strip()
-                    and "\ufffd" not in free.text[i : i + 3])
+        stop = next(
+            free.text[i : i + 3]
+            for i in range(start, len(free.text))
+            if free.text[i : i + 3].strip() and "\ufffd" not in free.text[i : i + 3]
+        )
         stopped, deltas = await collect(rt, ask(max_tokens=24, seed=7, stop=(stop,)), load)
         assert stopped.finish_reason == "stop"
         assert stopped.text == free.text[: free.text.index(stop)]
@@ -170,7 +178,9 @@ def test_loads_take_turns_so_a_burst_never_starves_another_load(tiny_model_dir: 
 
 
 @pytest.mark.parametrize("continuous", [True, False])
-def test_a_request_arriving_mid_batch_joins_it_and_matches_running_alone(tiny_model_dir: Path, continuous: bool) -> None:
+def test_a_request_arriving_mid_batch_joins_it_and_matches_running_alone(
+    tiny_model_dir: Path, continuous: bool
+) -> None:
     """Continuous batching: a request joins the running batch between two steps (its KV rows
     left-padded into the batch's) and the batch's leading columns go when the longest prompt's
     row leaves; greedy output is what it would be alone. Without it, the request waits."""
@@ -216,9 +226,12 @@ def test_a_request_alone_reuses_the_prompt_start_of_the_last_one_and_answers_the
     they share with the load's last prompt prefilled alone (a system prompt) are reused, and the
     answer is what a full prefill gives."""
     system = Message("system", "You are a careful assistant. Answer with one short sentence, the answer first.")
-    requests = [ChatRequest(model="m", dialect="openai", temperature=0, max_tokens=8,
-                            messages=(system, Message("user", question)))
-                for question in ("What is the capital of Peru?", "Name the opposite of cold.")]
+    requests = [
+        ChatRequest(
+            model="m", dialect="openai", temperature=0, max_tokens=8, messages=(system, Message("user", question))
+        )
+        for question in ("What is the capital of Peru?", "Name the opposite of cold.")
+    ]
 
     async def answers(rt: EmbeddedRuntime) -> tuple[list[ChatResult], int]:
         load = await rt.load("c", {})
@@ -236,8 +249,12 @@ def test_the_serve_config_sets_continuous_batching_and_turns(tiny_model_dir: Pat
     from reef.config import ServeConfig
     from reef.runtimes.factory import build_runtime
 
-    runtime = build_runtime(ServeConfig(state_dir=tmp_path, embedded={
-        "model_dir": str(tiny_model_dir), "continuous_batching": True, "turn_steps": 4}))
+    runtime = build_runtime(
+        ServeConfig(
+            state_dir=tmp_path,
+            embedded={"model_dir": str(tiny_model_dir), "continuous_batching": True, "turn_steps": 4},
+        )
+    )
     assert isinstance(runtime, EmbeddedRuntime) and (runtime.continuous, runtime.turn_steps) == (True, 4)
     assert not build_runtime(ServeConfig(state_dir=tmp_path, embedded={"model_dir": str(tiny_model_dir)})).continuous
 
@@ -402,11 +419,16 @@ async def _append(into: list[str], load: Awaitable[str]) -> None:
 def test_tools_and_tool_turns_render_into_the_chatml_prompt(tiny_model_dir: Path) -> None:
     weather = Tool("get_weather", "Weather for a city", {"type": "object", "properties": {"city": {"type": "string"}}})
     call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
-    request = ChatRequest(model="m", dialect="openai", tools=(weather,), messages=(
-        Message("user", "Weather in Paris?"),
-        Message("assistant", "", tool_calls=(call,)),
-        Message("tool", "sunny, 21 C", tool_call_id="call_1"),
-    ))
+    request = ChatRequest(
+        model="m",
+        dialect="openai",
+        tools=(weather,),
+        messages=(
+            Message("user", "Weather in Paris?"),
+            Message("assistant", "", tool_calls=(call,)),
+            Message("tool", "sunny, 21 C", tool_call_id="call_1"),
+        ),
+    )
     messages = chat_messages(request)
     assert messages[0]["role"] == "system" and "get_weather" in messages[0]["content"]
     assert messages[2]["content"] == '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
@@ -417,8 +439,12 @@ def test_tools_and_tool_turns_render_into_the_chatml_prompt(tiny_model_dir: Path
     prompt = with_runtime(tiny_model_dir, body)
     assert "<|im_start|>tool\nsunny, 21 C<|im_end|>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
-    assert "get_weather" not in chat_messages(ChatRequest("m", request.messages[:1], "openai", tools=(weather,),
-                                                          tool_choice="none"))[0]["content"]
+    assert (
+        "get_weather"
+        not in chat_messages(ChatRequest("m", request.messages[:1], "openai", tools=(weather,), tool_choice="none"))[0][
+            "content"
+        ]
+    )
 
 
 def test_tool_call_output_is_parsed_and_held_back() -> None:

@@ -13,18 +13,25 @@ from reef.runtimes.embedded import EmbeddedRuntime
 from tests.helpers.lora import lora_files
 from tests.test_embedded_runtime import LORA_WARNING, ask, gather_batched, with_runtime
 
-SYSTEM = ("You are a careful assistant for a team of engineers. Answer briefly, name your assumptions, "
-          "prefer plain words over jargon, and say so when you do not know. Here is a worked example: "
-          "Q: what is 12 times 11? A: 132, because 12 times 10 is 120 and 12 more is 132.")
-QUESTIONS = ["Why?", "What is the capital of France?", "Count from one to five, please, slowly and clearly.",
-             "Name a fish."]
+SYSTEM = (
+    "You are a careful assistant for a team of engineers. Answer briefly, name your assumptions, "
+    "prefer plain words over jargon, and say so when you do not know. Here is a worked example: "
+    "Q: what is 12 times 11? A: 132, because 12 times 10 is 120 and 12 more is 132."
+)
+QUESTIONS = [
+    "Why?",
+    "What is the capital of France?",
+    "Count from one to five, please, slowly and clearly.",
+    "Name a fish.",
+]
 
 
 def chat(*turns: str, **kw: object) -> ChatRequest:
     """A request with the long system prompt, then alternating user/assistant turns."""
     kw.setdefault("max_tokens", 8)
-    messages = (Message("system", SYSTEM),) + tuple(Message("user" if i % 2 == 0 else "assistant", text)
-                                                    for i, text in enumerate(turns))
+    messages = (Message("system", SYSTEM),) + tuple(
+        Message("user" if i % 2 == 0 else "assistant", text) for i, text in enumerate(turns)
+    )
     return ChatRequest(model="client-model", messages=messages, dialect="openai", **kw)  # type: ignore[arg-type]
 
 
@@ -48,8 +55,9 @@ def assert_same(plain: list[ChatResult], shared: list[ChatResult]) -> None:
 
 
 @pytest.mark.filterwarnings(LORA_WARNING)
-def test_greedy_tokens_and_logprobs_match_the_plain_prefill_on_base_and_lora(tiny_model_dir: Path,
-                                                                             tmp_path: Path) -> None:
+def test_greedy_tokens_and_logprobs_match_the_plain_prefill_on_base_and_lora(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     adapter = lora_files(tiny_model_dir, tmp_path / "a", 1)
     # suffixes of different lengths, and rows leaving the batch at different steps
     requests = [chat(q, temperature=0, max_tokens=n) for q, n in zip(QUESTIONS, (5, 9, 7, 12))]
@@ -80,8 +88,11 @@ def test_seeded_sampling_draws_the_same_tokens(tiny_model_dir: Path) -> None:
 
 def test_a_prompt_that_is_the_whole_common_prefix(tiny_model_dir: Path) -> None:
     # a conversation and its continuations: the first prompt is the start of every other one
-    requests = [chat("Why?", temperature=0), chat("Why?", "Because.", "Are you sure?", temperature=0),
-                chat("Why?", "Because it is so.", "Name a fish.", temperature=0)]
+    requests = [
+        chat("Why?", temperature=0),
+        chat("Why?", "Because.", "Are you sure?", temperature=0),
+        chat("Why?", "Because it is so.", "Name a fish.", temperature=0),
+    ]
 
     async def body(rt: EmbeddedRuntime) -> None:
         prompts = [rt.prompt_ids(r) for r in requests]

@@ -41,13 +41,22 @@ def ids(result: Result) -> list[str]:
 
 def request(text: str, *, tools: bool = False, injected: bool = False) -> dict[str, Any]:
     messages = ((Message("system", INJECTED),) if injected else ()) + (Message("user", text),)
-    offered = (Tool("lookup", "Look a word up.", {"type": "object", "properties": {"q": {"type": "string"}}}),) if tools else ()
+    offered = (
+        (Tool("lookup", "Look a word up.", {"type": "object", "properties": {"q": {"type": "string"}}}),)
+        if tools
+        else ()
+    )
     return ChatRequest(model="m", messages=messages, dialect="openai", tools=offered, temperature=0).to_json()
 
 
 def answer(text: str, calls: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    return {"text": text, "tool_calls": calls or [], "finish_reason": "tool_calls" if calls else "stop",
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2}, "model": "m"}
+    return {
+        "text": text,
+        "tool_calls": calls or [],
+        "finish_reason": "tool_calls" if calls else "stop",
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+        "model": "m",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -58,20 +67,38 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         chain = state.create(SCENARIO, "skills")
         first = chain.head()
         tree = HarnessTree(system=INJECTED, rules={"brief": "Keep it short."})
-        second = chain.publish(Candidate(tree.to_files(), ArtifactKind.HARNESS), first.release_id, verdict=Verdict("select"))
+        second = chain.publish(
+            Candidate(tree.to_files(), ArtifactKind.HARNESS), first.release_id, verdict=Verdict("select")
+        )
         state.create("other", "skills")
         store = state.store
         r1, r2 = first.ref, second.ref
 
-        def put(rid: str, release: ReleaseRef, req: dict[str, Any], status: RecordStatus, response: dict | None = None,
-                **extra: Any) -> None:
+        def put(
+            rid: str,
+            release: ReleaseRef,
+            req: dict[str, Any],
+            status: RecordStatus,
+            response: dict | None = None,
+            **extra: Any,
+        ) -> None:
             store.put_record(Record(rid, extra.pop("scenario", SCENARIO), release, req, **extra))
             if status is not RecordStatus.IN_PROGRESS:
-                store.finish_record(rid, status, response=response, error="boom" if status is RecordStatus.INCOMPLETE else None)
+                store.finish_record(
+                    rid, status, response=response, error="boom" if status is RecordStatus.INCOMPLETE else None
+                )
 
         harness = {"mode": "inject", "content_id": second.content_id, "inserted": True, "prefix_chars": len(INJECTED)}
-        put("r-good", r1, request("Define x.", tools=True, injected=True), RecordStatus.COMPLETE, answer("", [CALL]),
-            session="s1", tags={"team": "a"}, harness=harness)
+        put(
+            "r-good",
+            r1,
+            request("Define x.", tools=True, injected=True),
+            RecordStatus.COMPLETE,
+            answer("", [CALL]),
+            session="s1",
+            tags={"team": "a"},
+            harness=harness,
+        )
         put("r-bad", r1, request("Two plus two?"), RecordStatus.COMPLETE, answer("five"))
         put("r-open", r1, request("Still going?"), RecordStatus.IN_PROGRESS)
         time.sleep(0.01)
@@ -79,8 +106,7 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         time.sleep(0.01)
         put("r-late", r2, request("Later?"), RecordStatus.COMPLETE, answer("yes"))
         put("r-failed", r2, request("Fail?"), RecordStatus.INCOMPLETE, answer("par"))
-        put("r-elsewhere", state.head("other"), request("Hi"), RecordStatus.COMPLETE, answer("hi"),
-            scenario="other")
+        put("r-elsewhere", state.head("other"), request("Hi"), RecordStatus.COMPLETE, answer("hi"), scenario="other")
         store.put_report(Report("p1", SCENARIO, ("r-good", "r-bad"), 1.0, feedback="right tool"))
         store.put_report(Report("p2", SCENARIO, ("r-good",), 0.5, feedback={"why": "slow"}))
         store.put_report(Report("p3", SCENARIO, ("r-bad",), 0.0))
@@ -96,17 +122,33 @@ def test_records_export_as_chat_lines_with_scores_and_feedback(state_dir: dict[s
     assert good["messages"] == [
         {"role": "system", "content": INJECTED},
         {"role": "user", "content": "Define x."},
-        {"role": "assistant", "content": "",
-         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+            ],
+        },
     ]
-    assert good["tools"] == [{"type": "function", "function": {
-        "name": "lookup", "description": "Look a word up.",
-        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
+    assert good["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "Look a word up.",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+            },
+        }
+    ]
     assert (good["score"], good["scores"], good["feedback"]) == (0.75, [1.0, 0.5], ["right tool", '{"why": "slow"}'])
     meta = good["metadata"]
     assert {k: meta[k] for k in ("scenario", "release_id", "session", "tags", "status")} == {
-        "scenario": SCENARIO, "release_id": state_dir["first"].release_id, "session": "s1", "tags": {"team": "a"},
-        "status": "complete"}
+        "scenario": SCENARIO,
+        "release_id": state_dir["first"].release_id,
+        "session": "s1",
+        "tags": {"team": "a"},
+        "status": "complete",
+    }
     assert datetime.fromisoformat(meta["created_at"]).tzinfo is not None
     bad, late = rows[1], rows[2]
     assert bad["messages"][-1] == {"role": "assistant", "content": "five"} and "tools" not in bad
@@ -164,7 +206,9 @@ def test_records_errors_are_plain(state_dir: dict[str, Any], tmp_path: Path) -> 
     assert not list(tmp_path.iterdir())  # nothing created
 
 
-def test_release_export_writes_the_harness_and_refuses_what_it_should(state_dir: dict[str, Any], tmp_path: Path) -> None:
+def test_release_export_writes_the_harness_and_refuses_what_it_should(
+    state_dir: dict[str, Any], tmp_path: Path
+) -> None:
     second: Release = state_dir["second"]
     dest = tmp_path / "out"
     result = run("release", SCENARIO, second.release_id[:8], str(dest), "--state-dir", state_dir["root"])
@@ -194,12 +238,19 @@ def test_release_export_writes_the_harness_and_refuses_what_it_should(state_dir:
 
 
 def test_an_adapter_of_the_embedded_model_names_its_hub_base(tmp_path: Path) -> None:
-    config = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"],
-              "base_model_name_or_path": "/root/.cache/reef/smollm2-135m-instruct-fp32"}
+    config = {
+        "peft_type": "LORA",
+        "r": 4,
+        "lora_alpha": 8,
+        "target_modules": ["q_proj"],
+        "base_model_name_or_path": "/root/.cache/reef/smollm2-135m-instruct-fp32",
+    }
     files = {"adapter_config.json": json.dumps(config).encode(), "adapter_model.safetensors": b"weights"}
     with ReefState.open(tmp_path / "state") as state:
         chain = state.create("w", "sao")
-        release = chain.publish(Candidate(files, ArtifactKind.WEIGHTS), chain.head().release_id, verdict=Verdict("select"))
+        release = chain.publish(
+            Candidate(files, ArtifactKind.WEIGHTS), chain.head().release_id, verdict=Verdict("select")
+        )
     base = ["release", "w", release.release_id, "--state-dir", str(tmp_path / "state")]
     assert run(*base[:3], str(tmp_path / "a"), *base[3:]).exit_code == 0
     written = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
@@ -229,8 +280,9 @@ def test_exported_adapter_answers_as_reef_served_it(tiny_model_dir: Path, tmp_pa
 
     adapter = lora_files(tiny_model_dir, tmp_path / "lora", seed=7)
     harness = HarnessTree(system="You are terse.").to_files()
-    question = ChatRequest(model="m", messages=(Message("user", "Name a colour."),), dialect="openai",
-                           max_tokens=6, temperature=0)
+    question = ChatRequest(
+        model="m", messages=(Message("user", "Name a colour."),), dialect="openai", max_tokens=6, temperature=0
+    )
 
     async def serve(files: dict[str, bytes], release: Release) -> ChatResult:
         runtime = EmbeddedRuntime(tiny_model_dir)
@@ -247,8 +299,9 @@ def test_exported_adapter_answers_as_reef_served_it(tiny_model_dir: Path, tmp_pa
     dest = tmp_path / "exported"
     with ReefState.open(tmp_path / "state") as state:  # open, as a running server holds it
         chain = state.create("tuned", "sao")
-        release = chain.publish(Candidate({**adapter, **harness}, ArtifactKind.BOTH), chain.head().release_id,
-                                verdict=Verdict("select"))
+        release = chain.publish(
+            Candidate({**adapter, **harness}, ArtifactKind.BOTH), chain.head().release_id, verdict=Verdict("select")
+        )
         served = asyncio.run(serve(state.artifacts.files(release.release_id), release))
         result = run("release", "tuned", release.release_id, str(dest), "--state-dir", str(tmp_path / "state"))
         assert result.exit_code == 0, result.output
@@ -263,9 +316,14 @@ def test_exported_adapter_answers_as_reef_served_it(tiny_model_dir: Path, tmp_pa
 
     def greedy() -> list[int]:
         with torch.no_grad():
-            out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                                 max_new_tokens=len(served.token_ids), pad_token_id=2)
-        return out[0, prompt.shape[1]:].tolist()
+            out = model.generate(
+                input_ids=prompt,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=False,
+                max_new_tokens=len(served.token_ids),
+                pad_token_id=2,
+            )
+        return out[0, prompt.shape[1] :].tolist()
 
     assert greedy() == served.token_ids
     with model.disable_adapter():
@@ -282,8 +340,11 @@ def test_records_export_reads_a_postgres_store(postgres_dsn: str, tmp_path: Path
     url = f"postgresql://{info['user']}@{info['host']}:{info['port']}/{info['dbname']}"
     with ReefState.open(tmp_path, store=PostgresStore(url)) as state:
         chain = state.create("pg", "skills")
-        state.store.put_record(Record("pg-1", "pg", chain.head().ref, request("Hi?"), status=RecordStatus.COMPLETE,
-                                      response=answer("hello")))
+        state.store.put_record(
+            Record(
+                "pg-1", "pg", chain.head().ref, request("Hi?"), status=RecordStatus.COMPLETE, response=answer("hello")
+            )
+        )
         state.store.put_report(Report("pg-p", "pg", ("pg-1",), 1.0, feedback="fine"))
     assert not (tmp_path / "experience.db").exists()
     (row,) = lines(run("records", "pg", "--state-dir", str(tmp_path), "--store", url))

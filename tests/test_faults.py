@@ -36,8 +36,11 @@ FAULTS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
 
 @pytest.fixture(scope="module")
 def reef(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    settings = {"tokens": [TOKEN], "recipes": {"default": "skills"},
-                "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": UPSTREAM_TIMEOUT}}
+    settings = {
+        "tokens": [TOKEN],
+        "recipes": {"default": "skills"},
+        "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": UPSTREAM_TIMEOUT},
+    }
     with ReefServer(tmp_path_factory.mktemp("reef-faults"), settings) as server:
         yield server
 
@@ -89,7 +92,8 @@ def await_finished(client: ReefClient, receipt: str, deadline_s: float = 10.0) -
 @pytest.mark.parametrize("dialect", sorted(CALLS))
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_a_failing_upstream_gives_a_clear_error_and_an_incomplete_record(
-        reef: ReefServer, client: ReefClient, upstream: ScriptedUpstream, fault: str, dialect: str, stream: bool) -> None:
+    reef: ReefServer, client: ReefClient, upstream: ScriptedUpstream, fault: str, dialect: str, stream: bool
+) -> None:
     script, reason_words = FAULTS[fault]
     call, sdk_error = CALLS[dialect]
     receipt = f"fault-{fault}-{dialect}-{int(stream)}-{uuid.uuid4().hex[:8]}"
@@ -116,13 +120,15 @@ def test_a_failing_upstream_gives_a_clear_error_and_an_incomplete_record(
 def test_raw_error_bodies_are_each_dialects_shape(reef: ReefServer, upstream: ScriptedUpstream) -> None:
     headers = {"authorization": f"Bearer {TOKEN}"}
     upstream.script(status=500, error="boom")
-    openai_shape = httpx.post(f"{reef.base_url}/chat/completions", json={"model": "m", "messages": USER},
-                              headers=headers, timeout=30)
+    openai_shape = httpx.post(
+        f"{reef.base_url}/chat/completions", json={"model": "m", "messages": USER}, headers=headers, timeout=30
+    )
     assert openai_shape.status_code == 502
     assert set(openai_shape.json()["error"]) >= {"message", "type", "code"}
     upstream.script(mode="reset")
-    anthropic_shape = httpx.post(f"{reef.base_url}/messages", json={"model": "m", "max_tokens": 8, "messages": USER},
-                                 headers=headers, timeout=30)
+    anthropic_shape = httpx.post(
+        f"{reef.base_url}/messages", json={"model": "m", "max_tokens": 8, "messages": USER}, headers=headers, timeout=30
+    )
     assert anthropic_shape.status_code == 502
     assert anthropic_shape.json()["type"] == "error" and anthropic_shape.json()["error"]["type"] == "api_error"
 
@@ -130,13 +136,21 @@ def test_raw_error_bodies_are_each_dialects_shape(reef: ReefServer, upstream: Sc
 def test_a_stream_that_fails_ends_with_the_dialects_error_event(reef: ReefServer, upstream: ScriptedUpstream) -> None:
     headers = {"authorization": f"Bearer {TOKEN}"}
     upstream.script(mode="stop_midstream", text="one two three four five")
-    cut = httpx.post(f"{reef.base_url}/chat/completions", json={"model": "m", "messages": USER, "stream": True},
-                     headers=headers, timeout=30)
+    cut = httpx.post(
+        f"{reef.base_url}/chat/completions",
+        json={"model": "m", "messages": USER, "stream": True},
+        headers=headers,
+        timeout=30,
+    )
     frames = cut.text.strip().split("\n\n")
     assert cut.status_code == 200 and frames[-1] == "data: [DONE]" and '"error"' in frames[-2]
     upstream.script(mode="hang")
-    hung = httpx.post(f"{reef.base_url}/messages", json={"model": "m", "max_tokens": 8, "messages": USER, "stream": True},
-                      headers=headers, timeout=30)
+    hung = httpx.post(
+        f"{reef.base_url}/messages",
+        json={"model": "m", "max_tokens": 8, "messages": USER, "stream": True},
+        headers=headers,
+        timeout=30,
+    )
     if hung.headers["content-type"].startswith("text/event-stream"):
         assert hung.text.strip().split("\n\n")[-1].startswith("event: error")
     else:  # failed before the first byte: a plain error in the dialect's shape
@@ -150,15 +164,18 @@ def test_the_server_stays_healthy_after_every_fault(reef: ReefServer, client: Re
 
 
 @pytest.mark.parametrize("dialect", sorted(CALLS))
-def test_an_upstream_4xx_is_relayed_with_a_receipt_that_can_be_reported(reef: ReefServer, client: ReefClient,
-                                                                        upstream: ScriptedUpstream, dialect: str) -> None:
+def test_an_upstream_4xx_is_relayed_with_a_receipt_that_can_be_reported(
+    reef: ReefServer, client: ReefClient, upstream: ScriptedUpstream, dialect: str
+) -> None:
     """A provider's refusal (a context overflow, say) is part of the agent's experience: the
     client gets the provider's status and message, and a receipt to report on."""
     receipt = f"refused-{dialect}-{uuid.uuid4().hex[:8]}"
     upstream.script(status=400, error="prompt refused by the provider")
     call, _ = CALLS[dialect]
-    with pytest.raises(openai.BadRequestError if dialect == "openai" else anthropic.BadRequestError,
-                       match="prompt refused by the provider") as refused:
+    with pytest.raises(
+        openai.BadRequestError if dialect == "openai" else anthropic.BadRequestError,
+        match="prompt refused by the provider",
+    ) as refused:
         call(reef, False, receipt)
     assert refused.value.response.headers["x-reef-agent-record-id"] == receipt
     record = client.record(receipt)["record"]

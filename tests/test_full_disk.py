@@ -31,8 +31,9 @@ ANTHROPIC_BODY = {"model": "m", "max_tokens": 16, "messages": USER}
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount_point = tmp_path / "small-disk"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
     try:
@@ -67,9 +68,12 @@ def post(reef: ReefServer, path: str, body: Any) -> httpx.Response:
 def acknowledged_work(reef: ReefServer, tag: str) -> dict[str, Any]:
     """Some records, a report and a rollback release, all acknowledged with 2xx."""
     receipts = []
-    for path, body in [("/v1/chat/completions", OPENAI_BODY), ("/v1/messages", ANTHROPIC_BODY),
-                       ("/v1/chat/completions", {**OPENAI_BODY, "stream": True}),
-                       ("/v1/messages", {**ANTHROPIC_BODY, "stream": True})]:
+    for path, body in [
+        ("/v1/chat/completions", OPENAI_BODY),
+        ("/v1/messages", ANTHROPIC_BODY),
+        ("/v1/chat/completions", {**OPENAI_BODY, "stream": True}),
+        ("/v1/messages", {**ANTHROPIC_BODY, "stream": True}),
+    ]:
         response = post(reef, path, body)
         assert response.status_code == 200, response.text
         receipts.append(response.headers["x-reef-agent-record-id"])
@@ -78,7 +82,11 @@ def acknowledged_work(reef: ReefServer, tag: str) -> dict[str, Any]:
     head = httpx.get(f"{reef.url}/reef/scenarios/default/releases").json()["releases"][-1]["release_id"]
     rollback = post(reef, "/reef/scenarios/default/rollback", {"release_id": head})
     assert rollback.status_code == 200, rollback.text
-    return {"receipts": receipts, "report": report.json()["report_id"], "release": rollback.json()["release"]["release_id"]}
+    return {
+        "receipts": receipts,
+        "report": report.json()["report_id"],
+        "release": rollback.json()["release"]["release_id"],
+    }
 
 
 def counts(reef: ReefServer) -> tuple[int, int, int, int]:
@@ -94,8 +102,12 @@ def refused_while_full(reef: ReefServer, known_receipt: str) -> None:
         "openai stream": post(reef, "/v1/chat/completions", {**OPENAI_BODY, "stream": True}),
         "anthropic": post(reef, "/v1/messages", ANTHROPIC_BODY),
         "anthropic stream": post(reef, "/v1/messages", {**ANTHROPIC_BODY, "stream": True}),
-        "receipt": httpx.post(f"{reef.base_url}/chat/completions", json=OPENAI_BODY,
-                              headers={"x-reef-agent-record-id": receipt}, timeout=30),
+        "receipt": httpx.post(
+            f"{reef.base_url}/chat/completions",
+            json=OPENAI_BODY,
+            headers={"x-reef-agent-record-id": receipt},
+            timeout=30,
+        ),
     }
     for what, response in attempts.items():
         assert response.status_code == 503, f"{what}: {response.status_code} {response.text}"
@@ -112,8 +124,9 @@ def refused_while_full(reef: ReefServer, known_receipt: str) -> None:
         "report on an unstored receipt": post(reef, "/reef/report", {"references": [receipt], "score": 1}),
         "rollback": post(reef, "/reef/scenarios/default/rollback", {"release_id": first}),
         "create scenario": post(reef, "/reef/scenarios", {"name": f"new-{uuid.uuid4().hex[:6]}"}),
-        "new scenario by request": httpx.post(f"{reef.base_url}/chat/completions", json=OPENAI_BODY,
-                                              headers={"x-reef-scenario": "born-full"}, timeout=30),
+        "new scenario by request": httpx.post(
+            f"{reef.base_url}/chat/completions", json=OPENAI_BODY, headers={"x-reef-scenario": "born-full"}, timeout=30
+        ),
     }.items():
         if what == "report on an unstored receipt":  # never stored: 404 is the honest answer
             assert response.status_code == 404, f"{what}: {response.status_code} {response.text}"
@@ -136,10 +149,14 @@ def check_intact(state_dir: Path, work: list[dict[str, Any]]) -> None:
         assert [e.step for e in chain.history()] == list(range(1, len(chain.history()) + 1))
 
 
-def test_a_full_disk_gives_503s_and_freeing_space_recovers(small_disk: Path, upstream: ScriptedUpstream,
-                                                           tmp_path: Path) -> None:
-    settings = {"state_dir": str(small_disk / "state"), "recipes": {"default": "skills"},
-                "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5}}
+def test_a_full_disk_gives_503s_and_freeing_space_recovers(
+    small_disk: Path, upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    settings = {
+        "state_dir": str(small_disk / "state"),
+        "recipes": {"default": "skills"},
+        "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5},
+    }
     reef = ReefServer(tmp_path / "work", settings).start()
     try:
         work = [acknowledged_work(reef, "before")]
@@ -214,13 +231,19 @@ def test_commit_log_appends_on_a_full_disk_fail_whole_and_leave_no_torn_line(sma
         assert state.chain("log").last_step() == appended + 2
 
 
-def test_a_disk_that_fills_during_a_stream_ends_it_with_the_dialects_error(small_disk: Path, upstream: ScriptedUpstream,
-                                                                          tmp_path: Path) -> None:
-    settings = {"state_dir": str(small_disk / "state"), "recipes": {"default": "skills"},
-                "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5}}
+def test_a_disk_that_fills_during_a_stream_ends_it_with_the_dialects_error(
+    small_disk: Path, upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    settings = {
+        "state_dir": str(small_disk / "state"),
+        "recipes": {"default": "skills"},
+        "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5},
+    }
     with ReefServer(tmp_path / "work", settings) as reef:
-        for path, body in [("/v1/chat/completions", {**OPENAI_BODY, "stream": True}),
-                           ("/v1/messages", {**ANTHROPIC_BODY, "stream": True})]:
+        for path, body in [
+            ("/v1/chat/completions", {**OPENAI_BODY, "stream": True}),
+            ("/v1/messages", {**ANTHROPIC_BODY, "stream": True}),
+        ]:
             upstream.script(text="one two three four five six", mode="slow", delay=0.1)
             with httpx.stream("POST", f"{reef.url}{path}", json=body, timeout=30) as response:
                 assert response.status_code == 200

@@ -32,12 +32,19 @@ FUZZED_PREFIXES = ("/reef/", "/v1/")
 
 @pytest.fixture(scope="module")
 def reef(tiny_model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    settings_ = {"tokens": [TOKEN], "learner": {"enabled": False}, "max_body_bytes": 256 * 1024,
-                 "embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": MAX_GENERATED_TOKENS,
-                              "threads": 1}}
+    settings_ = {
+        "tokens": [TOKEN],
+        "learner": {"enabled": False},
+        "max_body_bytes": 256 * 1024,
+        "embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": MAX_GENERATED_TOKENS, "threads": 1},
+    }
     with ReefServer(tmp_path_factory.mktemp("reef-fuzz"), settings_) as server:
-        seeded = httpx.post(f"{server.base_url}/chat/completions", headers=AUTH, timeout=60,
-                            json={"model": "m", "messages": [{"role": "user", "content": "seed"}], "max_tokens": 2})
+        seeded = httpx.post(
+            f"{server.base_url}/chat/completions",
+            headers=AUTH,
+            timeout=60,
+            json={"model": "m", "messages": [{"role": "user", "content": "seed"}], "max_tokens": 2},
+        )
         assert seeded.status_code == 200  # one scenario, record and release for reads to find
         yield server
 
@@ -46,8 +53,10 @@ def snapshot(reef: ReefServer) -> dict[str, Any]:
     """Everything a request could change, as counts and heads."""
     with httpx.Client(base_url=reef.url, headers=AUTH, timeout=REQUEST_TIMEOUT) as http:
         storage = http.get("/reef/status").json()["storage"]
-        scenarios = {s["name"]: (s["step"], s["head"]["release_id"], s["records"], s["reports"])
-                     for s in http.get("/reef/scenarios").json()["scenarios"]}
+        scenarios = {
+            s["name"]: (s["step"], s["head"]["release_id"], s["records"], s["reports"])
+            for s in http.get("/reef/scenarios").json()["scenarios"]
+        }
     return {"records": storage["records"], "reports": storage["reports"], "scenarios": scenarios}
 
 
@@ -59,8 +68,11 @@ def expected_after_refusal(reef: ReefServer, before: dict[str, Any], receipt: st
     record = httpx.get(f"{reef.url}/reef/records/{receipt}", headers=AUTH, timeout=REQUEST_TIMEOUT).json()["record"]
     assert record["status"] == "incomplete", record
     step, head, records, reports = before["scenarios"][record["scenario"]]
-    return {**before, "records": before["records"] + 1,
-            "scenarios": {**before["scenarios"], record["scenario"]: (step, head, records + 1, reports)}}
+    return {
+        **before,
+        "records": before["records"] + 1,
+        "scenarios": {**before["scenarios"], record["scenario"]: (step, head, records + 1, reports)},
+    }
 
 
 def bounded(case: schemathesis.Case) -> None:
@@ -81,8 +93,14 @@ def fuzz_one(reef: ReefServer, operation: Any, mode: GenerationMode, failures: l
     session = requests.Session()
     calls = 0
 
-    @settings(max_examples=EXAMPLES[mode], deadline=None, database=None, derandomize=True,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES[mode],
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(generation_mode=mode))
     def run(case: schemathesis.Case) -> None:
         nonlocal calls
@@ -101,8 +119,10 @@ def fuzz_one(reef: ReefServer, operation: Any, mode: GenerationMode, failures: l
         elif 400 <= response.status_code < 500:
             after = snapshot(reef)
             if after != expected_after_refusal(reef, before, response.headers.get("x-reef-agent-record-id")):
-                failures.append(f"{where} -> {response.status_code} {response.text[:300]} yet the state changed: "
-                                f"{before} -> {after}")
+                failures.append(
+                    f"{where} -> {response.status_code} {response.text[:300]} yet the state changed: "
+                    f"{before} -> {after}"
+                )
         assert time.monotonic() - started < REQUEST_TIMEOUT
 
     try:
@@ -125,8 +145,13 @@ def test_the_openapi_schema_describes_every_request_body(reef: ReefServer) -> No
 def test_fuzzing_finds_no_server_error_hang_or_state_change_from_a_rejection(reef: ReefServer) -> None:
     operations = fuzzed_operations(reef)
     labels = {op.label for op in operations}
-    assert {"POST /v1/chat/completions", "POST /v1/messages", "POST /reef/report", "GET /reef/records/{record_id}",
-            "POST /reef/scenarios/{name}/rollback"} <= labels
+    assert {
+        "POST /v1/chat/completions",
+        "POST /v1/messages",
+        "POST /reef/report",
+        "GET /reef/records/{record_id}",
+        "POST /reef/scenarios/{name}/rollback",
+    } <= labels
     failures: list[str] = []
     calls = sum(fuzz_one(reef, op, mode, failures) for op in operations for mode in EXAMPLES)
     assert not failures, "\n".join(failures[:20])
@@ -136,12 +161,14 @@ def test_fuzzing_finds_no_server_error_hang_or_state_change_from_a_rejection(ree
 
 def test_a_prompt_longer_than_the_context_is_a_400_with_a_receipt_to_report_on(reef: ReefServer) -> None:
     long_prompt = "word " * 5000  # beyond the tiny model's 2048-token context
-    for path, body in [("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": long_prompt}]}),
-                       ("/v1/messages", {"model": "m", "max_tokens": 4,
-                                         "messages": [{"role": "user", "content": long_prompt}]})]:
+    for path, body in [
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": long_prompt}]}),
+        ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": long_prompt}]}),
+    ]:
         receipt = f"too-long-{path.rsplit('/', 1)[1]}"
-        refused = httpx.post(f"{reef.url}{path}", json=body, headers={**AUTH, "x-reef-agent-record-id": receipt},
-                             timeout=REQUEST_TIMEOUT)
+        refused = httpx.post(
+            f"{reef.url}{path}", json=body, headers={**AUTH, "x-reef-agent-record-id": receipt}, timeout=REQUEST_TIMEOUT
+        )
         assert refused.status_code == 400 and "context" in refused.text
         assert refused.headers["x-reef-agent-record-id"] == receipt
         record = httpx.get(f"{reef.url}/reef/records/{receipt}", headers=AUTH).json()["record"]
@@ -155,8 +182,13 @@ def test_extreme_sampling_values_are_answered_and_fail_no_neighbour(reef: ReefSe
     (a 500), a temperature so small that logits / temperature overflows (NaN probabilities,
     which failed every request batched with it)."""
     user = [{"role": "user", "content": "hi"}]
-    odd = [{"seed": 2**70}, {"seed": -2**70}, {"temperature": 1e-300}, {"temperature": 5e-324, "top_p": 1e-300},
-           {"seed": 2**70, "stream": True}]
+    odd = [
+        {"seed": 2**70},
+        {"seed": -(2**70)},
+        {"temperature": 1e-300},
+        {"temperature": 5e-324, "top_p": 1e-300},
+        {"seed": 2**70, "stream": True},
+    ]
 
     async def all_at_once() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=reef.base_url, headers=AUTH, timeout=REQUEST_TIMEOUT) as http:
@@ -167,30 +199,48 @@ def test_extreme_sampling_values_are_answered_and_fail_no_neighbour(reef: ReefSe
     for response in asyncio.run(all_at_once()):
         assert response.status_code == 200, response.text
         assert '"error"' not in response.text[-300:]
-    anthropic_tiny = httpx.post(f"{reef.url}/v1/messages", headers=AUTH, timeout=REQUEST_TIMEOUT,
-                                json={"model": "m", "max_tokens": 4, "messages": user, "temperature": 1e-320})
+    anthropic_tiny = httpx.post(
+        f"{reef.url}/v1/messages",
+        headers=AUTH,
+        timeout=REQUEST_TIMEOUT,
+        json={"model": "m", "max_tokens": 4, "messages": user, "temperature": 1e-320},
+    )
     assert anthropic_tiny.status_code == 200, anthropic_tiny.text
 
 
 def test_unpaired_surrogate_escapes_are_a_400_that_stores_nothing(reef: ReefServer) -> None:
     """JSON may escape a lone UTF-16 surrogate (`\\ud800`), which no UTF-8 text (the store, the
     tokenizer) can hold: it was a 500 on every body-reading route."""
-    receipt = httpx.post(f"{reef.base_url}/chat/completions", headers=AUTH, timeout=REQUEST_TIMEOUT,
-                         json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}).headers["x-reef-agent-record-id"]
+    receipt = httpx.post(
+        f"{reef.base_url}/chat/completions",
+        headers=AUTH,
+        timeout=REQUEST_TIMEOUT,
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    ).headers["x-reef-agent-record-id"]
     before = snapshot(reef)
     lone = '"a \\ud800 b"'
     for path, raw in [
         ("/v1/chat/completions", '{"model": "m", "messages": [{"role": "user", "content": %s}]}' % lone),
-        ("/v1/chat/completions", '{"model": "m", "stream": true, "messages": [{"role": "user", "content": %s}]}' % lone),
+        (
+            "/v1/chat/completions",
+            '{"model": "m", "stream": true, "messages": [{"role": "user", "content": %s}]}' % lone,
+        ),
         ("/v1/messages", '{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": %s}]}' % lone),
         ("/v1/messages/count_tokens", '{"model": "m", "messages": [{"role": "user", "content": %s}]}' % lone),
         ("/reef/report", '{"references": ["%s"], "score": 1, "feedback": %s}' % (receipt, lone)),
         ("/reef/report", '{"references": ["%s"], "score": 1, "metadata": {%s: 1}}' % (receipt, lone)),
     ]:
-        response = httpx.post(f"{reef.url}{path}", content=raw.encode(), timeout=REQUEST_TIMEOUT,
-                              headers={**AUTH, "content-type": "application/json"})
+        response = httpx.post(
+            f"{reef.url}{path}",
+            content=raw.encode(),
+            timeout=REQUEST_TIMEOUT,
+            headers={**AUTH, "content-type": "application/json"},
+        )
         assert response.status_code == 400 and "surrogate" in response.text, (path, response.text)
     assert snapshot(reef) == before
-    paired = httpx.post(f"{reef.base_url}/chat/completions", headers={**AUTH, "content-type": "application/json"},
-                        content=b'{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}')
+    paired = httpx.post(
+        f"{reef.base_url}/chat/completions",
+        headers={**AUTH, "content-type": "application/json"},
+        content=b'{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}',
+    )
     assert paired.status_code == 200  # a proper pair is one character

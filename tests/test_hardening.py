@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from reef.core.errors import StorageUnavailable
-from reef.core.types import Record, RecordStatus, ReleaseRef
+from reef.core.types import Record, ReleaseRef
 from reef.observe.sqlite_store import SQLiteStore
 from tests.helpers.reef_server import ReefServer
 from tests.scripted_upstream import ScriptedUpstream
@@ -31,9 +31,12 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.fixture(scope="module")
 def reef(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    settings = {"tokens": [TOKEN], "recipes": {"default": "skills"},
-                "limits": {"stream_send_timeout": SEND_TIMEOUT},
-                "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 5}}
+    settings = {
+        "tokens": [TOKEN],
+        "recipes": {"default": "skills"},
+        "limits": {"stream_send_timeout": SEND_TIMEOUT},
+        "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 5},
+    }
     with ReefServer(tmp_path_factory.mktemp("reef-hardening"), settings) as server:
         yield server
 
@@ -167,8 +170,10 @@ async def _hang_up_after_one_chunk(client: httpx.AsyncClient, path: str, body: d
 def test_streams_whose_clients_hang_up_never_stop_later_writes(reef: ReefServer, http: httpx.Client) -> None:
     """The reproduction: 50 concurrent streams whose clients read one chunk and close, ten
     rounds; after each, a plain request is answered and every record ends finished."""
-    stream_bodies = [("/v1/chat/completions", {**CHAT, "stream": True}),
-                     ("/v1/messages", {**CHAT, "max_tokens": 16, "stream": True})]
+    stream_bodies = [
+        ("/v1/chat/completions", {**CHAT, "stream": True}),
+        ("/v1/messages", {**CHAT, "max_tokens": 16, "stream": True}),
+    ]
 
     async def one_round() -> list[str]:
         limits = httpx.Limits(max_connections=60)
@@ -189,14 +194,16 @@ def test_streams_whose_clients_hang_up_never_stop_later_writes(reef: ReefServer,
 # -- 2. one oversized report must not fail other clients --------------------------------------
 
 
-def test_a_report_naming_too_many_receipts_is_a_400_and_others_are_unharmed(reef: ReefServer,
-                                                                             http: httpx.Client) -> None:
+def test_a_report_naming_too_many_receipts_is_a_400_and_others_are_unharmed(
+    reef: ReefServer, http: httpx.Client
+) -> None:
     receipt = f"f{time.monotonic_ns() % 10_000}"  # short, so 260,000 of them fit the body limit
     assert http.post("/v1/chat/completions", json=CHAT, headers={"x-reef-agent-record-id": receipt}).status_code == 200
 
     def flood() -> httpx.Response:
-        return httpx.post(f"{reef.url}/reef/report", headers=AUTH, timeout=20,
-                          json={"references": [receipt] * 260_000, "score": 1})
+        return httpx.post(
+            f"{reef.url}/reef/report", headers=AUTH, timeout=20, json={"references": [receipt] * 260_000, "score": 1}
+        )
 
     with httpx.Client(base_url=reef.url, headers=AUTH, timeout=20) as other:
         results: dict[str, Any] = {}
@@ -232,16 +239,19 @@ def _nested(depth: int) -> Any:
 
 def test_deeply_nested_free_form_json_is_refused_before_it_is_stored(http: httpx.Client) -> None:
     tool = {"type": "function", "function": {"name": "deep", "parameters": _nested(130)}}
-    refused = http.post("/v1/chat/completions", json={**CHAT, "tools": [tool]},
-                        headers={"x-reef-agent-record-id": "deep-tool-1"})
+    refused = http.post(
+        "/v1/chat/completions", json={**CHAT, "tools": [tool]}, headers={"x-reef-agent-record-id": "deep-tool-1"}
+    )
     assert refused.status_code == 400 and "max_json_depth" in refused.json()["error"]["message"]
     assert http.get("/reef/records/deep-tool-1").status_code == 404
 
     receipt = http.post("/v1/chat/completions", json=CHAT).headers["x-reef-agent-record-id"]
     refused = http.post("/reef/report", json={"references": [receipt], "score": 1, "metadata": _nested(130)})
     assert refused.status_code == 400 and "metadata" in refused.text
-    fine = http.post("/v1/chat/completions", json={**CHAT, "tools": [
-        {"type": "function", "function": {"name": "ok", "parameters": _nested(20)}}]})
+    fine = http.post(
+        "/v1/chat/completions",
+        json={**CHAT, "tools": [{"type": "function", "function": {"name": "ok", "parameters": _nested(20)}}]},
+    )
     assert fine.status_code == 200
     assert http.get(f"/reef/records/{fine.headers['x-reef-agent-record-id']}").status_code == 200
 
@@ -257,15 +267,25 @@ def test_a_stored_record_deeper_than_the_encoder_limit_reads_back(tmp_path: Path
     config = ServeConfig(state_dir=tmp_path / "state")
     app = create_app(config, UpstreamRuntime("http://127.0.0.1:9"))
     with TestClient(app, base_url="http://127.0.0.1") as client:  # a loopback Host: the server has no token
-        deep = Record(id="deep-old", scenario="default", release=ReleaseRef("r" * 40, "c" * 64, 0),
-                      request={"messages": [], "tools": [{"name": "t", "parameters": _nested(300)}]})
+        deep = Record(
+            id="deep-old",
+            scenario="default",
+            release=ReleaseRef("r" * 40, "c" * 64, 0),
+            request={"messages": [], "tools": [{"name": "t", "parameters": _nested(300)}]},
+        )
         app.state.reef.store.put_record(deep)
         answer = client.get("/reef/records/deep-old")
         assert answer.status_code == 200 and answer.json()["record"]["id"] == "deep-old"
 
 
-BODY_ROUTES = ["/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/reef/report",
-               "/reef/scenarios", "/reef/scenarios/default/rollback"]
+BODY_ROUTES = [
+    "/v1/chat/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/reef/report",
+    "/reef/scenarios",
+    "/reef/scenarios/default/rollback",
+]
 
 
 @pytest.mark.parametrize("path", BODY_ROUTES)
@@ -283,12 +303,15 @@ def test_ten_thousand_nested_arrays_are_a_400_in_the_clients_dialect(http: httpx
 # -- 5. a client that stops reading cannot hold its stream ------------------------------------
 
 
-def test_a_client_that_stops_reading_loses_its_stream_within_the_send_timeout(reef: ReefServer, http: httpx.Client,
-                                                            upstream: ScriptedUpstream) -> None:
+def test_a_client_that_stops_reading_loses_its_stream_within_the_send_timeout(
+    reef: ReefServer, http: httpx.Client, upstream: ScriptedUpstream
+) -> None:
     upstream.script(mode="huge", size=12 * 1024 * 1024)  # far more than the socket buffers hold
     body = json.dumps({**CHAT, "stream": True}).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    ).encode()
     reader = socket.socket()
     reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     reader.connect(("127.0.0.1", reef.port))
@@ -296,8 +319,11 @@ def test_a_client_that_stops_reading_loses_its_stream_within_the_send_timeout(re
         reader.sendall(head + body)
         first = reader.recv(4096).decode("latin-1")
         receipt = first.split("x-reef-agent-record-id: ", 1)[1].split("\r\n", 1)[0]
-        record = poll(lambda: (r := record_of(http, receipt))["status"] != "in_progress" and r,
-                      "the stalled stream's record is still in_progress", SEND_TIMEOUT + 15)
+        record = poll(
+            lambda: (r := record_of(http, receipt))["status"] != "in_progress" and r,
+            "the stalled stream's record is still in_progress",
+            SEND_TIMEOUT + 15,
+        )
         assert record["status"] == "incomplete" and "stream_send_timeout" in record["error"]
         poll(lambda: in_flight(http) == 0, "the stalled stream is still in flight")
     finally:
@@ -337,13 +363,15 @@ def test_names_and_ids_with_a_trailing_newline_are_refused(http: httpx.Client) -
     assert http.post("/reef/scenarios", json={"name": "made\n"}).status_code == 400
     assert "made\n" not in [s["name"] for s in http.get("/reef/scenarios").json()["scenarios"]]
     receipt = http.post("/v1/chat/completions", json=CHAT).headers["x-reef-agent-record-id"]
-    assert http.post("/reef/report", json={"references": [receipt], "score": 1,
-                                           "report_id": "rep\n"}).status_code == 400
+    assert (
+        http.post("/reef/report", json={"references": [receipt], "score": 1, "report_id": "rep\n"}).status_code == 400
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_502_carries_the_receipt_of_its_incomplete_record(http: httpx.Client, upstream: ScriptedUpstream,
-                                                            stream: bool) -> None:
+def test_a_502_carries_the_receipt_of_its_incomplete_record(
+    http: httpx.Client, upstream: ScriptedUpstream, stream: bool
+) -> None:
     upstream.script(status=500, error="provider exploded")
     failed = http.post("/v1/chat/completions", json={**CHAT, "stream": stream})
     assert failed.status_code == 502

@@ -52,20 +52,29 @@ def counting_score(task: dict, text: str) -> float:
 
 
 def test_a_rollback_stops_the_canary_before_its_answer(tiny_model_dir: Path, tmp_path: Path) -> None:
-    settings = {"embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 4, "threads": 1},
-                "learner": {"poll_interval": 0.1, "train_threads": 1,
-                            "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01},
-                            # candidates wait for the gate while the traffic flows, each serving the
-                            # canary in turn; a verdict would reject (no held-out records)
-                            "gate": {"after_batches": 50, "holdout_fraction": 0.0},
-                            "canary_max_fraction": 1.0, "canary": {"s": 1.0}}}
+    settings = {
+        "embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 4, "threads": 1},
+        "learner": {
+            "poll_interval": 0.1,
+            "train_threads": 1,
+            "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01},
+            # candidates wait for the gate while the traffic flows, each serving the
+            # canary in turn; a verdict would reject (no held-out records)
+            "gate": {"after_batches": 50, "holdout_fraction": 0.0},
+            "canary_max_fraction": 1.0,
+            "canary": {"s": 1.0},
+        },
+    }
     with ReefServer(tmp_path, settings) as reef, ReefClient(reef.url, timeout=60) as client:
         oai = openai.OpenAI(base_url=reef.base_url, api_key="x", max_retries=0, timeout=60)
 
         def ask(report: bool) -> str:
             raw = oai.chat.completions.with_raw_response.create(
-                model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                extra_headers={"x-reef-scenario": "s"})
+                model="m",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=4,
+                extra_headers={"x-reef-scenario": "s"},
+            )
             if report:
                 client.report(raw.headers["x-reef-agent-record-id"], score=0.5)
             return raw.headers["x-reef-release-id"]
@@ -87,8 +96,11 @@ def test_a_rollback_stops_the_canary_before_its_answer(tiny_model_dir: Path, tmp
     with ReefState.open(reef.state_dir) as state:
         history = state.chain("s").history()
     rollback_step = next(e.step for e in history if e.operation is Operation.ROLLBACK)
-    old_line = {canary_release_id(e.batch["batch_id"]) for e in history
-                if e.operation is Operation.BATCH and e.batch and e.step < rollback_step}
+    old_line = {
+        canary_release_id(e.batch["batch_id"])
+        for e in history
+        if e.operation is Operation.BATCH and e.batch and e.step < rollback_step
+    }
     by_old_line = [release for release in served_after if release in old_line]
     # its canary stopped before the answer, and none of its candidates was canaried after it
     assert not by_old_line, f"{len(by_old_line)} of {len(served_after)} requests after the rollback: {set(by_old_line)}"
@@ -122,8 +134,9 @@ def test_a_candidate_that_trained_as_the_head_moved_is_never_canaried(tiny_model
             await rig.feed(4)
             # the training process's queue for "s" is first-come: a long job ahead of candidate 2
             # keeps it training until the rollback below is in the log
-            blocker = asyncio.create_task(rig.worker.logprobs(
-                None, [([1, 4093, 198], [300 + i % 50] * 64) for i in range(80)], key="s"))
+            blocker = asyncio.create_task(
+                rig.worker.logprobs(None, [([1, 4093, 198], [300 + i % 50] * 64) for i in range(80)], key="s")
+            )
             await until(lambda: rig.worker.pending().get("s") == 1, "the long job in the training process")
             making = asyncio.create_task(learner.step())
             await until(lambda: len(rig.batches()) == 2 and rig.worker.pending().get("s") == 2, "candidate 2 queued")
@@ -135,8 +148,11 @@ def test_a_candidate_that_trained_as_the_head_moved_is_never_canaried(tiny_model
             assert rig.chain.head().release_id == rolled.release_id
             canary = directory.canaries.get("s")
             assert canary is None, f"{canary[0].release_id} serves after the rollback (candidate 2 is {b2})"
-            closed = {e.metrics["batch_id"]: e.metrics.get("reason", "") for e in rig.chain.history()
-                      if e.metrics.get("batch_id") == b2 and e.operation.value == "abandon"}
+            closed = {
+                e.metrics["batch_id"]: e.metrics.get("reason", "")
+                for e in rig.chain.history()
+                if e.metrics.get("batch_id") == b2 and e.operation.value == "abandon"
+            }
             assert "the head moved" in closed.get(b2, ""), rig.chain.history()[-1]
             gate.hold.set()
             await until(lambda: learner._gate_idle(), "candidate 1's verdict")
@@ -151,12 +167,19 @@ def test_a_candidate_that_trained_as_the_head_moved_is_never_canaried(tiny_model
 # -- a rollback while the gate judges ---------------------------------------------------------------
 
 
-def test_a_rollback_while_the_gate_judges_leaves_its_load_until_the_verdict(tiny_model_dir: Path,
-                                                                              tmp_path: Path) -> None:
+def test_a_rollback_while_the_gate_judges_leaves_its_load_until_the_verdict(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"prompt": f"Say {i}."}) + "\n" for i in range(120)))
-    config = GateConfig(tasks=str(tasks), scorer=f"{__name__}:counting_score", looks=4, max_tokens=8,
-                        concurrency=1, concurrency_when="always")
+    config = GateConfig(
+        tasks=str(tasks),
+        scorer=f"{__name__}:counting_score",
+        looks=4,
+        max_tokens=8,
+        concurrency=1,
+        concurrency_when="always",
+    )
     files = lora_files(tiny_model_dir, tmp_path / "adapter")
 
     async def main() -> None:
@@ -167,8 +190,12 @@ def test_a_rollback_while_the_gate_judges_leaves_its_load_until_the_verdict(tiny
                 directory = ScenarioDirectory(state, runtime, RecipeConfig())
                 chain = await directory.create("s")
                 start = chain.head()
-                publisher = CandidatePublisher(chain, WeightsGate(config, runtime, worker=None),  # type: ignore[arg-type]
-                                               directory.serve_release, pin=directory.pin)
+                publisher = CandidatePublisher(
+                    chain,
+                    WeightsGate(config, runtime, worker=None),  # type: ignore[arg-type]
+                    directory.serve_release,
+                    pin=directory.pin,
+                )
                 judged_on = chain.serving().runtime_load_id
                 candidate = LearnedCandidate("s", "b1", "sao", files, start.release_id, {}, 0)
                 SCORED.clear()

@@ -47,8 +47,11 @@ def model() -> Iterator[ScriptedUpstream]:
 
 
 def ask(client: httpx.Client) -> httpx.Response:
-    response = client.post("/v1/chat/completions", headers={"x-reef-scenario": SCENARIO},
-                           json={"model": "m", "messages": [{"role": "user", "content": "What is 2+2?"}]})
+    response = client.post(
+        "/v1/chat/completions",
+        headers={"x-reef-scenario": SCENARIO},
+        json={"model": "m", "messages": [{"role": "user", "content": "What is 2+2?"}]},
+    )
     assert response.status_code == 200, response.text
     return response
 
@@ -114,9 +117,10 @@ def learn_and_measure(clients: list[httpx.Client]) -> list[float]:
         release, logged_at = decision["release_id"], decision["recorded_at"]
         deadline = time.monotonic() + 10
         while None in watch.first_served(release):
-            assert time.monotonic() < deadline and not watch.errors, \
-                f"front ends {[i for i, t in enumerate(watch.first_served(release)) if t is None]} never served " \
+            assert time.monotonic() < deadline and not watch.errors, (
+                f"front ends {[i for i, t in enumerate(watch.first_served(release)) if t is None]} never served "
                 f"{release}; {watch.errors}"
+            )
             time.sleep(0.05)
     assert not watch.errors, watch.errors
     return [t - logged_at for t in watch.first_served(release)]  # type: ignore[operator]
@@ -134,7 +138,10 @@ def test_a_learners_publication_is_served_by_every_worker_within_2_s(model: Scri
 
 
 def test_a_learners_publication_is_served_by_every_postgres_front_end_within_2_s(
-        model: ScriptedUpstream, postgres_dsn: str, tmp_path: Path) -> None:  # noqa: F811
+    model: ScriptedUpstream,
+    postgres_dsn: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     psycopg = pytest.importorskip("psycopg")
     database = f"reef_follow_{uuid4().hex[:10]}"
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
@@ -146,11 +153,29 @@ def test_a_learners_publication_is_served_by_every_postgres_front_end_within_2_s
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"prompt": "What is 2+2?", "expected": "4"}) + "\n")
     gate = {"tasks": str(tasks), "scorer": "tests.test_workers_state_dir:exact_answer", "margin": 1}
-    servers = [ReefServer(tmp_path / name, {
-        "state_dir": str(tmp_path / name / "state"), "store": store, "artifacts": {"remote": str(remote)},
-        "recipes": {"default": "skills"}, "upstream": {"url": model.base_url, "model": "p", "timeout": 10},
-        "learner": {"poll_interval": 0.5, "skills": {"proposer": "distill", "min_recurrence": 3, "batch_size": 8,
-                                                     "successes": 0, "gate": gate}}}) for name in ("fe0", "fe1")]
+    servers = [
+        ReefServer(
+            tmp_path / name,
+            {
+                "state_dir": str(tmp_path / name / "state"),
+                "store": store,
+                "artifacts": {"remote": str(remote)},
+                "recipes": {"default": "skills"},
+                "upstream": {"url": model.base_url, "model": "p", "timeout": 10},
+                "learner": {
+                    "poll_interval": 0.5,
+                    "skills": {
+                        "proposer": "distill",
+                        "min_recurrence": 3,
+                        "batch_size": 8,
+                        "successes": 0,
+                        "gate": gate,
+                    },
+                },
+            },
+        )
+        for name in ("fe0", "fe1")
+    ]
     clients: list[httpx.Client] = []
     try:
         for server in servers:

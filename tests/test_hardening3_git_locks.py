@@ -135,15 +135,18 @@ def test_a_lock_a_killed_push_left_on_the_remote_goes_once_it_is_old(tmp_path: P
         assert not lock.exists()
 
 
-def test_git_runs_out_of_reach_of_a_kill_of_reefs_process_group(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_git_runs_out_of_reach_of_a_kill_of_reefs_process_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A git Reef starts (seen here through the ssh command of a fetch, a child of that git) runs in
     a session and process group of its own: a SIGKILL of Reef's process group (a supervisor's or a
     script's `kill -9 -PGID`; a terminal's Ctrl-C is SIGINT to it) lets it finish its ref update."""
     seen = tmp_path / "seen"
     ssh = tmp_path / "ssh"
-    ssh.write_text(f"#!{sys.executable}\nimport os\n"
-                   f"open({str(seen)!r}, 'w').write(f'{{os.getsid(0)}} {{os.getpgid(0)}}')\nraise SystemExit(1)\n")
+    ssh.write_text(
+        f"#!{sys.executable}\nimport os\n"
+        f"open({str(seen)!r}, 'w').write(f'{{os.getsid(0)}} {{os.getpgid(0)}}')\nraise SystemExit(1)\n"
+    )
     ssh.chmod(0o755)
     monkeypatch.setenv("GIT_SSH_COMMAND", str(ssh))  # the environment a remote call keeps
     store = ArtifactStore(tmp_path / "a.git", remote="ssh://nobody@example.invalid/r.git")
@@ -160,14 +163,20 @@ def upstream() -> Iterator[ScriptedUpstream]:
 
 
 def skills_server(workdir: Path, upstream: ScriptedUpstream, **settings: object) -> ReefServer:
-    return ReefServer(workdir, {"recipes": {"default": "skills"}, "learner": {"enabled": False},
-                                "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5}, **settings})
+    return ReefServer(
+        workdir,
+        {
+            "recipes": {"default": "skills"},
+            "learner": {"enabled": False},
+            "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5},
+            **settings,
+        },
+    )
 
 
 def rollback(server: ReefServer, scenario: str, release_id: str) -> tuple[httpx.Response, float]:
     start = time.monotonic()
-    answer = httpx.post(f"{server.url}/reef/scenarios/{scenario}/rollback", json={"release_id": release_id},
-                        timeout=30)
+    answer = httpx.post(f"{server.url}/reef/scenarios/{scenario}/rollback", json={"release_id": release_id}, timeout=30)
     return answer, time.monotonic() - start
 
 
@@ -199,7 +208,8 @@ def database(postgres_dsn: str) -> str:  # noqa: F811
 
 @pytest.mark.postgres
 def test_a_front_end_on_postgresql_starts_and_publishes_despite_stale_locks(
-        tmp_path: Path, upstream: ScriptedUpstream, database: str) -> None:
+    tmp_path: Path, upstream: ScriptedUpstream, database: str
+) -> None:
     from reef.observe.postgres_store import PostgresStore
 
     remote = tmp_path / "remote.git"
@@ -211,8 +221,11 @@ def test_a_front_end_on_postgresql_starts_and_publishes_despite_stale_locks(
         moved = other.chain("sc").rollback(first, None).release_id  # another front end published meanwhile
     # a SIGKILL of `fe` mid-fetch and mid-push left these (the push's, on the remote, long ago)
     local = server.state_dir / "artifacts.git"
-    locks = [lock_of(local, FETCHED_PREFIX, "sc"), lock_of(local, REF_PREFIX, "sc"),
-             lock_of(remote, REF_PREFIX, "sc", age_s=git_locks.SHARED_AGE_S + 5)]
+    locks = [
+        lock_of(local, FETCHED_PREFIX, "sc"),
+        lock_of(local, REF_PREFIX, "sc"),
+        lock_of(remote, REF_PREFIX, "sc", age_s=git_locks.SHARED_AGE_S + 5),
+    ]
     with server:  # before: exit 1 ("cannot lock ref" at the fetch of recovery), at every start
         answer, took = rollback(server, "sc", first)
         assert answer.status_code == 200, answer.text
@@ -226,16 +239,18 @@ def test_a_front_end_on_postgresql_starts_and_publishes_despite_stale_locks(
 # -- a git killed while it reads ---------------------------------------------------------------
 
 
-def test_a_git_killed_while_it_reads_is_a_503_not_a_missing_release(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_git_killed_while_it_reads_is_a_503_not_a_missing_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Found by bench/kill_loops.py: a rollback whose `git ls-tree` or `cat-file` was SIGKILLed
     answered 404 "release ... is not in the artifact store" (a failed read was taken for a missing
     release). Here a `git` on the PATH kills itself on `ls-tree` while a marker file exists."""
     real_git = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True, check=True).stdout.strip()
     bin_dir, mark = tmp_path / "bin", tmp_path / "kill-ls-tree"
     bin_dir.mkdir()
-    (bin_dir / "git").write_text(f'#!/bin/sh\nif [ "$1" = ls-tree ] && [ -e "{mark}" ]; then kill -9 $$; fi\n'
-                                 f'exec "{real_git}" "$@"\n')
+    (bin_dir / "git").write_text(
+        f'#!/bin/sh\nif [ "$1" = ls-tree ] && [ -e "{mark}" ]; then kill -9 $$; fi\nexec "{real_git}" "$@"\n'
+    )
     (bin_dir / "git").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     with ReefState.open(tmp_path / "state") as state:
@@ -267,6 +282,7 @@ def test_inspect_checks_a_front_end_on_postgresql(tmp_path: Path, database: str)
     again = CliRunner().invoke(reef_cli, args)
     assert again.exit_code == 0, again.output
     assert "removed a stale git lock" in again.output and not lock.exists()
-    without_remote = CliRunner().invoke(reef_cli, ["inspect", "--state-dir", str(tmp_path / "new"), "--store",
-                                                   database])
+    without_remote = CliRunner().invoke(
+        reef_cli, ["inspect", "--state-dir", str(tmp_path / "new"), "--store", database]
+    )
     assert without_remote.exit_code == 1  # no state directory there

@@ -46,15 +46,25 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with ReefState.open(root) as state:
         chain = state.create(SCENARIO, "skills")
         harness = HarnessTree(system="Be brief.").to_files()
-        release = chain.publish(Candidate(harness, ArtifactKind.HARNESS), chain.head().release_id,
-                                verdict=Verdict("select"))
-        state.store.put_record(Record("one", SCENARIO, release.ref, {"messages": [{"role": "user", "content": "hi"}]},
-                                      status=RecordStatus.COMPLETE, response={"text": "hello"}))
+        release = chain.publish(
+            Candidate(harness, ArtifactKind.HARNESS), chain.head().release_id, verdict=Verdict("select")
+        )
+        state.store.put_record(
+            Record(
+                "one",
+                SCENARIO,
+                release.ref,
+                {"messages": [{"role": "user", "content": "hi"}]},
+                status=RecordStatus.COMPLETE,
+                response={"text": "hello"},
+            )
+        )
     return {"root": str(root), "release": release.release_id}
 
 
 def test_export_records_refuses_a_symlink_and_leaves_it_and_its_target_alone(
-        state_dir: dict[str, Any], tmp_path: Path) -> None:
+    state_dir: dict[str, Any], tmp_path: Path
+) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     link = tmp_path / "out.jsonl"
@@ -73,13 +83,15 @@ def test_export_records_refuses_a_symlink_and_leaves_it_and_its_target_alone(
 def test_export_records_refuses_a_pipe_or_device(state_dir: dict[str, Any], tmp_path: Path) -> None:
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    one_line_error(export("records", SCENARIO, "--state-dir", state_dir["root"], "--out", str(fifo)),
-                   "is not a regular file")
+    one_line_error(
+        export("records", SCENARIO, "--state-dir", state_dir["root"], "--out", str(fifo)), "is not a regular file"
+    )
     assert fifo.is_fifo()  # (not /dev/null itself: code that failed this test would replace it)
 
 
 def test_export_records_writes_a_regular_file_whole_and_never_follows_a_planted_temp_link(
-        state_dir: dict[str, Any], tmp_path: Path) -> None:
+    state_dir: dict[str, Any], tmp_path: Path
+) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     (tmp_path / ".good.jsonl.tmp").symlink_to(victim)  # the temporary name an export used to open
@@ -103,8 +115,10 @@ def test_export_release_refuses_a_symlinked_directory(state_dir: dict[str, Any],
     assert link.is_symlink() and list(elsewhere.iterdir()) == []
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    one_line_error(export("release", SCENARIO, state_dir["release"], str(fifo), "--state-dir", state_dir["root"]),
-                   "is not a directory")
+    one_line_error(
+        export("release", SCENARIO, state_dir["release"], str(fifo), "--state-dir", state_dir["root"]),
+        "is not a directory",
+    )
     done = export("release", SCENARIO, state_dir["release"], str(tmp_path / "real"), "--state-dir", state_dir["root"])
     assert done.exit_code == 0 and (tmp_path / "real" / "harness" / "system.md").read_text() == "Be brief."
 
@@ -122,8 +136,10 @@ def agent_reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]
     with ReefState.open(workdir / "state") as state:
         state.create(AGENT_SCENARIO, "skills", seed=Candidate(tree.to_files(), ArtifactKind.HARNESS, {"kind": "seed"}))
     with ScriptedUpstream() as upstream:
-        settings = {"upstream": {"url": upstream.base_url, "model": "p", "timeout": 5},
-                    "harness": {"scenarios": {AGENT_SCENARIO: {"mode": "pull"}}}}
+        settings = {
+            "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5},
+            "harness": {"scenarios": {AGENT_SCENARIO: {"mode": "pull"}}},
+        }
         with ReefServer(workdir, settings) as server:
             yield server
 
@@ -131,27 +147,43 @@ def agent_reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]
 def install_wrapper(reef: ReefServer, home: Path) -> Path:
     script = httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": "claude", "scenario": AGENT_SCENARIO})
     assert script.status_code == 200, script.text
-    done = subprocess.run(["sh"], input=script.text, capture_output=True, text=True, timeout=30,
-                          env={"PATH": os.environ["PATH"], "HOME": str(home)})
+    done = subprocess.run(
+        ["sh"],
+        input=script.text,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.environ["PATH"], "HOME": str(home)},
+    )
     assert done.returncode == 0, done.stderr
     return home / ".local" / "bin" / "reef-agent"
 
 
 def pull(wrapper: Path, home: Path, project: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(wrapper), "pull"], cwd=project, capture_output=True, text=True, timeout=60,
-                          env={"PATH": os.environ["PATH"], "HOME": str(home)})
+    return subprocess.run(
+        [str(wrapper), "pull"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"], "HOME": str(home)},
+    )
 
 
 def tree_of(root: Path) -> dict[str, str]:
     """Every entry under `root` (links as links): what it holds, or where it points."""
-    return {str(p.relative_to(root)): (f"-> {os.readlink(p)}" if p.is_symlink() else
-                                       p.read_text() if p.is_file() else "dir")
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): (
+            f"-> {os.readlink(p)}" if p.is_symlink() else p.read_text() if p.is_file() else "dir"
+        )
+        for p in sorted(root.rglob("*"))
+    }
 
 
 @pytest.mark.parametrize("linked", ["CLAUDE.md", ".claude", ".claude/skills", ".reef-agent"])
-def test_reef_agent_refuses_a_link_that_leads_outside_the_project(agent_reef: ReefServer, tmp_path: Path,
-                                                                   linked: str) -> None:
+def test_reef_agent_refuses_a_link_that_leads_outside_the_project(
+    agent_reef: ReefServer, tmp_path: Path, linked: str
+) -> None:
     home, project, outside = tmp_path / "home", tmp_path / "project", tmp_path / "outside"
     for folder in (home, project, outside):
         folder.mkdir()
@@ -170,7 +202,9 @@ def test_reef_agent_refuses_a_link_that_leads_outside_the_project(agent_reef: Re
 
     done = pull(wrapper, home, project)
     assert done.returncode == 1, done.stderr
-    assert f"{linked} is a symbolic link to {outside.resolve()}" in done.stderr and "outside this project" in done.stderr
+    assert (
+        f"{linked} is a symbolic link to {outside.resolve()}" in done.stderr and "outside this project" in done.stderr
+    )
     assert "nothing was written" in done.stderr and "Traceback" not in done.stderr
     assert tree_of(outside) == before_outside and tree_of(project) == before_project
 
@@ -199,11 +233,15 @@ def serve_refusal(tmp_path: Path, config: str, pythonpath: Path | None = None) -
     """`reef serve` on `config` (a recipe setting it refuses): a real process, to its exit."""
     path = tmp_path / "reef.yaml"
     path.write_text('upstream: {url: "http://127.0.0.1:9/v1", model: m}\n' + config)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (ROOT, pythonpath) if p),
-           "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "reef", "serve", "-c", str(path), "--state-dir",
-                           str(tmp_path / "state"), "--port", "9"], capture_output=True, text=True, timeout=120,
-                          env=env, cwd=tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (ROOT, pythonpath) if p), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "reef", "serve", "-c", str(path), "--state-dir", str(tmp_path / "state"), "--port", "9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
 
 
 MALFORMED_RECIPES = {
@@ -214,8 +252,10 @@ MALFORMED_RECIPES = {
     "missing attribute": ("reef.recipes.sao:NoSuchRecipe", "has no 'NoSuchRecipe'"),
     "not a class": ("reef.cli:main", "not a recipe class"),
     "not a recipe": ("reef.core.errors:InvalidInput", "is not a recipe: it lacks"),
-    "module fails to import": ("half_written_recipe:Recipe",
-                               "importing half_written_recipe failed: RuntimeError: not finished"),
+    "module fails to import": (
+        "half_written_recipe:Recipe",
+        "importing half_written_recipe failed: RuntimeError: not finished",
+    ),
 }
 
 
@@ -238,8 +278,7 @@ def test_a_builtin_recipe_named_by_its_dotted_path_gets_its_settings(tmp_path: P
     from reef.recipes.sao import SAORecipe
 
     config = tmp_path / "reef.yaml"
-    config.write_text('recipes: {default: "reef.recipes.sao:SAORecipe"}\n'
-                      "learner: {sao: {batch_size: 3, lr: 0.0005}}\n")
+    config.write_text('recipes: {default: "reef.recipes.sao:SAORecipe"}\nlearner: {sao: {batch_size: 3, lr: 0.0005}}\n')
     learner = load_config(config).learner
     for binding in ("reef.recipes.sao:SAORecipe", "sao"):
         recipe = SAORecipe(learner.settings_for(binding))  # what the server builds the scenario's learner from

@@ -67,19 +67,19 @@ async def stalled_then_normal(url: str, provider: StallingProvider) -> tuple[flo
     (seconds the normal request took, stalled requests the provider held, their statuses)."""
     limits = httpx.Limits(max_connections=STALLED + 10, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
-        stalled = [asyncio.create_task(client.post("/v1/chat/completions", json=chat("stall")))
-                   for _ in range(STALLED)]
+        stalled = [asyncio.create_task(client.post("/v1/chat/completions", json=chat("stall"))) for _ in range(STALLED)]
         deadline = time.monotonic() + 60
         while provider.holding < 256:  # the old pool's size: it is full now
             assert time.monotonic() < deadline, f"only {provider.holding} stalled requests reached the provider"
             await asyncio.sleep(0.05)
         start = time.monotonic()
         try:
-            normal = await asyncio.wait_for(client.post("/v1/chat/completions", json=chat("hello")),
-                                            ANSWERED_WITHIN_S)
+            normal = await asyncio.wait_for(client.post("/v1/chat/completions", json=chat("hello")), ANSWERED_WITHIN_S)
         except TimeoutError:
-            raise AssertionError(f"a normal request was not answered within {ANSWERED_WITHIN_S} s while "
-                                 f"{provider.holding} requests stalled at the provider") from None
+            raise AssertionError(
+                f"a normal request was not answered within {ANSWERED_WITHIN_S} s while "
+                f"{provider.holding} requests stalled at the provider"
+            ) from None
         took = time.monotonic() - start
         assert normal.status_code == 200 and normal.json()["choices"][0]["message"]["content"] == "echo: hello"
         deadline = time.monotonic() + 30
@@ -93,9 +93,13 @@ async def stalled_then_normal(url: str, provider: StallingProvider) -> tuple[flo
 
 
 def test_a_normal_request_is_answered_while_more_requests_stall_than_the_pool_held(
-        provider: StallingProvider, tmp_path: Path) -> None:
-    settings = {"upstream": {"url": provider.upstream.base_url, "model": "p", "timeout": 60},
-                "recipes": {"default": "skills"}, "learner": {"enabled": False}}
+    provider: StallingProvider, tmp_path: Path
+) -> None:
+    settings = {
+        "upstream": {"url": provider.upstream.base_url, "model": "p", "timeout": 60},
+        "recipes": {"default": "skills"},
+        "learner": {"enabled": False},
+    }
     with ReefServer(tmp_path, settings) as reef:
         took, holding, statuses = asyncio.run(stalled_then_normal(reef.url, provider))
         print(f"normal request answered in {took * 1000:.0f} ms beside {holding} stalled ones")

@@ -67,8 +67,9 @@ class WriterProcess:
             print("WRITTEN", flush=True)
             time.sleep(600)
         """)
-        self.child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
+        self.child = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+        )
         assert self.child.stdout is not None
         line = self.child.stdout.readline()
         assert line.strip() == "WRITTEN", f"the writer process failed ({self.child.wait()})"
@@ -131,7 +132,9 @@ def _holds_advisory_lock_other_than(admin: Any, old_pid: int, key: str) -> bool:
     row = admin.execute(  # a bigint key is held as (classid, objid): its high and low 32 bits
         "SELECT l.pid FROM pg_locks l, (SELECT hashtextextended(%s, 0) AS k) h WHERE l.locktype = 'advisory'"
         " AND l.granted AND l.objsubid = 1 AND l.classid::text::bigint = (h.k >> 32) & 4294967295"
-        " AND l.objid::text::bigint = h.k & 4294967295", (key,)).fetchone()
+        " AND l.objid::text::bigint = h.k & 4294967295",
+        (key,),
+    ).fetchone()
     return row is not None and row[0] != old_pid
 
 
@@ -145,8 +148,10 @@ def test_records_a_store_before_version_2_left_in_progress_are_marked_on_upgrade
     old = sqlite3.connect(path, isolation_level=None)
     old.executescript(SCHEMA)  # version 1: no owner column
     old.execute("PRAGMA user_version=1")
-    old.execute("INSERT INTO records (id, scenario, session, status, body, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                ("legacy-1", "cut", None, "in_progress", rules.record_body(pending("legacy-1")), time.time()))
+    old.execute(
+        "INSERT INTO records (id, scenario, session, status, body, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+        ("legacy-1", "cut", None, "in_progress", rules.record_body(pending("legacy-1")), time.time()),
+    )
     old.close()
     with SQLiteStore(path) as store:
         assert store.get_record("legacy-1").status is RecordStatus.INCOMPLETE
@@ -202,15 +207,18 @@ def settings(upstream: ScriptedUpstream) -> dict[str, Any]:
 
 
 def test_a_stream_cut_by_sigkill_is_incomplete_after_restart_and_its_retry_answers(
-        upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
     upstream.clear()
     upstream.script(text="the first half of a story that never ends", mode="stall_midstream")
     body = {"model": "m", "messages": USER, "stream": True}
     receipt = {"x-reef-agent-record-id": "cut-by-kill-1"}
     reef = ReefServer(tmp_path, settings(upstream)).start()
     try:
-        with httpx.Client(base_url=reef.url, timeout=30) as http, \
-                http.stream("POST", "/v1/chat/completions", json=body, headers=receipt) as stream:
+        with (
+            httpx.Client(base_url=reef.url, timeout=30) as http,
+            http.stream("POST", "/v1/chat/completions", json=body, headers=receipt) as stream,
+        ):
             assert stream.status_code == 200
             chunks = stream.iter_bytes()  # held: a dropped iterator closes the stream when collected
             next(chunks)  # the first bytes are out: the record is durable, in progress
@@ -222,8 +230,9 @@ def test_a_stream_cut_by_sigkill_is_incomplete_after_restart_and_its_retry_answe
     with ReefServer(tmp_path, settings(upstream)) as again, httpx.Client(base_url=again.url, timeout=30) as http:
         record = http.get("/reef/records/cut-by-kill-1").json()["record"]
         assert (record["status"], record["error"]) == ("incomplete", INTERRUPTED)
-        other = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "else"}]},
-                          headers=receipt)
+        other = http.post(
+            "/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "else"}]}, headers=receipt
+        )
         assert other.status_code == 409 and "another request" in other.text
         retry = http.post("/v1/chat/completions", json=body, headers=receipt)  # the same request again
         assert retry.status_code == 200 and retry.headers["x-reef-agent-record-id"] == "cut-by-kill-1"
@@ -238,13 +247,15 @@ def test_a_stream_cut_by_sigkill_is_incomplete_after_restart_and_its_retry_answe
 
 
 def test_the_sdks_own_retry_after_a_502_gets_the_answer_and_a_reported_failure_stays(
-        upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
     upstream.clear()
     with ReefServer(tmp_path, settings(upstream)) as reef:
         upstream.script(status=500, error="provider exploded")  # Reef answers 502; the SDK retries it
         oai = openai.OpenAI(base_url=reef.base_url, api_key="none", max_retries=2, timeout=30)
-        answer = oai.chat.completions.create(model="m", messages=USER,
-                                             extra_headers={"x-reef-agent-record-id": "sdk-retry-1"})
+        answer = oai.chat.completions.create(
+            model="m", messages=USER, extra_headers={"x-reef-agent-record-id": "sdk-retry-1"}
+        )
         assert answer.choices[0].message.content == "echo: tell me a long story"
         with httpx.Client(base_url=reef.url, timeout=30) as http:
             assert http.get("/reef/records/sdk-retry-1").json()["record"]["status"] == "complete"

@@ -15,9 +15,17 @@ RELEASE = ReleaseRef("rel-1", "content-1", "load-1")
 
 
 def record(rid: str) -> Record:
-    return Record(rid, "s", RELEASE, {"messages": []}, status=RecordStatus.COMPLETE,
-                  response={"prompt_token_ids": [1, 2, 3]}, token_ids=[7, 8], logprobs=[-0.5, -0.7],
-                  spans=[TokenSpan(0, 2, RELEASE.runtime_load_id)])
+    return Record(
+        rid,
+        "s",
+        RELEASE,
+        {"messages": []},
+        status=RecordStatus.COMPLETE,
+        response={"prompt_token_ids": [1, 2, 3]},
+        token_ids=[7, 8],
+        logprobs=[-0.5, -0.7],
+        spans=[TokenSpan(0, 2, RELEASE.runtime_load_id)],
+    )
 
 
 def view() -> LearnerView:

@@ -40,13 +40,24 @@ def upstream() -> Iterator[ScriptedUpstream]:
 
 
 def skills_server(workdir: Path, upstream: ScriptedUpstream, **settings: object) -> ReefServer:
-    return ReefServer(workdir, {"recipes": {"default": "skills"}, "learner": {"enabled": False},
-                                "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5}, **settings})
+    return ReefServer(
+        workdir,
+        {
+            "recipes": {"default": "skills"},
+            "learner": {"enabled": False},
+            "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5},
+            **settings,
+        },
+    )
 
 
 def chat(server: ReefServer, scenario: str) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/chat/completions", headers={"x-reef-scenario": scenario}, timeout=30,
-                      json={"model": "m", "messages": [{"role": "user", "content": "hello"}]})
+    return httpx.post(
+        f"{server.base_url}/chat/completions",
+        headers={"x-reef-scenario": scenario},
+        timeout=30,
+        json={"model": "m", "messages": [{"role": "user", "content": "hello"}]},
+    )
 
 
 def open_descriptors(pid: int) -> int:
@@ -54,7 +65,8 @@ def open_descriptors(pid: int) -> int:
 
 
 def test_many_scenarios_under_a_low_descriptor_limit_keep_every_route_working(
-        tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    tmp_path: Path, upstream: ScriptedUpstream
+) -> None:
     with skills_server(tmp_path, upstream) as server:
         assert chat(server, "warm").status_code == 200  # the first request's descriptors, before counting
         assert server.process is not None
@@ -70,8 +82,11 @@ def test_many_scenarios_under_a_low_descriptor_limit_keep_every_route_working(
         listed = httpx.get(f"{server.url}/reef/scenarios", timeout=30)
         assert listed.status_code == 200 and len(listed.json()["scenarios"]) == SCENARIOS + 1
         first = listed.json()["scenarios"][0]
-        rolled = httpx.post(f"{server.url}/reef/scenarios/{first['name']}/rollback",
-                            json={"release_id": first["head"]["release_id"]}, timeout=30)
+        rolled = httpx.post(
+            f"{server.url}/reef/scenarios/{first['name']}/rollback",
+            json={"release_id": first["head"]["release_id"]},
+            timeout=30,
+        )
         assert rolled.status_code == 200, rolled.text
         assert httpx.get(f"{server.url}/reef/status", timeout=30).status_code == 200
 
@@ -91,43 +106,68 @@ def test_recovery_of_many_scenarios_needs_no_descriptor_each(tmp_path: Path) -> 
         print("ok")
     """)
     # `import reef` in the child finds the package through the venv's editable install or ROOT
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=False,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 def test_past_max_scenarios_a_new_scenario_is_refused_in_each_dialect_and_nothing_is_created(
-        tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    tmp_path: Path, upstream: ScriptedUpstream
+) -> None:
     server = skills_server(tmp_path, upstream, limits={"max_scenarios": 2})
     with server:
         oai = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=30)
         ant = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=30)
         for name in ("a", "b"):
-            oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                        extra_headers={"x-reef-scenario": name})
+            oai.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], extra_headers={"x-reef-scenario": name}
+            )
         with pytest.raises(openai.PermissionDeniedError, match="limits.max_scenarios") as refused:
-            oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                        extra_headers={"x-reef-scenario": "c"})
+            oai.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], extra_headers={"x-reef-scenario": "c"}
+            )
         assert refused.value.status_code == 403
         assert refused.value.response.json()["error"]["type"] == "permission_error"
         assert "x-reef-agent-record-id" not in refused.value.response.headers  # no record stored
         with pytest.raises(anthropic.PermissionDeniedError, match="limits.max_scenarios") as refused_too:
-            ant.messages.create(model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}],
-                                extra_headers={"x-reef-scenario": "c"})
+            ant.messages.create(
+                model="m",
+                max_tokens=16,
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"x-reef-scenario": "c"},
+            )
         assert refused_too.value.response.json()["error"]["type"] == "permission_error"
         created = httpx.post(f"{server.url}/reef/scenarios", json={"name": "c"}, timeout=30)
         assert created.status_code == 403 and created.json()["error"]["type"] == "permission_error", created.text
         again = httpx.post(f"{server.url}/reef/scenarios", json={"name": "a"}, timeout=30)
         assert again.status_code == 201, again.text  # an existing scenario is returned, as before
-        assert [s["name"] for s in httpx.get(f"{server.url}/reef/scenarios", timeout=30).json()["scenarios"]] == ["a", "b"]
+        assert [s["name"] for s in httpx.get(f"{server.url}/reef/scenarios", timeout=30).json()["scenarios"]] == [
+            "a",
+            "b",
+        ]
         assert httpx.get(f"{server.url}/reef/status", timeout=30).json()["storage"]["records"] == 2
-        assert oai.chat.completions.with_raw_response.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], extra_headers={"x-reef-scenario": "b"},
-        ).http_response.status_code == 200
+        assert (
+            oai.chat.completions.with_raw_response.create(
+                model="m",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"x-reef-scenario": "b"},
+            ).http_response.status_code
+            == 200
+        )
     state = server.state_dir
     assert not (state / "commits" / f"{scenario_key('c')}.jsonl").exists()
-    refs = subprocess.run(["git", "--git-dir", str(state / "artifacts.git"), "for-each-ref", "--format=%(refname)"],
-                          capture_output=True, text=True, check=True).stdout.split()
+    refs = subprocess.run(
+        ["git", "--git-dir", str(state / "artifacts.git"), "for-each-ref", "--format=%(refname)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert sorted(refs) == sorted(f"refs/reef/scenarios/{scenario_key(n)}" for n in ("a", "b"))
     with server:  # the limit holds across a restart
         assert chat(server, "c").status_code == 403

@@ -51,16 +51,24 @@ def database(postgres_dsn: str) -> str:  # noqa: F811
 
 
 def front_end(workdir: Path, upstream: ScriptedUpstream, database: str, remote: Path | None) -> ReefServer:
-    settings: dict[str, Any] = {"store": database, "recipes": {"default": "skills"}, "learner": {"enabled": False},
-                                "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5}}
+    settings: dict[str, Any] = {
+        "store": database,
+        "recipes": {"default": "skills"},
+        "learner": {"enabled": False},
+        "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5},
+    }
     if remote is not None:
         settings["artifacts"] = {"remote": str(remote)}
     return ReefServer(workdir, settings)
 
 
 def chat(server: ReefServer, scenario: str) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/chat/completions", headers={"x-reef-scenario": scenario}, timeout=30,
-                      json={"model": "m", "messages": [{"role": "user", "content": "hello"}]})
+    return httpx.post(
+        f"{server.base_url}/chat/completions",
+        headers={"x-reef-scenario": scenario},
+        timeout=30,
+        json={"model": "m", "messages": [{"role": "user", "content": "hello"}]},
+    )
 
 
 def unreachable(server: ReefServer) -> dict[str, dict[str, Any]]:
@@ -85,7 +93,8 @@ def wait_for(what: str, condition: Callable[[], Any]) -> Any:
 
 
 def test_a_front_end_that_cannot_read_a_release_keeps_serving_what_it_has_and_says_why(
-        tmp_path: Path, upstream: ScriptedUpstream, database: str) -> None:
+    tmp_path: Path, upstream: ScriptedUpstream, database: str
+) -> None:
     remote, copy = tmp_path / "r.git", tmp_path / "r2.git"
     subprocess.run(["git", "init", "--bare", "--quiet", str(remote)], check=True)
     a = front_end(tmp_path / "a", upstream, database, remote).start()
@@ -131,24 +140,31 @@ def test_a_front_end_that_cannot_read_a_release_keeps_serving_what_it_has_and_sa
 
 
 def test_reef_serve_on_postgresql_without_an_artifact_remote_refuses_to_start(
-        tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    tmp_path: Path, upstream: ScriptedUpstream
+) -> None:
     lone = front_end(tmp_path, upstream, "postgresql://reef@127.0.0.1:9/never", remote=None)
     with pytest.raises(RuntimeError, match="exited with 1") as refused:
         lone.start()
     lines = [line for line in lone.logs().splitlines() if line.strip()]
-    assert lines == [lines[-1]] and lines[-1].startswith("Error: refusing to serve a postgresql:// store without "
-                                                          "artifacts.remote"), refused.value
+    assert lines == [lines[-1]] and lines[-1].startswith(
+        "Error: refusing to serve a postgresql:// store without artifacts.remote"
+    ), refused.value
     assert "--workers" in lines[-1] and "docs/deploy.md" in lines[-1]
 
 
 def test_reef_serve_workers_on_postgresql_without_a_remote_make_their_own(
-        tmp_path: Path, upstream: ScriptedUpstream, database: str) -> None:
+    tmp_path: Path, upstream: ScriptedUpstream, database: str
+) -> None:
     settings = front_end(tmp_path, upstream, database, remote=None).settings
     own = {key: value for key, value in settings.items() if key not in ("port", "state_dir")}
     workers = ReefWorkers(tmp_path / "workers", own, workers=2).start()  # before and after: serves
     try:
-        answer = httpx.post(f"{workers.url}/v1/chat/completions", headers={"x-reef-scenario": "s"}, timeout=30,
-                            json={"model": "m", "messages": [{"role": "user", "content": "hello"}]})
+        answer = httpx.post(
+            f"{workers.url}/v1/chat/completions",
+            headers={"x-reef-scenario": "s"},
+            timeout=30,
+            json={"model": "m", "messages": [{"role": "user", "content": "hello"}]},
+        )
         assert answer.status_code == 200, answer.text
     finally:
         workers.stop()

@@ -58,7 +58,7 @@ def worker_pids(supervisor_pid: int) -> dict[int, int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:  # it exited meanwhile
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
         if fields[0] != "Z" and int(fields[1]) == supervisor_pid and b"--worker-of" in argv:
             found[int(argv[argv.index(b"--worker-of") + 1].split(b":")[0])] = int(entry.name)
     return found
@@ -75,13 +75,19 @@ def alive(pid: int) -> bool:
 class Supervisor:
     """`reef serve --workers N` in front of the scripted upstream, its log in a file."""
 
-    def __init__(self, root: Path, upstream: ScriptedUpstream, port: int | None = None,
-                 extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, root: Path, upstream: ScriptedUpstream, port: int | None = None, extra: dict[str, Any] | None = None
+    ) -> None:
         self.root = root
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        settings = {"state_dir": str(root / "state"), "port": self.port, "log_level": "warning",
-                    "upstream": {"url": upstream.base_url, "model": "p", "timeout": 10}, **(extra or {})}
+        settings = {
+            "state_dir": str(root / "state"),
+            "port": self.port,
+            "log_level": "warning",
+            "upstream": {"url": upstream.base_url, "model": "p", "timeout": 10},
+            **(extra or {}),
+        }
         config = root / f"reef-{self.port}.yaml"
         config.write_text(yaml.safe_dump(settings))
         self.log = root / f"supervisor-{time.monotonic_ns()}.log"
@@ -89,9 +95,13 @@ class Supervisor:
         for name in ("REEF_TOKEN", "REEF_UPSTREAM_URL", "REEF_UPSTREAM_API_KEY", "REEF_UPSTREAM_MODEL"):
             env.pop(name, None)
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "reef", "serve", "-c", str(config),
-                                             "--workers", str(WORKERS)], stdout=log, stderr=subprocess.STDOUT,
-                                            env=env, cwd=root)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "reef", "serve", "-c", str(config), "--workers", str(WORKERS)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=root,
+            )
         self.seen_pids: set[int] = set()
 
     def logs(self) -> str:
@@ -109,9 +119,11 @@ class Supervisor:
 
     def wait_answering(self, pid: int, timeout: float = 60.0) -> None:
         """Until `pid` answers (it is ready): new connections until the kernel hands one to it."""
+
         def answered() -> bool:
             assert self.process.poll() is None, f"the supervisor exited with {self.process.returncode}\n{self.logs()}"
             return self.answering_pid() == pid
+
         wait_for(f"worker pid {pid} to answer", answered, timeout)
 
     def new_worker(self, index: int, not_pid: int, timeout: float = 60.0) -> int:
@@ -119,6 +131,7 @@ class Supervisor:
             assert self.process.poll() is None, f"the supervisor exited with {self.process.returncode}\n{self.logs()}"
             pid = self.workers().get(index)
             return pid if pid not in (None, not_pid) else None
+
         return wait_for(f"worker {index} to be started again", started, timeout, step=0.01)
 
     def stop(self) -> None:
@@ -138,9 +151,11 @@ class Supervisor:
 def supervisors(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
     started: list[Supervisor] = []
     with ScriptedUpstream(record=False) as upstream:
+
         def start(**kwargs: Any) -> Supervisor:
             started.append(Supervisor(tmp_path, upstream, **kwargs))
             return started[-1]
+
         try:
             yield start
         finally:
@@ -149,15 +164,15 @@ def supervisors(tmp_path: Path) -> Iterator[Callable[..., Supervisor]]:
 
 
 def both_ready(supervisor: Supervisor) -> dict[int, int]:
-    pids = wait_for("both workers to start", lambda: len(supervisor.workers()) == WORKERS and supervisor.workers(),
-                    60)
+    pids = wait_for("both workers to start", lambda: len(supervisor.workers()) == WORKERS and supervisor.workers(), 60)
     for pid in pids.values():
         supervisor.wait_answering(pid)
     return pids
 
 
 def test_a_ready_worker_killed_six_times_quickly_is_started_again_each_time(
-        supervisors: Callable[..., Supervisor]) -> None:
+    supervisors: Callable[..., Supervisor],
+) -> None:
     supervisor = supervisors()
     pids = both_ready(supervisor)
     for kill in range(6):
@@ -170,7 +185,8 @@ def test_a_ready_worker_killed_six_times_quickly_is_started_again_each_time(
 
 
 def test_a_worker_failing_before_ready_is_backed_off_while_the_other_serves(
-        supervisors: Callable[..., Supervisor]) -> None:
+    supervisors: Callable[..., Supervisor],
+) -> None:
     supervisor = supervisors()
     pids = both_ready(supervisor)
     gaps = []
@@ -190,7 +206,8 @@ def test_a_worker_failing_before_ready_is_backed_off_while_the_other_serves(
 
 
 def test_the_supervisor_gives_up_only_when_no_worker_can_become_ready(
-        supervisors: Callable[..., Supervisor], tmp_path: Path) -> None:
+    supervisors: Callable[..., Supervisor], tmp_path: Path
+) -> None:
     # the gate's tasks file is read by each worker before it serves (not by the supervisor)
     gate = {"tasks": str(tmp_path / "missing.jsonl"), "scorer": "tests.test_workers_state_dir:exact_answer"}
     supervisor = supervisors(extra={"learner": {"gate": gate}})
@@ -206,7 +223,8 @@ def test_the_supervisor_gives_up_only_when_no_worker_can_become_ready(
 
 
 def test_a_killed_supervisor_takes_its_workers_and_a_new_one_gets_the_port(
-        supervisors: Callable[..., Supervisor]) -> None:
+    supervisors: Callable[..., Supervisor],
+) -> None:
     first = supervisors()
     pids = both_ready(first)
     os.kill(first.process.pid, signal.SIGKILL)
@@ -223,9 +241,14 @@ def test_a_killed_supervisor_takes_its_workers_and_a_new_one_gets_the_port(
 def test_a_worker_whose_supervisor_is_gone_before_it_starts_stops_at_once() -> None:
     """The race the parent-death signal leaves: the supervisor died before the worker set it."""
     program = "from reef.serve.worker import become_worker; become_worker('0:0:1:1'); print('serving')"
-    done = subprocess.run([sys.executable, "-c", program],  # pid 1 is not its parent
-                          capture_output=True, text=True, timeout=30, check=False,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", program],  # pid 1 is not its parent
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 1 and "serving" not in done.stdout
     assert "the supervisor (pid 1) is gone; worker 0 stops" in done.stderr
 
@@ -247,8 +270,9 @@ time.sleep(60)
 def test_without_a_parent_death_signal_a_worker_polls_and_stops_when_orphaned(tmp_path: Path) -> None:
     """The fallback off Linux, run here: the watch thread alone stops an orphaned worker."""
     watching = tmp_path / "watching"
-    middle = subprocess.Popen([sys.executable, "-c", ORPHAN, "middle", str(watching), ORPHAN],
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    middle = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN, "middle", str(watching), ORPHAN], env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     child = 0
     try:
         child = int(wait_for("the child to watch its parent", lambda: watching.exists() and watching.read_text(), 30))

@@ -41,8 +41,12 @@ SLACK = 3.0  # a loaded 2-core machine
 
 
 def _settings(upstream: ScriptedUpstream, **extra: Any) -> dict[str, Any]:
-    return {"tokens": [TOKEN], "learner": {"enabled": False},
-            "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 60}, **extra}
+    return {
+        "tokens": [TOKEN],
+        "learner": {"enabled": False},
+        "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 60},
+        **extra,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +58,9 @@ def plain(tmp_path_factory: pytest.TempPathFactory, upstream: ScriptedUpstream) 
 
 @pytest.fixture(scope="module")
 def hardened(tmp_path_factory: pytest.TempPathFactory, upstream: ScriptedUpstream) -> Iterator[ReefServer]:
-    settings = _settings(upstream, public_url=PUBLIC_URL, keep_alive_timeout=TIMEOUT, header_timeout=TIMEOUT,
-                         body_timeout=TIMEOUT)
+    settings = _settings(
+        upstream, public_url=PUBLIC_URL, keep_alive_timeout=TIMEOUT, header_timeout=TIMEOUT, body_timeout=TIMEOUT
+    )
     with ReefServer(tmp_path_factory.mktemp("hardened"), settings) as server:
         yield server
 
@@ -88,8 +93,12 @@ def _until_closed(sock: socket.socket, seconds: float) -> tuple[bytes, float | N
 
 
 def _request(method: str, path: str, body: bytes = b"", **headers: str) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {TOKEN}",
-             *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items())]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        "Host: 127.0.0.1",
+        f"Authorization: Bearer {TOKEN}",
+        *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items()),
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
@@ -97,8 +106,12 @@ def test_idle_and_half_sent_connections_are_closed(hardened: ReefServer) -> None
     silent = _connect(hardened)
     half_head = _connect(hardened, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nx-slow: ")
     answered = _connect(hardened, _request("GET", "/healthz"))
-    half_body = _connect(hardened, _request("POST", "/v1/chat/completions", b'{"model": "m", ',
-                                            content_type="application/json", content_length="200"))
+    half_body = _connect(
+        hardened,
+        _request(
+            "POST", "/v1/chat/completions", b'{"model": "m", ', content_type="application/json", content_length="200"
+        ),
+    )
     deadline = time.monotonic() + TIMEOUT + SLACK
     for sock in (silent, half_head, answered, half_body):
         with sock:
@@ -131,9 +144,11 @@ def test_slow_but_live_requests_are_not_cut(hardened: ReefServer, upstream: Scri
     pauses under body_timeout, and an answer that takes longer than every timeout, both succeed."""
     upstream.script(text="late but fine", delay=TIMEOUT * 1.5)
     body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
-    pieces = [body[i:i + 24] for i in range(0, len(body), 24)]
-    with _connect(hardened, _request("POST", "/v1/chat/completions", content_type="application/json",
-                                     content_length=str(len(body)))) as sock:
+    pieces = [body[i : i + 24] for i in range(0, len(body), 24)]
+    with _connect(
+        hardened,
+        _request("POST", "/v1/chat/completions", content_type="application/json", content_length=str(len(body))),
+    ) as sock:
         for piece in pieces:
             time.sleep(TIMEOUT / 2)
             sock.sendall(piece)
@@ -145,7 +160,8 @@ def test_slow_but_live_requests_are_not_cut(hardened: ReefServer, upstream: Scri
 
 
 def test_sigterm_finishes_within_shutdown_timeout_while_a_stream_is_stuck(
-        tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    tmp_path: Path, upstream: ScriptedUpstream
+) -> None:
     shutdown_timeout = 1.0
     server = ReefServer(tmp_path, _settings(upstream, shutdown_timeout=shutdown_timeout)).start()
     streaming = threading.Event()
@@ -175,8 +191,9 @@ def test_sigterm_finishes_within_shutdown_timeout_while_a_stream_is_stuck(
 def _read_stream(server: ReefServer, streaming: threading.Event) -> None:
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     try:
-        with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body, headers=AUTH,
-                          timeout=httpx.Timeout(60)) as answer:
+        with httpx.stream(
+            "POST", f"{server.base_url}/chat/completions", json=body, headers=AUTH, timeout=httpx.Timeout(60)
+        ) as answer:
             for _ in answer.iter_raw():
                 streaming.set()
     except httpx.HTTPError:
@@ -185,13 +202,28 @@ def _read_stream(server: ReefServer, streaming: threading.Event) -> None:
 
 # -- the install script's URL ---------------------------------------------------------------------
 
-HOSTILE = ["evil'$(touch PWNED)", "evil`touch PWNED`", 'evil"x', "evil x", "evil;touch PWNED", "evil$HOME",
-           "evil:99999", "evil:0", "[::1", "[zz::1]:80", "evil\\x", "evil/..", "-evil"]
+HOSTILE = [
+    "evil'$(touch PWNED)",
+    "evil`touch PWNED`",
+    'evil"x',
+    "evil x",
+    "evil;touch PWNED",
+    "evil$HOME",
+    "evil:99999",
+    "evil:0",
+    "[::1",
+    "[zz::1]:80",
+    "evil\\x",
+    "evil/..",
+    "-evil",
+]
 
 
 def _install_raw(server: ReefServer, host: str, query: str = "adapter=claude") -> tuple[int, bytes]:
-    head = (f"GET /reef/harness/install?{query} HTTP/1.1\r\nHost: {host}\r\n"
-            f"Authorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n").encode()
+    head = (
+        f"GET /reef/harness/install?{query} HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+    ).encode()
     with _connect(server, head) as sock:
         received, _ = _until_closed(sock, 10)
     status = int(received.split(b" ", 2)[1]) if received.startswith(b"HTTP/1.1 ") else 0
@@ -205,25 +237,48 @@ def test_a_hostile_host_header_is_refused(plain: ReefServer, host: str) -> None:
     assert b"#!/bin/sh" not in received
 
 
-@pytest.mark.parametrize("url", [f"http://{h}" for h in HOSTILE] + [f"http://h/{h}" for h in HOSTILE if h[0] != "-"]
-                         + ["http://host\n", "http://h/\nrm -rf ~", "http://h/a b", "ftp://h", "http://h//x",
-                            "javascript:alert(1)", "http://h:8900/$(id)", "http://h/`id`"])
+@pytest.mark.parametrize(
+    "url",
+    [f"http://{h}" for h in HOSTILE]
+    + [f"http://h/{h}" for h in HOSTILE if h[0] != "-"]
+    + [
+        "http://host\n",
+        "http://h/\nrm -rf ~",
+        "http://h/a b",
+        "ftp://h",
+        "http://h//x",
+        "javascript:alert(1)",
+        "http://h:8900/$(id)",
+        "http://h/`id`",
+    ],
+)
 def test_a_hostile_url_parameter_is_refused(plain: ReefServer, url: str) -> None:
-    answer = httpx.get(f"{plain.url}/reef/harness/install", params={"adapter": "claude", "url": url},
-                       headers=AUTH)
+    answer = httpx.get(f"{plain.url}/reef/harness/install", params={"adapter": "claude", "url": url}, headers=AUTH)
     assert answer.status_code == 400, url
     assert "#!/bin/sh" not in answer.text
 
 
-@pytest.mark.parametrize("host, expected", [("reef.internal:8900", "http://reef.internal:8900"),
-                                            ("[::1]:8900", "http://[::1]:8900"), ("10.1.2.3", "http://10.1.2.3")])
+@pytest.mark.parametrize(
+    "host, expected",
+    [
+        ("reef.internal:8900", "http://reef.internal:8900"),
+        ("[::1]:8900", "http://[::1]:8900"),
+        ("10.1.2.3", "http://10.1.2.3"),
+    ],
+)
 def test_a_plain_host_is_baked_in_quoted(plain: ReefServer, host: str, expected: str, tmp_path: Path) -> None:
     status, received = _install_raw(plain, host)
     assert status == 200, received[:300]
     script = received.split(b"\r\n\r\n", 1)[1].decode()
     assert f"reef_url='{expected}'" in script
-    done = subprocess.run(["sh"], input=script, capture_output=True, text=True, timeout=30,
-                          env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "REEF_AGENT_DRY_RUN": "1"})
+    done = subprocess.run(
+        ["sh"],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "REEF_AGENT_DRY_RUN": "1"},
+    )
     assert done.returncode == 0 and f"Reef at {expected})" in done.stdout, done.stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -233,8 +288,9 @@ def test_public_url_is_named_whatever_the_host(hardened: ReefServer) -> None:
         status, received = _install_raw(hardened, host)
         assert status == 200, received[:300]
         assert f"reef_url='{PUBLIC_URL}'".encode() in received and b"evil" not in received
-    asked = httpx.get(f"{hardened.url}/reef/harness/install", headers=AUTH,
-                      params={"adapter": "pi", "url": "http://10.0.0.5:8900"})  # the caller's own choice
+    asked = httpx.get(
+        f"{hardened.url}/reef/harness/install", headers=AUTH, params={"adapter": "pi", "url": "http://10.0.0.5:8900"}
+    )  # the caller's own choice
     assert asked.status_code == 200 and "reef_url='http://10.0.0.5:8900'" in asked.text
 
 
@@ -255,8 +311,9 @@ def test_concurrent_rollbacks_without_expected_head_all_succeed(plain: ReefServe
     async def rollback_all(n: int) -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=n)
         async with httpx.AsyncClient(base_url=plain.url, headers=AUTH, timeout=60, limits=limits) as client:
-            return await asyncio.gather(*(client.post("/reef/scenarios/rb/rollback", json={"release_id": start})
-                                          for _ in range(n)))
+            return await asyncio.gather(
+                *(client.post("/reef/scenarios/rb/rollback", json={"release_id": start}) for _ in range(n))
+            )
 
     answers = asyncio.run(rollback_all(50))
     assert [a.status_code for a in answers] == [200] * 50, [a.text for a in answers if a.status_code != 200][:3]
@@ -268,8 +325,9 @@ def test_concurrent_rollbacks_without_expected_head_all_succeed(plain: ReefServe
     summary = httpx.get(f"{plain.url}/reef/scenarios/rb", headers=AUTH).json()
     assert summary["serving"]["release_id"] == summary["head"]["release_id"] == chain[0]["release_id"]
 
-    stale = httpx.post(f"{plain.url}/reef/scenarios/rb/rollback", headers=AUTH,
-                       json={"release_id": start, "expected_head": start})
+    stale = httpx.post(
+        f"{plain.url}/reef/scenarios/rb/rollback", headers=AUTH, json={"release_id": start, "expected_head": start}
+    )
     assert stale.status_code == 409  # a client that named the head it saw still learns it moved
 
 
@@ -279,8 +337,10 @@ SELECT = Verdict("select")
 
 
 def _weights(n: int) -> Candidate:
-    return Candidate({"adapter_config.json": b"{}", "adapter_model.safetensors": bytes([n % 256]) * 4096 + b"%d" % n},
-                     ArtifactKind.WEIGHTS)
+    return Candidate(
+        {"adapter_config.json": b"{}", "adapter_model.safetensors": bytes([n % 256]) * 4096 + b"%d" % n},
+        ArtifactKind.WEIGHTS,
+    )
 
 
 def _harness(n: int) -> Candidate:
@@ -319,12 +379,13 @@ def _open_cost(root: Path, monkeypatch: pytest.MonkeyPatch) -> OpenCost:
 
 def _lfs_object(state: ReefState, release: Release) -> Path:
     blobs, pointers = state.artifacts._read(release.release_id)  # noqa: SLF001
-    (oid, _), = pointers.values()
+    ((oid, _),) = pointers.values()
     return state.artifacts.lfs_path(oid)
 
 
-def test_opening_the_state_does_not_slow_down_as_the_chain_grows(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_opening_the_state_does_not_slow_down_as_the_chain_grows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with ReefState.open(tmp_path) as state:
         chain = state.create("s", "sao")
         _grow(chain, 3, _weights)

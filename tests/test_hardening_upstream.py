@@ -46,8 +46,11 @@ def elsewhere() -> Iterator[ScriptedUpstream]:
 
 @pytest.fixture(scope="module")
 def reef(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    settings = {"tokens": [TOKEN], "recipes": {"default": "skills"},
-                "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 10}}
+    settings = {
+        "tokens": [TOKEN],
+        "recipes": {"default": "skills"},
+        "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 10},
+    }
     with ReefServer(tmp_path_factory.mktemp("reef-hardening"), settings) as server:
         yield server
 
@@ -70,7 +73,10 @@ def call(reef: ReefServer, dialect: str, stream: bool, receipt: str) -> str:
     if dialect == "openai":
         oai = openai.OpenAI(base_url=reef.base_url, api_key=TOKEN, max_retries=0, timeout=60)
         if not stream:
-            return oai.chat.completions.create(model="m", messages=USER, extra_headers=headers).choices[0].message.content or ""
+            return (
+                oai.chat.completions.create(model="m", messages=USER, extra_headers=headers).choices[0].message.content
+                or ""
+            )
         chunks = oai.chat.completions.create(model="m", messages=USER, stream=True, extra_headers=headers)
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     ant = anthropic.Anthropic(base_url=reef.url, api_key=TOKEN, max_retries=0, timeout=60)
@@ -110,7 +116,8 @@ def still_serving(reef: ReefServer, upstream: ScriptedUpstream) -> None:
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_an_answer_over_the_limit_is_a_502_and_an_incomplete_record(
-        reef: ReefServer, client: ReefClient, upstream: ScriptedUpstream, dialect: str, stream: bool) -> None:
+    reef: ReefServer, client: ReefClient, upstream: ScriptedUpstream, dialect: str, stream: bool
+) -> None:
     receipt = receipt_for(f"huge-{dialect}-{int(stream)}")
     upstream.script(mode="huge", size=3 * LIMIT)
     failure = sdk_failure(reef, dialect, stream, receipt)
@@ -126,7 +133,8 @@ def test_an_answer_over_the_limit_is_a_502_and_an_incomplete_record(
 
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_an_sse_line_that_never_ends_is_refused_at_the_limit(
-        reef: ReefServer, client: ReefClient, upstream: ScriptedUpstream, dialect: str) -> None:
+    reef: ReefServer, client: ReefClient, upstream: ScriptedUpstream, dialect: str
+) -> None:
     receipt = receipt_for(f"sse-line-{dialect}")
     upstream.script(mode="huge_sse_line", size=3 * LIMIT)
     failure = sdk_failure(reef, dialect, True, receipt)
@@ -178,7 +186,7 @@ def test_the_sse_parser_holds_at_most_one_event_of_the_limit() -> None:
     with pytest.raises(UpstreamProblem, match=SETTING):
         lines.feed(b"data: " + b"y" * 600 + b"\ndata: " + b"y" * 600 + b"\n")  # many lines of one event count together
     split = SSEParser(max_event_bytes=1000)
-    pieces = [b"event: a\nda", b"ta: {\"t\": ", b"\"x\"}", b"\n", b"\n"]
+    pieces = [b"event: a\nda", b'ta: {"t": ', b'"x"}', b"\n", b"\n"]
     assert [event for piece in pieces for event in split.feed(piece)] == [("a", '{"t": "x"}')]
 
 
@@ -188,8 +196,14 @@ def test_the_sse_parser_holds_at_most_one_event_of_the_limit() -> None:
 @pytest.mark.parametrize("status,stream", [(307, False), (307, True), (301, False), (308, True), (302, False)])
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_a_provider_redirect_is_a_502_and_the_prompt_goes_nowhere_else(
-        reef: ReefServer, client: ReefClient, upstream: ScriptedUpstream, elsewhere: ScriptedUpstream,
-        dialect: str, status: int, stream: bool) -> None:
+    reef: ReefServer,
+    client: ReefClient,
+    upstream: ScriptedUpstream,
+    elsewhere: ScriptedUpstream,
+    dialect: str,
+    status: int,
+    stream: bool,
+) -> None:
     receipt = receipt_for(f"redirect-{status}-{dialect}-{int(stream)}")
     location = f"{elsewhere.base_url}/chat/completions"
     upstream.script(mode="redirect", status=status, location=location)
@@ -210,6 +224,7 @@ def test_count_tokens_does_not_follow_a_redirect(upstream: ScriptedUpstream, els
             return await runtime.count_tokens(ask())
         finally:
             await runtime.close()
+
     with pytest.raises(RuntimeFailure, match="answered 307") as failure:
         asyncio.run(count())
     assert failure.value.status == 502 and elsewhere.app.hits == []
@@ -220,8 +235,9 @@ def test_count_tokens_does_not_follow_a_redirect(upstream: ScriptedUpstream, els
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_a_429_is_relayed_with_its_retry_after(reef: ReefServer, upstream: ScriptedUpstream, dialect: str,
-                                               stream: bool) -> None:
+def test_a_429_is_relayed_with_its_retry_after(
+    reef: ReefServer, upstream: ScriptedUpstream, dialect: str, stream: bool
+) -> None:
     upstream.script(status=429, error="slow down", headers={"retry-after": "7", "retry-after-ms": "7000"})
     failure = sdk_failure(reef, dialect, stream, receipt_for(f"429-{dialect}-{int(stream)}"))
     assert isinstance(failure, (openai.RateLimitError, anthropic.RateLimitError)) and "slow down" in str(failure)

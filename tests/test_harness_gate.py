@@ -57,20 +57,26 @@ def exact_four(task: dict, text: str) -> float:
 
 def tasks_file(tmp_path: Path) -> Path:
     path = tmp_path / "tasks.jsonl"
-    path.write_text('{"prompt": "2+2?"}\n{"messages": [{"role": "system", "content": "You are a calculator."}, '
-                    '{"role": "user", "content": "3+1?"}]}\n')
+    path.write_text(
+        '{"prompt": "2+2?"}\n{"messages": [{"role": "system", "content": "You are a calculator."}, '
+        '{"role": "user", "content": "3+1?"}]}\n'
+    )
     return path
 
 
 def test_the_candidate_is_rendered_before_the_task_system_prompt_and_wins(tmp_path: Path) -> None:
     runtime = RuleFollower()
-    gate = HarnessGate(HarnessGateConfig(tasks=tasks_file(tmp_path), scorer="tests.test_harness_gate:exact_four"), runtime)
+    gate = HarnessGate(
+        HarnessGateConfig(tasks=tasks_file(tmp_path), scorer="tests.test_harness_gate:exact_four"), runtime
+    )
     brief = HarnessTree(rules={"brevity": "Be brief."})
     verdict = asyncio.run(gate.judge_candidate(SERVING, HarnessTree(), brief, []))
     assert verdict.decision == "select" and (verdict.metrics["wins"], verdict.metrics["losses"]) == (2, 0)
     assert verdict.metrics["per_task"][1]["candidate_answer"] == "4"
     system = runtime.requests[-1].messages[0]
-    assert system.role == "system" and system.content.endswith("You are a calculator.") and "Be brief." in system.content
+    assert (
+        system.role == "system" and system.content.endswith("You are a calculator.") and "Be brief." in system.content
+    )
     calls = len(runtime.requests)
     back = asyncio.run(gate.judge_candidate(SERVING, brief, HarnessTree(), []))  # the worse tree loses
     assert back.decision == "reject" and back.metrics["losses"] == 2

@@ -19,15 +19,20 @@ from reef.surfaces.inject import HarnessInjector, client_request
 from reef.surfaces.seed import HarnessSeeds
 from tests.helpers.reef_server import ReefServer
 
-TREE = HarnessTree(system="Be careful.", rules={"tests": "Write tests."},
-                   skills={"empty-token": Skill("empty-token", "Empty tokens", "Check the empty string.")})
+TREE = HarnessTree(
+    system="Be careful.",
+    rules={"tests": "Write tests."},
+    skills={"empty-token": Skill("empty-token", "Empty tokens", "Check the empty string.")},
+)
 
 
 def chat(*messages: Message) -> ChatRequest:
     return ChatRequest(model="m", messages=messages, dialect="openai")
 
 
-def injector(tmp_path: Path, mode: str = "inject", **files: dict[str, bytes]) -> tuple[HarnessInjector, dict[str, ReleaseRef]]:
+def injector(
+    tmp_path: Path, mode: str = "inject", **files: dict[str, bytes]
+) -> tuple[HarnessInjector, dict[str, ReleaseRef]]:
     inj = HarnessInjector(HarnessConfig(mode=mode), ArtifactStore(tmp_path / "a.git"))
     refs = {}
     for name, content in files.items():
@@ -43,8 +48,13 @@ def test_injection_prefixes_the_system_prompt_and_the_record_entry_restores_the_
     sent, added = asyncio.run(inj.inject("s", own, refs["tree"]))
     assert sent.messages[0].content == render_system(TREE, "Mine.\nthe empty token case") + "\n\nMine."
     assert sent.messages[1:] == own.messages[1:]
-    assert added == {"mode": "inject", "content_id": TREE.content_id, "skills": ["empty-token"], "inserted": False,
-                     "prefix_chars": len(sent.messages[0].content) - len("Mine.")}
+    assert added == {
+        "mode": "inject",
+        "content_id": TREE.content_id,
+        "skills": ["empty-token"],
+        "inserted": False,
+        "prefix_chars": len(sent.messages[0].content) - len("Mine."),
+    }
     assert client_request(sent.to_json(), added) == own.to_json()
     bare = chat(Message("user", "hi"))
     sent, added = asyncio.run(inj.inject("s", bare, refs["tree"]))
@@ -80,8 +90,9 @@ def test_trees_are_parsed_once_per_content_id_and_the_cache_is_bounded(tmp_path:
 
 
 def test_harness_settings_per_scenario_and_unknown_keys(tmp_path: Path) -> None:
-    config = HarnessConfig.model_validate({"mode": "inject", "seed_dir": str(tmp_path),
-                                           "scenarios": {"a": {"mode": "pull"}, "b": {"seed_dir": "/x"}}})
+    config = HarnessConfig.model_validate(
+        {"mode": "inject", "seed_dir": str(tmp_path), "scenarios": {"a": {"mode": "pull"}, "b": {"seed_dir": "/x"}}}
+    )
     assert (config.mode_for("a"), config.mode_for("b"), config.mode_for("c")) == ("pull", "inject", "inject")
     assert config.seed_dir_for("b") == Path("/x") and config.seed_dir_for("a") == tmp_path
     path = tmp_path / "serve.yaml"
@@ -106,8 +117,11 @@ def test_seeds_are_read_once_and_a_bad_one_names_its_file(tmp_path: Path) -> Non
 def test_reef_serve_refuses_to_start_with_a_bad_seed(tmp_path: Path) -> None:
     (tmp_path / "seed").mkdir()
     (tmp_path / "seed" / "notes.txt").write_text("x")
-    server = ReefServer(tmp_path, {"upstream": {"url": "http://127.0.0.1:9/v1"},
-                                   "harness": {"seed_dir": str(tmp_path / "seed")}}, startup_timeout=60)
+    server = ReefServer(
+        tmp_path,
+        {"upstream": {"url": "http://127.0.0.1:9/v1"}, "harness": {"seed_dir": str(tmp_path / "seed")}},
+        startup_timeout=60,
+    )
     with pytest.raises(RuntimeError, match="notes.txt: not a harness file"):
         server.start()
     server.stop()
@@ -124,7 +138,10 @@ def test_runtimes_leave_harness_files_alone() -> None:
 
 def test_tool_results_do_not_count_as_mentions(tmp_path: Path) -> None:
     inj, refs = injector(tmp_path, tree=TREE.to_files())
-    request = chat(Message("user", "read the file"), Message("assistant", "", tool_call_id=None),
-                   Message("tool", "def empty_token(): ...", tool_call_id="c1"))
+    request = chat(
+        Message("user", "read the file"),
+        Message("assistant", "", tool_call_id=None),
+        Message("tool", "def empty_token(): ...", tool_call_id="c1"),
+    )
     sent, added = asyncio.run(inj.inject("s", request, refs["tree"]))
     assert added is not None and added["skills"] == [] and "Check the empty string." not in sent.messages[0].content

@@ -34,8 +34,9 @@ def learner(state: ReefState, decide: Any) -> Learner:
         return {}
 
     config = SkillsConfig.model_validate({"min_recurrence": 3, "successes": 0, "gate": {"holdout_fraction": 0.0}})
-    return Learner(state.chain("s"), state.store, SkillsRecipe(config, proposer=DistillProposer(config)), decide,
-                   head_files)
+    return Learner(
+        state.chain("s"), state.store, SkillsRecipe(config, proposer=DistillProposer(config)), decide, head_files
+    )
 
 
 def test_a_failing_gate_closes_its_batch_and_a_restart_resumes_an_open_one(tmp_path: Path) -> None:
@@ -58,8 +59,13 @@ def test_a_failing_gate_closes_its_batch_and_a_restart_resumes_an_open_one(tmp_p
     async def rejecting_gate(candidate: LearnedCandidate) -> Verdict:
         seen.append(candidate)
         verdict = Verdict("reject", {"gate": "test"})
-        state.chain("s").reject(content_id_of(candidate.files), candidate.base_release_id, verdict=verdict,
-                                batch_id=candidate.batch_id, high_water=candidate.high_water)
+        state.chain("s").reject(
+            content_id_of(candidate.files),
+            candidate.base_release_id,
+            verdict=verdict,
+            batch_id=candidate.batch_id,
+            high_water=candidate.high_water,
+        )
         return verdict
 
     again = learner(state, rejecting_gate)
@@ -71,8 +77,9 @@ def test_a_failing_gate_closes_its_batch_and_a_restart_resumes_an_open_one(tmp_p
 
     report_failures(state, 6, 3)
     chain = state.chain("s")
-    chain.begin_batch("open1", ["rec6", "rec7", "rec8"], ["rep6", "rep7", "rep8"], high_water=9,
-                      expected_step=chain.last_step())  # as if the process died right after logging it
+    chain.begin_batch(
+        "open1", ["rec6", "rec7", "rec8"], ["rep6", "rep7", "rep8"], high_water=9, expected_step=chain.last_step()
+    )  # as if the process died right after logging it
     resumed = learner(state, rejecting_gate)
     asyncio.run(resumed.recover())
     assert seen[-1].batch_id == "open1" and state.chain("s").open_batch() is None

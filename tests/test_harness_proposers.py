@@ -13,9 +13,9 @@ from reef.core.chat import Message
 from reef.core.errors import InvalidInput, RuntimeFailure
 from reef.core.fence import Fence, neutralise
 from reef.core.types import Record, RecordStatus, ReleaseRef, Report, ReportedRecords
+from reef.grow.recipe import LearnerView
 from reef.recipes.proposers.distill import STILL_MISSED, DistillProposer, normalise, themes
 from reef.recipes.proposers.llm import LLMProposer, parse_mutations, prompt_messages
-from reef.grow.recipe import LearnerView
 from reef.recipes.skills import Batch, Observation, ProposalFailed, SkillsConfig, SkillsRecipe, feedback_text
 from reef.surfaces.harness import HarnessTree
 
@@ -23,14 +23,29 @@ SERVING = ReleaseRef("r", "c", "l")
 
 
 def obs(i: int, feedback: str, score: float = 0.0) -> Observation:
-    return Observation(f"rec{i}", f"rep{i}", i, score, feedback, f"[user] question {i}", f"answer {i}",
-                       ({"role": "user", "content": f"question {i}"},))
+    return Observation(
+        f"rec{i}",
+        f"rep{i}",
+        i,
+        score,
+        feedback,
+        f"[user] question {i}",
+        f"answer {i}",
+        ({"role": "user", "content": f"question {i}"},),
+    )
 
 
 def test_similar_feedback_forms_one_theme_and_unrelated_feedback_another() -> None:
     assert normalise("Answer with a SINGLE word, please!") == {"single", "word"}
-    groups = themes([obs(1, "Answer with a single word."), obs(2, "Use Celsius units"),
-                     obs(3, "a single word answer please"), obs(4, "")], similarity=0.5)
+    groups = themes(
+        [
+            obs(1, "Answer with a single word."),
+            obs(2, "Use Celsius units"),
+            obs(3, "a single word answer please"),
+            obs(4, ""),
+        ],
+        similarity=0.5,
+    )
     assert [[o.record_id for o in t.members] for t in groups] == [["rec1", "rec3"], ["rec2"]]
 
 
@@ -60,10 +75,12 @@ def test_mutations_are_checked_against_the_schema_and_the_tree() -> None:
     good = '```json\n{"mutations": [{"op": "update", "kind": "rule", "name": "keep", "body": "Shorter."}]}\n```'
     assert parse_mutations(good, tree)[0].body == "Shorter."
     assert parse_mutations('Sure: {"mutations": []} done', tree) == []
-    for bad, message in [("no json here", "no JSON object"),
-                         ('{"mutations": [{"op": "create", "kind": "rule"}], "extra": 1}', "schema"),
-                         ('{"mutations": [{"op": "create", "kind": "rule", "name": "keep", "body": "x"}]}', "exists"),
-                         ('{"mutations": [{"op": "explode", "kind": "rule", "name": "a", "body": "x"}]}', "op")]:
+    for bad, message in [
+        ("no json here", "no JSON object"),
+        ('{"mutations": [{"op": "create", "kind": "rule"}], "extra": 1}', "schema"),
+        ('{"mutations": [{"op": "create", "kind": "rule", "name": "keep", "body": "x"}]}', "exists"),
+        ('{"mutations": [{"op": "explode", "kind": "rule", "name": "a", "body": "x"}]}', "op"),
+    ]:
         with pytest.raises(InvalidInput, match=message):
             parse_mutations(bad, tree)
 
@@ -88,8 +105,13 @@ class ScriptedEndpoint:
 
 def test_the_llm_proposer_retries_with_the_error_then_gives_up_with_the_reasons() -> None:
     config = SkillsConfig(proposer="llm", batch_size=1)
-    endpoint = ScriptedEndpoint([RuntimeFailure("upstream down"), "not json",
-                                 '{"mutations": [{"op": "create", "kind": "rule", "name": "r", "body": "Be brief."}]}'])
+    endpoint = ScriptedEndpoint(
+        [
+            RuntimeFailure("upstream down"),
+            "not json",
+            '{"mutations": [{"op": "create", "kind": "rule", "name": "r", "body": "Be brief."}]}',
+        ]
+    )
     proposer = LLMProposer(config, endpoint)  # type: ignore[arg-type]
     proposal = asyncio.run(proposer.propose(HarnessTree(), Batch((obs(1, "too long"),)), SERVING))
     assert proposal.mutations[0].name == "r" and proposal.notes["tries"] == 3
@@ -112,16 +134,25 @@ def test_client_text_is_fenced_and_cannot_close_its_block() -> None:
 
 
 def record(i: int) -> Record:
-    return Record(f"rec{i}", "s", SERVING, {"messages": [{"role": "user", "content": f"q{i}"}]},
-                  RecordStatus.COMPLETE, response={"text": f"a{i}"})
+    return Record(
+        f"rec{i}",
+        "s",
+        SERVING,
+        {"messages": [{"role": "user", "content": f"q{i}"}]},
+        RecordStatus.COMPLETE,
+        response={"text": f"a{i}"},
+    )
 
 
 def test_the_recipe_sorts_records_and_never_takes_one_twice() -> None:
-    config = SkillsConfig.model_validate({"proposer": "llm", "batch_size": 2, "successes": 1,
-                                          "gate": {"holdout_fraction": 0.0}})
+    config = SkillsConfig.model_validate(
+        {"proposer": "llm", "batch_size": 2, "successes": 1, "gate": {"holdout_fraction": 0.0}}
+    )
     recipe = SkillsRecipe(config, proposer=LLMProposer(config, ScriptedEndpoint([])))  # type: ignore[arg-type]
-    items = [ReportedRecords(Report(f"rep{i}", "s", (f"rec{i}",), score, {"reason": f"why {i}"}, seq=i), (record(i),))
-             for i, score in [(1, 0.0), (2, 1.0), (3, 0.2), (4, 0.1)]]
+    items = [
+        ReportedRecords(Report(f"rep{i}", "s", (f"rec{i}",), score, {"reason": f"why {i}"}, seq=i), (record(i),))
+        for i, score in [(1, 0.0), (2, 1.0), (3, 0.2), (4, 0.1)]
+    ]
 
     async def no_files() -> dict[str, bytes]:
         return {}

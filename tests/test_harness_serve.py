@@ -38,7 +38,8 @@ def write_seed(root: Path) -> Path:
     (root / "system.md").write_text(SYSTEM + "\n")
     (root / "rules" / "name-files.md").write_text(RULE + "\n")
     (root / "skills" / "empty-token" / "SKILL.md").write_text(
-        f"---\nname: empty-token\ndescription: Handling empty tokens\n---\n{SKILL_BODY}\n")
+        f"---\nname: empty-token\ndescription: Handling empty tokens\n---\n{SKILL_BODY}\n"
+    )
     return root
 
 
@@ -48,10 +49,18 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def settings(upstream: ScriptedUpstream, seed: Path, dialect: str = "openai") -> dict:
-    return {"tokens": [TOKEN], "learner": {"enabled": False}, "recipes": {"default": "skills"},
-            "upstream": {"url": upstream.base_url if dialect == "openai" else upstream.root_url,
-                         "model": "provider-model", "dialect": dialect, "timeout": 5},
-            "harness": {"seed_dir": str(seed), "scenarios": {"pulled": {"mode": "pull"}}}}
+    return {
+        "tokens": [TOKEN],
+        "learner": {"enabled": False},
+        "recipes": {"default": "skills"},
+        "upstream": {
+            "url": upstream.base_url if dialect == "openai" else upstream.root_url,
+            "model": "provider-model",
+            "dialect": dialect,
+            "timeout": 5,
+        },
+        "harness": {"seed_dir": str(seed), "scenarios": {"pulled": {"mode": "pull"}}},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +107,8 @@ def sent_system(upstream: ScriptedUpstream) -> str | None:
 
 
 def test_openai_client_requests_carry_the_seeded_harness_and_the_record_says_what_was_added(
-        oai: openai.OpenAI, upstream: ScriptedUpstream, client: ReefClient, seed: Path) -> None:
+    oai: openai.OpenAI, upstream: ScriptedUpstream, client: ReefClient, seed: Path
+) -> None:
     headers = {"x-reef-scenario": "inject-oai"}
     raw = oai.chat.completions.with_raw_response.create(model="m", messages=USER, extra_headers=headers)
     expected = render_system(seed_tree(seed), "fix the parser")
@@ -116,11 +126,15 @@ def test_openai_client_requests_carry_the_seeded_harness_and_the_record_says_wha
 
 
 def test_a_mentioned_skill_brings_its_body_and_a_client_system_prompt_is_kept_after_the_harness(
-        ant: anthropic.Anthropic, upstream: ScriptedUpstream, client: ReefClient) -> None:
+    ant: anthropic.Anthropic, upstream: ScriptedUpstream, client: ReefClient
+) -> None:
     raw = ant.messages.with_raw_response.create(
-        model="claude-x", max_tokens=50, system="Client rules here.",
+        model="claude-x",
+        max_tokens=50,
+        system="Client rules here.",
         messages=[{"role": "user", "content": "use the empty-token skill"}],
-        extra_headers={"x-reef-scenario": "inject-ant"})
+        extra_headers={"x-reef-scenario": "inject-ant"},
+    )
     system = sent_system(upstream)
     assert system is not None and system.endswith("\n\nClient rules here.")
     assert system.startswith(SYSTEM) and f"## Skill: empty-token\n{SKILL_BODY}" in system
@@ -129,14 +143,16 @@ def test_a_mentioned_skill_brings_its_body_and_a_client_system_prompt_is_kept_af
 
 
 def test_streamed_requests_are_injected_too(oai: openai.OpenAI, upstream: ScriptedUpstream) -> None:
-    stream = oai.chat.completions.create(model="m", messages=USER, stream=True,
-                                         extra_headers={"x-reef-scenario": "inject-stream"})
+    stream = oai.chat.completions.create(
+        model="m", messages=USER, stream=True, extra_headers={"x-reef-scenario": "inject-stream"}
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert (sent_system(upstream) or "").startswith(SYSTEM)
 
 
 def test_an_anthropic_upstream_gets_the_harness_as_its_system_field(
-        upstream: ScriptedUpstream, seed: Path, tmp_path: Path) -> None:
+    upstream: ScriptedUpstream, seed: Path, tmp_path: Path
+) -> None:
     with ReefServer(tmp_path, settings(upstream, seed, dialect="anthropic")) as server:
         oai = openai.OpenAI(base_url=server.base_url, api_key=TOKEN, max_retries=0, timeout=20)
         oai.chat.completions.create(model="m", messages=[{"role": "system", "content": "Mine."}, *USER])
@@ -147,7 +163,8 @@ def test_an_anthropic_upstream_gets_the_harness_as_its_system_field(
 
 
 def test_retries_with_a_client_receipt_stay_idempotent_with_injection_on(
-        oai: openai.OpenAI, ant: anthropic.Anthropic, upstream: ScriptedUpstream) -> None:
+    oai: openai.OpenAI, ant: anthropic.Anthropic, upstream: ScriptedUpstream
+) -> None:
     upstream.script(text="first answer")
     headers = {"x-reef-scenario": "inject-retry", "x-reef-agent-record-id": "harness-retry-1"}
     first = oai.chat.completions.create(model="m", messages=USER, extra_headers=headers)
@@ -174,30 +191,39 @@ def test_retries_with_a_client_receipt_stay_idempotent_with_injection_on(
 
 
 def test_pull_mode_injects_nothing_and_the_client_fetches_the_tree(
-        oai: openai.OpenAI, upstream: ScriptedUpstream, client: ReefClient, reef: ReefServer, seed: Path) -> None:
-    raw = oai.chat.completions.with_raw_response.create(model="m", messages=USER,
-                                                        extra_headers={"x-reef-scenario": "pulled"})
+    oai: openai.OpenAI, upstream: ScriptedUpstream, client: ReefClient, reef: ReefServer, seed: Path
+) -> None:
+    raw = oai.chat.completions.with_raw_response.create(
+        model="m", messages=USER, extra_headers={"x-reef-scenario": "pulled"}
+    )
     assert upstream.requests[-1].body["messages"] == USER
     assert client.record(raw.headers["x-reef-agent-record-id"])["record"].get("harness") is None
     pulled = client.harness("pulled")
     tree = seed_tree(seed)
     assert pulled["mode"] == "pull" and pulled["release_id"] == raw.headers["x-reef-release-id"]
     assert pulled["content_id"] == tree.content_id
-    assert pulled["files"] == {"system.md": SYSTEM + "\n", "rules/name-files.md": RULE + "\n",
-                               "skills/empty-token/SKILL.md": tree.skills["empty-token"].to_markdown()}
+    assert pulled["files"] == {
+        "system.md": SYSTEM + "\n",
+        "rules/name-files.md": RULE + "\n",
+        "skills/empty-token/SKILL.md": tree.skills["empty-token"].to_markdown(),
+    }
     assert pulled["skills"] == [{"name": "empty-token", "description": "Handling empty tokens"}]
     assert pulled["system_prompt"] == render_system(tree, "")
-    by_header = httpx.get(f"{reef.url}/reef/harness", headers={"authorization": f"Bearer {TOKEN}",
-                                                               "x-reef-scenario": "pulled"}).json()
+    by_header = httpx.get(
+        f"{reef.url}/reef/harness", headers={"authorization": f"Bearer {TOKEN}", "x-reef-scenario": "pulled"}
+    ).json()
     assert by_header["release_id"] == pulled["release_id"]
     assert client.harness("pulled", release_id=pulled["release_id"])["files"] == pulled["files"]
 
 
 def test_harness_route_errors(client: ReefClient, oai: openai.OpenAI) -> None:
     oai.chat.completions.create(model="m", messages=USER, extra_headers={"x-reef-scenario": "pulled"})
-    for kwargs, status in (({"scenario": "no-such-scenario"}, 404), ({"scenario": "bad name!"}, 400),
-                           ({"scenario": "pulled", "release_id": "f" * 40}, 404),
-                           ({"scenario": "pulled", "release_id": "../x"}, 400)):
+    for kwargs, status in (
+        ({"scenario": "no-such-scenario"}, 404),
+        ({"scenario": "bad name!"}, 400),
+        ({"scenario": "pulled", "release_id": "f" * 40}, 404),
+        ({"scenario": "pulled", "release_id": "../x"}, 400),
+    ):
         with pytest.raises(ReefClientError) as info:
             client.harness(**kwargs)
         assert info.value.status == status, kwargs
@@ -213,23 +239,30 @@ def hold_for_review(reef: ReefServer, scenario: str, tree: HarnessTree) -> str:
     log = JsonlCommitLog(reef.state_dir / "commits" / f"{scenario_key(scenario)}.jsonl", scenario=scenario)
     try:
         chain = ReleaseChain(scenario, log, artifacts)
-        pending = chain.publish(Candidate(tree.to_files(), ArtifactKind.HARNESS), chain.head().release_id,
-                                verdict=Verdict("review", {"wins": 3, "losses": 0}))
+        pending = chain.publish(
+            Candidate(tree.to_files(), ArtifactKind.HARNESS),
+            chain.head().release_id,
+            verdict=Verdict("review", {"wins": 3, "losses": 0}),
+        )
     finally:
         log.close()
     return pending.release_id
 
 
 def test_diff_promote_and_rollback_of_a_harness_release(
-        oai: openai.OpenAI, upstream: ScriptedUpstream, client: ReefClient, reef: ReefServer, seed: Path) -> None:
+    oai: openai.OpenAI, upstream: ScriptedUpstream, client: ReefClient, reef: ReefServer, seed: Path
+) -> None:
     scenario = "review"
     headers = {"x-reef-scenario": scenario}
     creation = oai.chat.completions.with_raw_response.create(model="m", messages=USER, extra_headers=headers)
     creation_id = creation.headers["x-reef-release-id"]
     created = client.diff(scenario, creation_id)
     assert created["parent_release_id"] is None and "+" + RULE in created["diff"]
-    assert created["changed"] == ["harness/rules/name-files.md", "harness/skills/empty-token/SKILL.md",
-                                  "harness/system.md"]
+    assert created["changed"] == [
+        "harness/rules/name-files.md",
+        "harness/skills/empty-token/SKILL.md",
+        "harness/system.md",
+    ]
 
     new_rule = "Run the tests before answering."
     tree = seed_tree(seed).apply([Mutation("create", "rule", "run-tests", body=new_rule + "\n")])
@@ -274,12 +307,16 @@ def test_unknown_scenarios_are_404_on_every_route(client: ReefClient) -> None:
         assert info.value.status == 404
 
 
-def test_the_embedded_model_sees_the_harness_in_its_prompt_tokens(tiny_model_dir: Path, seed: Path,
-                                                                   tmp_path: Path) -> None:
+def test_the_embedded_model_sees_the_harness_in_its_prompt_tokens(
+    tiny_model_dir: Path, seed: Path, tmp_path: Path
+) -> None:
     from transformers import AutoTokenizer
 
-    settings = {"embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 4, "threads": 1},
-                "learner": {"enabled": False}, "harness": {"seed_dir": str(seed)}}
+    settings = {
+        "embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 4, "threads": 1},
+        "learner": {"enabled": False},
+        "harness": {"seed_dir": str(seed)},
+    }
     with ReefServer(tmp_path, settings) as server, ReefClient(server.url) as reef_client:
         oai = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=60)
         raw = oai.chat.completions.with_raw_response.create(model="m", messages=USER)
@@ -292,8 +329,10 @@ def test_the_embedded_model_sees_the_harness_in_its_prompt_tokens(tiny_model_dir
 def test_token_counts_include_the_injected_harness(ant: anthropic.Anthropic, oai: openai.OpenAI) -> None:
     for scenario in ("count-inject", "pulled"):
         oai.chat.completions.create(model="m", messages=USER, extra_headers={"x-reef-scenario": scenario})
-    counts = {s: ant.messages.count_tokens(model="c", messages=USER, extra_headers={"x-reef-scenario": s}).input_tokens
-              for s in ("count-inject", "pulled", "never-created")}
+    counts = {
+        s: ant.messages.count_tokens(model="c", messages=USER, extra_headers={"x-reef-scenario": s}).input_tokens
+        for s in ("count-inject", "pulled", "never-created")
+    }
     assert counts["count-inject"] > counts["pulled"] == counts["never-created"] > 0
 
 
@@ -302,8 +341,9 @@ def test_cli_harness_out_diff_and_promote(oai: openai.OpenAI, reef: ReefServer, 
 
     from reef.cli import main
 
-    raw = oai.chat.completions.with_raw_response.create(model="m", messages=USER,
-                                                        extra_headers={"x-reef-scenario": "cli"})
+    raw = oai.chat.completions.with_raw_response.create(
+        model="m", messages=USER, extra_headers={"x-reef-scenario": "cli"}
+    )
     release_id = raw.headers["x-reef-release-id"]
     out = tmp_path / "pulled"
     (out / "rules").mkdir(parents=True)
@@ -313,8 +353,13 @@ def test_cli_harness_out_diff_and_promote(oai: openai.OpenAI, reef: ReefServer, 
     auth = ["--url", reef.url, "--token", TOKEN]
     result = runner.invoke(main, ["harness", "cli", *auth, "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert HarnessTree.from_files({"harness/" + p.relative_to(out).as_posix(): p.read_bytes()
-                                   for p in out.rglob("*") if p.is_file() and p.name != "notes.txt"}) == seed_tree(seed)
+    assert HarnessTree.from_files(
+        {
+            "harness/" + p.relative_to(out).as_posix(): p.read_bytes()
+            for p in out.rglob("*")
+            if p.is_file() and p.name != "notes.txt"
+        }
+    ) == seed_tree(seed)
     assert not (out / "rules" / "stale.md").exists() and (out / "notes.txt").read_text() == "mine"
     shown = runner.invoke(main, ["harness", "cli", *auth])
     assert shown.exit_code == 0 and release_id in shown.output and RULE in shown.output

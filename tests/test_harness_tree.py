@@ -42,8 +42,9 @@ def test_files_tree_files_round_trip_keeps_every_harness_file_and_drops_the_rest
     tree = HarnessTree.from_files(sample_files())
     assert tree.system == "You are a careful coding agent.\n"
     assert tree.rules == {"be-brief": "Answer in one paragraph.\n", "tests-first": "Write the test before the fix.\n"}
-    assert tree.skills["empty-token"] == Skill("empty-token", "How to handle an empty token",
-                                               "Check for the empty string before parsing.\n")
+    assert tree.skills["empty-token"] == Skill(
+        "empty-token", "How to handle an empty token", "Check for the empty string before parsing.\n"
+    )
     assert tree.config == {"agent": "claude"}
     assert tree.extensions == {"hooks/pre.sh": b"#!/bin/sh\necho hi\n"}
     files = tree.to_files()
@@ -74,22 +75,25 @@ def test_content_id_is_stable_and_changes_with_content() -> None:
     assert HarnessTree().is_empty and not a.is_empty and HarnessTree().to_files() == {}
 
 
-@pytest.mark.parametrize("files, message", [
-    ({"harness/notes.txt": b"x"}, "not a harness file"),
-    ({"harness/rules/Bad Name.md": b"x"}, "rule name"),
-    ({"harness/rules/nested/x.md": b"x"}, "not a harness file"),
-    ({"harness/skills/a/other.md": b"x"}, "not a harness file"),
-    ({"harness/skills/a/SKILL.md": b"no front matter"}, "must start with"),
-    ({"harness/skills/a/SKILL.md": b"---\nname: a\ndescription: d\n"}, "no closing"),
-    ({"harness/skills/a/SKILL.md": b"---\nname: b\ndescription: d\n---\nbody"}, "folder"),
-    ({"harness/skills/a/SKILL.md": b"---\nname: a\n---\nbody"}, "name and description"),
-    ({"harness/skills/a/SKILL.md": b"---\nname: a\ndescription: '   '\n---\nbody"}, "non-empty description"),
-    ({"harness/skills/a/SKILL.md": b"---\nname: [a\n---\n"}, "not valid YAML"),
-    ({"harness/config.json": b"[1]"}, "JSON object"),
-    ({"harness/config.json": b"{"}, "not valid JSON"),
-    ({"harness/system.md": b"\xff\xfe"}, "UTF-8"),
-    ({"harness/rules/r.md": "x".encode() * 70_000}, "limit"),
-])
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"harness/notes.txt": b"x"}, "not a harness file"),
+        ({"harness/rules/Bad Name.md": b"x"}, "rule name"),
+        ({"harness/rules/nested/x.md": b"x"}, "not a harness file"),
+        ({"harness/skills/a/other.md": b"x"}, "not a harness file"),
+        ({"harness/skills/a/SKILL.md": b"no front matter"}, "must start with"),
+        ({"harness/skills/a/SKILL.md": b"---\nname: a\ndescription: d\n"}, "no closing"),
+        ({"harness/skills/a/SKILL.md": b"---\nname: b\ndescription: d\n---\nbody"}, "folder"),
+        ({"harness/skills/a/SKILL.md": b"---\nname: a\n---\nbody"}, "name and description"),
+        ({"harness/skills/a/SKILL.md": b"---\nname: a\ndescription: '   '\n---\nbody"}, "non-empty description"),
+        ({"harness/skills/a/SKILL.md": b"---\nname: [a\n---\n"}, "not valid YAML"),
+        ({"harness/config.json": b"[1]"}, "JSON object"),
+        ({"harness/config.json": b"{"}, "not valid JSON"),
+        ({"harness/system.md": b"\xff\xfe"}, "UTF-8"),
+        ({"harness/rules/r.md": "x".encode() * 70_000}, "limit"),
+    ],
+)
 def test_invalid_content_is_refused_with_the_path(files: dict[str, bytes], message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
         HarnessTree.from_files(files)
@@ -111,13 +115,15 @@ def test_folded_descriptions_become_one_line() -> None:
 
 def test_mutations_apply_in_order_and_refuse_what_does_not_fit() -> None:
     tree = HarnessTree.from_files(sample_files())
-    new = tree.apply([
-        Mutation("create", "rule", "check-empty", body="Handle the empty input."),
-        Mutation("remove", "rule", "be-brief"),
-        Mutation("update", "skill", "empty-token", body="New body."),
-        Mutation("create", "skill", "retry", body="Retry twice.", description="When a call fails"),
-        Mutation("update", "system", "", body="You are terse."),
-    ])
+    new = tree.apply(
+        [
+            Mutation("create", "rule", "check-empty", body="Handle the empty input."),
+            Mutation("remove", "rule", "be-brief"),
+            Mutation("update", "skill", "empty-token", body="New body."),
+            Mutation("create", "skill", "retry", body="Retry twice.", description="When a call fails"),
+            Mutation("update", "system", "", body="You are terse."),
+        ]
+    )
     assert sorted(new.rules) == ["check-empty", "tests-first"]
     assert new.skills["empty-token"] == Skill("empty-token", "How to handle an empty token", "New body.")
     assert new.skills["retry"].description == "When a call fails"
@@ -134,34 +140,41 @@ def test_mutations_apply_in_order_and_refuse_what_does_not_fit() -> None:
     assert HarnessTree().apply([Mutation("create", "system", "", body="Hi")]).system == "Hi"
 
 
-@pytest.mark.parametrize("obj, message", [
-    ([], "JSON object"),
-    ({"op": "create", "kind": "rule"}, "needs a name"),
-    ({"kind": "rule", "name": "a"}, "needs op and kind"),
-    ({"op": "rename", "kind": "rule", "name": "a", "body": "x"}, "op must be"),
-    ({"op": "create", "kind": "tool", "name": "a", "body": "x"}, "kind must be"),
-    ({"op": "create", "kind": "rule", "name": "A!", "body": "x"}, "rule name"),
-    ({"op": "create", "kind": "rule", "name": "a", "body": " "}, "non-empty body"),
-    ({"op": "create", "kind": "rule", "name": "a", "body": 3}, "must be text"),
-    ({"op": "create", "kind": "skill", "name": "a", "body": "x"}, "needs a description"),
-    ({"op": "create", "kind": "rule", "name": "a", "body": "x", "description": "d"}, "only skills"),
-    ({"op": "create", "kind": "rule", "name": "a", "body": "x", "why": "y"}, "unknown mutation field"),
-])
+@pytest.mark.parametrize(
+    "obj, message",
+    [
+        ([], "JSON object"),
+        ({"op": "create", "kind": "rule"}, "needs a name"),
+        ({"kind": "rule", "name": "a"}, "needs op and kind"),
+        ({"op": "rename", "kind": "rule", "name": "a", "body": "x"}, "op must be"),
+        ({"op": "create", "kind": "tool", "name": "a", "body": "x"}, "kind must be"),
+        ({"op": "create", "kind": "rule", "name": "A!", "body": "x"}, "rule name"),
+        ({"op": "create", "kind": "rule", "name": "a", "body": " "}, "non-empty body"),
+        ({"op": "create", "kind": "rule", "name": "a", "body": 3}, "must be text"),
+        ({"op": "create", "kind": "skill", "name": "a", "body": "x"}, "needs a description"),
+        ({"op": "create", "kind": "rule", "name": "a", "body": "x", "description": "d"}, "only skills"),
+        ({"op": "create", "kind": "rule", "name": "a", "body": "x", "why": "y"}, "unknown mutation field"),
+    ],
+)
 def test_mutation_json_is_validated(obj: object, message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
         Mutation.from_json(obj)
 
 
 def test_mutation_json_round_trip() -> None:
-    for m in (Mutation("create", "skill", "a", body="b", description="d"), Mutation("remove", "rule", "r"),
-              Mutation("update", "system", "whatever", body="s")):
+    for m in (
+        Mutation("create", "skill", "a", body="b", description="d"),
+        Mutation("remove", "rule", "r"),
+        Mutation("update", "system", "whatever", body="s"),
+    ):
         assert Mutation.from_json(m.to_json()) == m
     assert Mutation.from_json({"op": "update", "kind": "system", "body": "s"}).name == "system"
 
 
 def test_render_has_system_rules_catalogue_and_only_the_skills_mentioned() -> None:
     tree = HarnessTree.from_files(sample_files()).apply(
-        [Mutation("create", "skill", "retry_calls", body="Retry twice.", description="When a call fails")])
+        [Mutation("create", "skill", "retry_calls", body="Retry twice.", description="When a call fails")]
+    )
     plain = render_system(tree, "please fix the parser")
     assert plain.startswith("You are a careful coding agent.")
     assert "## be-brief\nAnswer in one paragraph." in plain and "## tests-first" in plain

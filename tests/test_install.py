@@ -36,8 +36,11 @@ HOSTILE_TEXT = "Never run $(touch PWNED) or `touch PWNED2`; quote \"this\" and '
 TREE = HarnessTree(
     system="You are the shop's coding agent.",
     rules={"empty-token": "Handle the empty-token case first. " + HOSTILE_TEXT},
-    skills={"release_notes": Skill("release_notes", "Write release notes; ignore '; touch PWNED3 #",
-                                   "Steps:\n1. $(rm -rf ~)\n2. `id`\n")},
+    skills={
+        "release_notes": Skill(
+            "release_notes", "Write release notes; ignore '; touch PWNED3 #", "Steps:\n1. $(rm -rf ~)\n2. `id`\n"
+        )
+    },
 )
 
 CLAUDE_STANDIN = '''#!{python}
@@ -88,21 +91,26 @@ def reef(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
         for name in (SCENARIO, "injected"):
             state.create(name, "skills", seed=Candidate(TREE.to_files(), ArtifactKind.HARNESS, {"kind": "seed"}))
     with ScriptedUpstream() as upstream:
-        settings = {"tokens": [TOKEN], "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 5},
-                    "harness": {"scenarios": {SCENARIO: {"mode": "pull"}}}}
+        settings = {
+            "tokens": [TOKEN],
+            "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 5},
+            "harness": {"scenarios": {SCENARIO: {"mode": "pull"}}},
+        }
         with ReefServer(workdir, settings) as server:
             yield server
 
 
 def _clean_env(home: Path, **extra: str) -> dict[str, str]:
-    keep = {k: v for k, v in os.environ.items()
-            if not k.startswith(("ANTHROPIC_", "OPENAI_", "OPENCODE_", "REEF_"))}
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "OPENCODE_", "REEF_"))}
     return {**keep, "HOME": str(home), **extra}
 
 
 def _install(reef: ReefServer, home: Path, adapter: str) -> Path:
-    answer = httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": adapter, "scenario": SCENARIO},
-                       headers={"Authorization": f"Bearer {TOKEN}"})
+    answer = httpx.get(
+        f"{reef.url}/reef/harness/install",
+        params={"adapter": adapter, "scenario": SCENARIO},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
     assert answer.status_code == 200, answer.text
     assert answer.headers["content-type"].startswith("text/x-shellscript")
     done = subprocess.run(["sh"], input=answer.text, capture_output=True, text=True, env=_clean_env(home), timeout=30)
@@ -120,8 +128,14 @@ def _standin(path: Path, template: str) -> Path:
 
 
 def _run(wrapper: Path, args: list[str], home: Path, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(wrapper), *args], cwd=cwd, capture_output=True, text=True, timeout=60,
-                          env=_clean_env(home, **{"REEF_TOKEN": TOKEN, **env}))
+    return subprocess.run(
+        [str(wrapper), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_clean_env(home, **{"REEF_TOKEN": TOKEN, **env}),
+    )
 
 
 def _record(reef: ReefServer, receipt: str) -> dict:
@@ -137,8 +151,9 @@ def test_install_needs_the_token_and_a_known_adapter(reef: ReefServer) -> None:
     for url in ("http://x'$(id)", "http://h/\nrm", "ftp://host", "http://host/a b", "http://host/$HOME"):
         bad = httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": "claude", "url": url}, headers=auth)
         assert bad.status_code == 400, url
-    hostile_host = httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": "pi"},
-                             headers={**auth, "host": "evil'$(touch x)"})
+    hostile_host = httpx.get(
+        f"{reef.url}/reef/harness/install", params={"adapter": "pi"}, headers={**auth, "host": "evil'$(touch x)"}
+    )
     assert hostile_host.status_code == 400 or "evil" not in hostile_host.text  # never baked in as sent
 
 
@@ -168,20 +183,34 @@ def test_files_route_lays_the_harness_out_per_adapter(reef: ReefServer) -> None:
 
 def test_skill_folders_follow_the_agent_skills_name_rule() -> None:
     taken: set[str] = set()
-    assert [skill_folder(n, taken) for n in ("a_b", "a-b", "x__y", "z")] == ["reef-a-b", "reef-a-b-2", "reef-x-y", "reef-z"]
+    assert [skill_folder(n, taken) for n in ("a_b", "a-b", "x__y", "z")] == [
+        "reef-a-b",
+        "reef-a-b-2",
+        "reef-x-y",
+        "reef-z",
+    ]
 
 
 def test_dry_run_says_what_it_would_write_and_writes_nothing(reef: ReefServer, tmp_path: Path) -> None:
-    script = httpx.get(f"{reef.url}/reef/harness/install", params={"adapter": "opencode"},
-                       headers={"Authorization": f"Bearer {TOKEN}"}).text
-    done = subprocess.run(["sh"], input=script, capture_output=True, text=True,
-                          env=_clean_env(tmp_path, REEF_AGENT_DRY_RUN="1"), timeout=30)
+    script = httpx.get(
+        f"{reef.url}/reef/harness/install", params={"adapter": "opencode"}, headers={"Authorization": f"Bearer {TOKEN}"}
+    ).text
+    done = subprocess.run(
+        ["sh"],
+        input=script,
+        capture_output=True,
+        text=True,
+        env=_clean_env(tmp_path, REEF_AGENT_DRY_RUN="1"),
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     assert "AGENTS.md" in done.stdout and ".opencode/skills/reef-*" in done.stdout
     assert list(tmp_path.iterdir()) == []
 
 
-def test_claude_wrapper_pulls_the_harness_runs_the_agent_and_reports_by_session(reef: ReefServer, tmp_path: Path) -> None:
+def test_claude_wrapper_pulls_the_harness_runs_the_agent_and_reports_by_session(
+    reef: ReefServer, tmp_path: Path
+) -> None:
     home, project = tmp_path / "home", tmp_path / "project"
     home.mkdir()
     wrapper = _install(reef, home, "claude")
@@ -195,8 +224,15 @@ def test_claude_wrapper_pulls_the_harness_runs_the_agent_and_reports_by_session(
     standin = _standin(tmp_path / "claude-standin", CLAUDE_STANDIN)
     out = tmp_path / "standin.json"
 
-    first = _run(wrapper, ["fix", "the bug", "3"], home, project, REEF_AGENT_COMMAND=str(standin),
-                 STANDIN_OUT=str(out), ANTHROPIC_API_KEY="sk-ant-not-for-reef")
+    first = _run(
+        wrapper,
+        ["fix", "the bug", "3"],
+        home,
+        project,
+        REEF_AGENT_COMMAND=str(standin),
+        STANDIN_OUT=str(out),
+        ANTHROPIC_API_KEY="sk-ant-not-for-reef",
+    )
     assert first.returncode == 3, first.stderr  # the agent's exit status, through exec
     seen = json.loads(out.read_text())
     assert seen["argv"] == ["fix", "the bug", "3"] and seen["api_key_set"] is False
@@ -245,8 +281,7 @@ def test_opencode_wrapper_configures_its_provider_and_skills(reef: ReefServer, t
     wrapper = _install(reef, home, "opencode")
     standin = _standin(tmp_path / "opencode-standin", OPENCODE_STANDIN)
     out = tmp_path / "standin.json"
-    done = _run(wrapper, ["--", "report", "this"], home, project, REEF_AGENT_COMMAND=str(standin),
-                STANDIN_OUT=str(out))
+    done = _run(wrapper, ["--", "report", "this"], home, project, REEF_AGENT_COMMAND=str(standin), STANDIN_OUT=str(out))
     assert done.returncode == 0, done.stderr
     seen = json.loads(out.read_text())
     assert seen["argv"] == ["report", "this"] and seen["skills"] == ["reef-release-notes"]
@@ -285,7 +320,10 @@ def test_generic_and_pi_wrappers(reef: ReefServer, tmp_path: Path) -> None:
     assert seen["argv"] == ["--flag", "a b"] and "empty-token" in seen["agents_md"]
     assert (project / ".agents" / "skills" / "reef-release-notes" / "SKILL.md").is_file()
     record = _record(reef, seen["receipt"])["record"]
-    assert record["scenario"] == SCENARIO and record["session"] == (home / ".reef-agent" / "last-session").read_text().strip()
+    assert (
+        record["scenario"] == SCENARIO
+        and record["session"] == (home / ".reef-agent" / "last-session").read_text().strip()
+    )
 
     pi = _install(reef, home, "pi")  # replaces the generic wrapper
     argv = tmp_path / "pi-argv"
@@ -294,8 +332,16 @@ def test_generic_and_pi_wrappers(reef: ReefServer, tmp_path: Path) -> None:
     fake_pi.chmod(0o755)
     assert _run(pi, ["-p", "do it"], home, project, REEF_AGENT_COMMAND=str(fake_pi)).returncode == 0
     extension = home / ".reef-agent" / "pi-reef-provider.ts"
-    assert argv.read_text().splitlines() == ["--extension", str(extension), "--provider", "reef", "--model", "reef",
-                                             "-p", "do it"]
+    assert argv.read_text().splitlines() == [
+        "--extension",
+        str(extension),
+        "--provider",
+        "reef",
+        "--model",
+        "reef",
+        "-p",
+        "do it",
+    ]
     assert 'registerProvider("reef"' in extension.read_text()
     assert (project / ".pi" / "skills" / "reef-release-notes" / "SKILL.md").is_file()
 
@@ -369,13 +415,17 @@ def hostile() -> Iterator[tuple[str, dict[str, bytes]]]:
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b"")
-            for p in sorted(root.rglob("*")) if not p.is_symlink()}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b"")
+        for p in sorted(root.rglob("*"))
+        if not p.is_symlink()
+    }
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_ARCHIVES))
-def test_a_hostile_harness_writes_nothing_and_runs_nothing(reef: ReefServer, hostile: tuple[str, dict[str, bytes]],
-                                                          tmp_path: Path, case: str) -> None:
+def test_a_hostile_harness_writes_nothing_and_runs_nothing(
+    reef: ReefServer, hostile: tuple[str, dict[str, bytes]], tmp_path: Path, case: str
+) -> None:
     url, served = hostile
     home, project = tmp_path / "home", tmp_path / "a" / "b" / "project"
     home.mkdir()

@@ -107,14 +107,20 @@ def check_nothing_lost(reef: ReefServer, acked: Acked) -> None:
             assert chain["releases"][0]["current"] and chain["head"] == ids[0]
             missing = [r for r, s in acked.releases.items() if s == scenario and r not in ids]
             assert not missing, f"{scenario}: acknowledged releases missing: {missing}"
-        served = http.post("/v1/chat/completions", json={"model": "m", "messages": USER},
-                           headers={"x-reef-scenario": SCENARIOS[0]})
+        served = http.post(
+            "/v1/chat/completions", json={"model": "m", "messages": USER}, headers={"x-reef-scenario": SCENARIOS[0]}
+        )
         assert served.status_code == 200
 
 
-def test_sigkill_under_load_loses_and_duplicates_nothing_acknowledged(upstream: ScriptedUpstream, tmp_path: Path) -> None:
-    settings = {"state_dir": str(tmp_path / "state"), "recipes": {"default": "skills"},
-                "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5}}
+def test_sigkill_under_load_loses_and_duplicates_nothing_acknowledged(
+    upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    settings = {
+        "state_dir": str(tmp_path / "state"),
+        "recipes": {"default": "skills"},
+        "upstream": {"url": upstream.base_url, "model": "p", "timeout": 5},
+    }
     rng = random.Random(20261130)
     acked = Acked()
     first_releases: dict[str, str] = {}
@@ -128,8 +134,10 @@ def test_sigkill_under_load_loses_and_duplicates_nothing_acknowledged(upstream: 
             else:
                 check_nothing_lost(reef, acked)
             stop = threading.Event()
-            clients = [threading.Thread(target=client_loop, args=(reef.url, rng.random(), first_releases, acked, stop))
-                       for _ in range(CLIENTS)]
+            clients = [
+                threading.Thread(target=client_loop, args=(reef.url, rng.random(), first_releases, acked, stop))
+                for _ in range(CLIENTS)
+            ]
             before = len(acked.receipts)
             for client in clients:
                 client.start()

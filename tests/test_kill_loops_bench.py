@@ -53,13 +53,9 @@ def test_two_kills_of_one_process_lose_nothing_and_inspect_clean(
     assert loop["sigkills_total"] == 2 and loop["serve_again"]["serve"]["count"] == 2
     final = loop["final"]
     for kind in ("receipts", "reports"):
-        assert (
-            final[kind]["acked"] > 0 and final[kind]["present"] == final[kind]["acked"]
-        )
+        assert final[kind]["acked"] > 0 and final[kind]["present"] == final[kind]["acked"]
         assert final[kind]["lost"] == final[kind]["duplicated"] == 0
-    assert (
-        loop["checks"] == 3 and loop["checks_failed"] == 0
-    )  # after each restart, and at the end
+    assert loop["checks"] == 3 and loop["checks_failed"] == 0  # after each restart, and at the end
     assert loop["inspections"] >= 3 and loop["inspections_clean"] == loop["inspections"]
     assert loop["fsck"] == {"artifacts.git": "clean"}
 
@@ -69,9 +65,7 @@ def test_the_check_counts_what_is_not_there_as_lost(tmp_path: Path) -> None:
         ScriptedUpstream(record=False) as upstream,
         ReefServer(tmp_path, kill_loops.base_settings(upstream)) as reef,
     ):
-        first = httpx.post(
-            f"{reef.url}/reef/scenarios", json={"name": "s"}, timeout=30
-        ).json()["head"]["release_id"]
+        first = httpx.post(f"{reef.url}/reef/scenarios", json={"name": "s"}, timeout=30).json()["head"]["release_id"]
         answer = httpx.post(
             f"{reef.base_url}/chat/completions",
             headers={"x-reef-scenario": "s"},
@@ -113,9 +107,7 @@ def test_a_lock_file_still_there_is_told_from_one_cleared_or_made_again(
 ) -> None:
     repository = tmp_path / "artifacts.git" / "refs" / "reef" / "scenarios"
     repository.mkdir(parents=True)
-    stale, cleared, remade = (
-        repository / f"{name}.lock" for name in ("stale", "cleared", "remade")
-    )
+    stale, cleared, remade = (repository / f"{name}.lock" for name in ("stale", "cleared", "remade"))
     for lock in (stale, cleared, remade):
         lock.write_text("x")
     (tmp_path / "outside.lock").write_text("x")  # not in a git repository: not git's
@@ -135,9 +127,7 @@ def test_a_workers_child_between_fork_and_exec_is_not_taken_for_a_worker(
 ) -> None:
     workers = ReefWorkers(tmp_path, {})
     forks = "import os, time\nif os.fork() == 0:\n    time.sleep(30)\nelse:\n    time.sleep(30)\n"
-    worker = subprocess.Popen(
-        [sys.executable, "-c", forks, "--worker-of", "0", "-c", str(workers.config)]
-    )
+    worker = subprocess.Popen([sys.executable, "-c", forks, "--worker-of", "0", "-c", str(workers.config)])
     try:
         deadline = time.monotonic() + 10
         while len(descendants(worker.pid)) < 1 and time.monotonic() < deadline:

@@ -36,8 +36,13 @@ def imports(path: Path) -> set[str]:
     """The reef packages a module imports, at its top or inside a function."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        names = [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else \
-            [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        names = (
+            [node.module]
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+            else [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else []
+        )
         found.update(name.split(".")[1] for name in names if name.startswith("reef."))
     return found
 
@@ -55,9 +60,11 @@ def test_each_package_imports_only_lower_layers() -> None:
 
 
 def test_every_package_has_a_layer() -> None:
-    packages = {p.stem for p in ROOT.glob("*.py") if p.name != "__init__.py"} | \
-        {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    packages = {p.stem for p in ROOT.glob("*.py") if p.name != "__init__.py"} | {
+        p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()
+    }
     assert packages == set().union(*LAYERS)
+
 
 UPSTREAM_SERVER = """
 import asyncio, json, sys
@@ -83,8 +90,9 @@ print(json.dumps({"heavy": heavy, "idle": status["idle"]}))
 
 
 def test_serving_upstream_never_imports_torch(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", UPSTREAM_SERVER, str(tmp_path / "state")], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", UPSTREAM_SERVER, str(tmp_path / "state")], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["heavy"] == []

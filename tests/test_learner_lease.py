@@ -61,8 +61,20 @@ class Cluster:
         pg._remove_stale_clusters()
         self.root = pg._make_root()
         self.data = self.root / "data"
-        pg._run([str(pg.PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                 "--locale=C", "--no-sync"])
+        pg._run(
+            [
+                str(pg.PG_BIN / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]
+        )
         self.server, self.dsn = pg._start(self.root, self.data)
         self.port = int(dict(p.split("=", 1) for p in self.dsn.split())["port"])
 
@@ -107,11 +119,18 @@ def upstream() -> Iterator[ScriptedUpstream]:
 
 def settings(root: Path, name: str, store: str, remote: Path, upstream: ScriptedUpstream, tasks: Path) -> dict:
     gate = {"tasks": str(tasks), "scorer": "tests.test_learner_lease:exact_answer", "margin": 1}
-    return {"state_dir": str(root / name / "state"), "store": store, "artifacts": {"remote": str(remote)},
-            "recipes": {"default": "skills"}, "log_level": "info",
-            "upstream": {"url": upstream.base_url, "model": "p", "timeout": 10},
-            "learner": {"poll_interval": 0.05, "skills": {"proposer": "distill", "min_recurrence": 3, "batch_size": 8,
-                                                           "successes": 0, "gate": gate}}}
+    return {
+        "state_dir": str(root / name / "state"),
+        "store": store,
+        "artifacts": {"remote": str(remote)},
+        "recipes": {"default": "skills"},
+        "log_level": "info",
+        "upstream": {"url": upstream.base_url, "model": "p", "timeout": 10},
+        "learner": {
+            "poll_interval": 0.05,
+            "skills": {"proposer": "distill", "min_recurrence": 3, "batch_size": 8, "successes": 0, "gate": gate},
+        },
+    }
 
 
 def start_all(servers: list[ReefServer]) -> None:
@@ -195,8 +214,9 @@ class Load:
 
     def exchange(self, server: ReefServer, rng: random.Random) -> None:
         body = {"model": "m", "messages": [{"role": "user", "content": "What is 2+2?"}], "stream": rng.random() < 0.3}
-        response = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=10,
-                              headers={"x-reef-scenario": SCENARIO})
+        response = httpx.post(
+            f"{server.base_url}/chat/completions", json=body, timeout=10, headers={"x-reef-scenario": SCENARIO}
+        )
         if response.status_code == 503:
             with self.lock:
                 self.unavailable.append(response)
@@ -209,8 +229,11 @@ class Load:
         with self.lock:
             self.receipts[receipt] = server.url
             self.attempted_reports += 1
-        report = httpx.post(f"{server.url}/reef/report", timeout=10,
-                            json={"references": [receipt], "score": 0.0, "feedback": rng.choice(FEEDBACK)})
+        report = httpx.post(
+            f"{server.url}/reef/report",
+            timeout=10,
+            json={"references": [receipt], "score": 0.0, "feedback": rng.choice(FEEDBACK)},
+        )
         if report.status_code == 200:
             with self.lock:
                 self.reports[report.json()["report_id"]] = receipt
@@ -222,7 +245,9 @@ def commit_steps(dsn: str, database: str) -> list[dict]:
     import psycopg
 
     with psycopg.connect(dsn.replace("dbname=postgres", f"dbname={database}"), autocommit=True) as conn:
-        rows = conn.execute("SELECT body FROM reef.commit_log WHERE scenario = %s ORDER BY step", (SCENARIO,)).fetchall()
+        rows = conn.execute(
+            "SELECT body FROM reef.commit_log WHERE scenario = %s ORDER BY step", (SCENARIO,)
+        ).fetchall()
     return [json.loads(body) for (body,) in rows]
 
 
@@ -249,14 +274,18 @@ def check_accounting(server: ReefServer, load: Load, steps: list[dict]) -> None:
     assert len(batch_ids) == len(set(batch_ids)), f"a batch id is logged twice: {batch_ids}"
     records = [rid for b in batches for rid in b["record_ids"]]
     assert len(records) == len(set(records)), "a record is in two batches"
-    closings = [s["metrics"]["batch_id"] for s in steps
-                if s["operation"] in ("training", "rejection", "abandon") and s["metrics"].get("batch_id")]
+    closings = [
+        s["metrics"]["batch_id"]
+        for s in steps
+        if s["operation"] in ("training", "rejection", "abandon") and s["metrics"].get("batch_id")
+    ]
     assert len(closings) == len(set(closings)), f"a batch is closed twice: {closings}"
     assert set(closings) <= set(batch_ids)
 
 
 def test_one_learner_per_scenario_survives_a_killed_holder_and_a_database_restart(
-        cluster: Cluster, upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    cluster: Cluster, upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
     import psycopg
 
     database = f"reef_lease_{uuid4().hex[:10]}"
@@ -266,8 +295,9 @@ def test_one_learner_per_scenario_survives_a_killed_holder_and_a_database_restar
     remote = tmp_path / "remote.git"
     subprocess.run(["git", "init", "--bare", "--quiet", str(remote)], check=True)
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"prompt": f"{GATE_PROMPT} What is {i}+{4 - i}?", "expected": "4"}) + "\n"
-                             for i in range(2)))
+    tasks.write_text(
+        "".join(json.dumps({"prompt": f"{GATE_PROMPT} What is {i}+{4 - i}?", "expected": "4"}) + "\n" for i in range(2))
+    )
     config = {name: settings(tmp_path, name, store, remote, upstream, tasks) for name in ("fe0", "fe1")}
     servers = [ReefServer(tmp_path / name, config[name]) for name in ("fe0", "fe1")]
     every = list(servers)
@@ -282,6 +312,7 @@ def test_one_learner_per_scenario_survives_a_killed_holder_and_a_database_restar
 
         # -- SIGKILL the holder while a batch is open, under load --------------------------------
         with Load(servers) as load:
+
             def open_batch() -> str | None:
                 learner = httpx.get(f"{holder.url}/reef/scenarios/{SCENARIO}", timeout=5).json()["learner"]
                 return learner["open_batches"][0]["batch_id"] if learner.get("open_batches") else None
@@ -295,9 +326,12 @@ def test_one_learner_per_scenario_survives_a_killed_holder_and_a_database_restar
             print(f"lease taken over {took:.2f} s after the SIGKILL")
 
             def closed() -> list[dict]:
-                return [s for s in commit_steps(cluster.dsn, database)
-                        if s["operation"] in ("training", "rejection", "abandon")
-                        and s["metrics"].get("batch_id") == batch_id]
+                return [
+                    s
+                    for s in commit_steps(cluster.dsn, database)
+                    if s["operation"] in ("training", "rejection", "abandon")
+                    and s["metrics"].get("batch_id") == batch_id
+                ]
 
             closing = wait_for(f"batch {batch_id} to be closed", closed, 20)
             time.sleep(1.0)  # more load on the survivor alone
@@ -344,24 +378,33 @@ def test_one_learner_per_scenario_survives_a_killed_holder_and_a_database_restar
 
 
 def _ask(server: ReefServer) -> httpx.Response:
-    return httpx.post(f"{server.base_url}/chat/completions", headers={"x-reef-scenario": SCENARIO}, timeout=10,
-                      json={"model": "m", "messages": [{"role": "user", "content": "hello"}]})
+    return httpx.post(
+        f"{server.base_url}/chat/completions",
+        headers={"x-reef-scenario": SCENARIO},
+        timeout=10,
+        json={"model": "m", "messages": [{"role": "user", "content": "hello"}]},
+    )
 
 
 def _unavailable(server: ReefServer, dialect: str) -> httpx.Response | None:
     if dialect == "openai":
         response = _ask(server)
     else:
-        response = httpx.post(f"{server.base_url}/messages", headers={"x-reef-scenario": SCENARIO}, timeout=10,
-                              json={"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]})
+        response = httpx.post(
+            f"{server.base_url}/messages",
+            headers={"x-reef-scenario": SCENARIO},
+            timeout=10,
+            json={"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+        )
     return response if response.status_code == 503 else None
 
 
 # -- reef serve --workers N --------------------------------------------------------------------
 
 
-def test_workers_share_one_port_one_learner_and_follow_a_rollback(cluster: Cluster, upstream: ScriptedUpstream,
-                                                                    tmp_path: Path) -> None:
+def test_workers_share_one_port_one_learner_and_follow_a_rollback(
+    cluster: Cluster, upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
     import os
     import sys
 
@@ -376,15 +419,26 @@ def test_workers_share_one_port_one_learner_and_follow_a_rollback(cluster: Clust
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"prompt": f"{GATE_PROMPT} What is 2+2?", "expected": "4"}) + "\n")
     port = free_port()
-    config = settings(tmp_path, "w", f"postgresql://postgres@127.0.0.1:{cluster.port}/{database}", tmp_path / "unused",
-                      upstream, tasks)
+    config = settings(
+        tmp_path,
+        "w",
+        f"postgresql://postgres@127.0.0.1:{cluster.port}/{database}",
+        tmp_path / "unused",
+        upstream,
+        tasks,
+    )
     del config["artifacts"]  # the supervisor makes <state_dir>/artifacts-remote.git
     config.update(port=port, log_level="warning")
     (tmp_path / "w.yaml").write_text(yaml.safe_dump(config))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with (tmp_path / "workers.log").open("ab") as log:
-        supervisor = subprocess.Popen([sys.executable, "-m", "reef", "serve", "-c", str(tmp_path / "w.yaml"),
-                                       "--workers", "2"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "reef", "serve", "-c", str(tmp_path / "w.yaml"), "--workers", "2"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=tmp_path,
+        )
     url = f"http://127.0.0.1:{port}"
     clients: list[httpx.Client] = []
     try:
@@ -393,7 +447,9 @@ def test_workers_share_one_port_one_learner_and_follow_a_rollback(cluster: Clust
         by_front_end: dict[str, httpx.Client] = {}  # one keep-alive connection stays with one worker
         deadline = time.monotonic() + 30
         while len(by_front_end) < 2 or any(lease is None for lease in _leases(by_front_end)):
-            assert time.monotonic() < deadline, f"workers seen: {list(by_front_end)}\n{(tmp_path / 'workers.log').read_text()[-3000:]}"
+            assert time.monotonic() < deadline, (
+                f"workers seen: {list(by_front_end)}\n{(tmp_path / 'workers.log').read_text()[-3000:]}"
+            )
             client = httpx.Client(base_url=url, timeout=10)
             clients.append(client)
             learning = client.get("/reef/status").json()["learning"]
@@ -410,10 +466,17 @@ def test_workers_share_one_port_one_learner_and_follow_a_rollback(cluster: Clust
         assert rolled.status_code == 200, rolled.text
         release = rolled.json()["release"]["release_id"]
         for name, client in by_front_end.items():
+
             def served(c: httpx.Client = client) -> bool:
-                return c.post("/v1/chat/completions", headers={"x-reef-scenario": SCENARIO},
-                              json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-                              ).headers["x-reef-release-id"] == release
+                return (
+                    c.post(
+                        "/v1/chat/completions",
+                        headers={"x-reef-scenario": SCENARIO},
+                        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                    ).headers["x-reef-release-id"]
+                    == release
+                )
+
             wait_for(f"{name} to serve the rollback", served, 2.0)
     finally:
         for client in clients:

@@ -38,8 +38,12 @@ def test_verdicts_without_task_indices_add_their_counts() -> None:
     for _ in range(3):
         evidence.add(Verdict("reject", {"gate": "offline", "wins": 0, "losses": 2}))
     assert (evidence.wins, evidence.losses) == (0, 6) and evidence.surely_worse()
-    harness = {"gate": "harness", "wins": 1, "losses": 0,  # per-task results keyed by an excerpt of the task
-               "per_task": [{"task": "What is 2 + 2?", "current": 0.0, "candidate": 1.0}]}
+    harness = {
+        "gate": "harness",
+        "wins": 1,
+        "losses": 0,  # per-task results keyed by an excerpt of the task
+        "per_task": [{"task": "What is 2 + 2?", "current": 0.0, "candidate": 1.0}],
+    }
     assert (evidence.add(Verdict("reject", harness)).wins, evidence.losses) == (1, 6)
 
 

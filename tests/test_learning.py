@@ -19,11 +19,17 @@ from tests.helpers.reef_server import ReefServer
 
 
 def settings(model_dir: Path, **learner: Any) -> dict[str, Any]:
-    return {"embedded": {"model_dir": str(model_dir), "default_max_tokens": 8, "threads": 1},
-            "learner": {"poll_interval": 0.1, "train_threads": 1,
-                        "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
-                        # a generous offline bound: these tests are about the mechanics, not the gate's taste
-                        "gate": {"holdout_fraction": 0.3, "offline_bound": 1000.0}, **learner}}
+    return {
+        "embedded": {"model_dir": str(model_dir), "default_max_tokens": 8, "threads": 1},
+        "learner": {
+            "poll_interval": 0.1,
+            "train_threads": 1,
+            "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
+            # a generous offline bound: these tests are about the mechanics, not the gate's taste
+            "gate": {"holdout_fraction": 0.3, "offline_bound": 1000.0},
+            **learner,
+        },
+    }
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 120.0, what: str = "condition") -> Any:
@@ -36,14 +42,19 @@ def wait_for(condition: Callable[[], Any], timeout: float = 120.0, what: str = "
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def ask_and_report(reef: ReefServer, scenario: str, n: int, score: Callable[[int], float] = lambda i: float(i % 2)) -> list[str]:
+def ask_and_report(
+    reef: ReefServer, scenario: str, n: int, score: Callable[[int], float] = lambda i: float(i % 2)
+) -> list[str]:
     oai = openai.OpenAI(base_url=reef.base_url, api_key="x", max_retries=0, timeout=60)
     receipts = []
     with ReefClient(reef.url) as client:
         for i in range(n):
             raw = oai.chat.completions.with_raw_response.create(
-                model="m", messages=[{"role": "user", "content": f"Say {i}."}], temperature=1.0,
-                extra_headers={"x-reef-scenario": scenario})
+                model="m",
+                messages=[{"role": "user", "content": f"Say {i}."}],
+                temperature=1.0,
+                extra_headers={"x-reef-scenario": scenario},
+            )
             receipts.append(raw.headers["x-reef-agent-record-id"])
             client.report(receipts[-1], score=score(i))
     return receipts
@@ -76,23 +87,29 @@ def reef(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def test_the_whole_loop_publishes_and_swaps(reef: ReefServer) -> None:
-    published = feed_until(reef, "loop", lambda: [d for d in decisions(reef, "loop")
-                                                   if d["verdict"]["decision"] == "select"])
+    published = feed_until(
+        reef, "loop", lambda: [d for d in decisions(reef, "loop") if d["verdict"]["decision"] == "select"]
+    )
     release_id = published[0]["release_id"]
     with ReefClient(reef.url) as client:
         head = client.releases("loop")["releases"][0]["release_id"]
         # the learner keeps going: the head may be a later selection than `published` saw
         assert head in {d["release_id"] for d in decisions(reef, "loop") if d["verdict"]["decision"] == "select"}
-        wait_for(lambda: any(s["scenario"] == "loop" and s["published"] >= 1
-                             for s in client.status()["learning"]["learners"]), what="the learner's count")
+        wait_for(
+            lambda: any(
+                s["scenario"] == "loop" and s["published"] >= 1 for s in client.status()["learning"]["learners"]
+            ),
+            what="the learner's count",
+        )
         new = ask_and_report(reef, "loop", 1)[0]
         record = client.record(new)["record"]
     assert record["release"]["release_id"] != release_id or record["release"]["runtime_load_id"]
     with ReefClient(reef.url) as client:
         serving = client.scenario("loop")["serving"]
         # the learner keeps going: a later candidate may have been published meanwhile
-        assert serving["release_id"] in {d["release_id"] for d in decisions(reef, "loop")
-                                         if d["verdict"]["decision"] == "select"}
+        assert serving["release_id"] in {
+            d["release_id"] for d in decisions(reef, "loop") if d["verdict"]["decision"] == "select"
+        }
         first = client.releases("loop")["releases"][-1]
         back = client.rollback("loop", first["release_id"])  # weights back to the base, as a new release
         assert back["serving"]["content_id"] == first["content_id"]
@@ -111,7 +128,10 @@ def test_requests_during_swaps_all_succeed_on_their_admitted_release(reef: ReefS
         seen = []
         while time.monotonic() < stop:
             raw = oai.chat.completions.with_raw_response.create(
-                model="m", messages=[{"role": "user", "content": f"w{worker}"}], extra_headers={"x-reef-scenario": "swap"})
+                model="m",
+                messages=[{"role": "user", "content": f"w{worker}"}],
+                extra_headers={"x-reef-scenario": "swap"},
+            )
             raw.parse()
             seen.append((raw.headers["x-reef-agent-record-id"], raw.headers["x-reef-release-id"]))
             if len(decisions(reef, "swap")) >= 2:

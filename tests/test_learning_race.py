@@ -35,10 +35,28 @@ def test_the_race_runs_both_arms_end_to_end_on_the_tiny_model(tiny_model_dir: Pa
     (cache / MODEL_DIRNAME).symlink_to(tiny_model_dir, target_is_directory=True)
     out = tmp_path / "race.json"
     env = {**os.environ, "REEF_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "learning_race.py"), "--minutes", "0.05",
-                           "--snapshot-every", "1.5", "--concurrency", "2", "--out", str(out),
-                           "--workdir", str(tmp_path / "work")],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "learning_race.py"),
+            "--minutes",
+            "0.05",
+            "--snapshot-every",
+            "1.5",
+            "--concurrency",
+            "2",
+            "--out",
+            str(out),
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads(out.read_text())
     bare, reef = record["arms"]["bare"], record["arms"]["reef"]

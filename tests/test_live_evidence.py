@@ -15,8 +15,7 @@ import pytest
 
 from reef.commit.gate import WeightsGate, paired_verdict, sequential_verdict
 from reef.config import GateConfig, ServeConfig
-from reef.core.live_evidence import (LiveEvidence, ScoreSummary, combined_p, sign_test_z, tasks_share_p,
-                                     two_sample_z)
+from reef.core.live_evidence import LiveEvidence, ScoreSummary, combined_p, sign_test_z, tasks_share_p, two_sample_z
 from reef.core.sign_test import sign_test_p
 from reef.core.types import Record, ReleaseRef, Report, ReportedRecords
 from reef.grow.canary import MIN_SPLIT_SCORES, SPLIT_WINDOW, STALLED_VERDICTS, LiveScores, canary_release_id
@@ -26,9 +25,13 @@ from tests.test_learner import PROMISING, Rig, ScriptedGate, run_with_rig, until
 
 def reported(scores: list[tuple[str, float]], at: Callable[[int], float] = lambda i: 0.0) -> list[ReportedRecords]:
     """One reported record a (release id, score), reported at `at(i)`, as the learner reads them."""
-    return [ReportedRecords(Report(f"rep{i}", "s", (f"rec{i}",), score, created_at=at(i), seq=i),
-                            (Record(f"rec{i}", "s", ReleaseRef(release, release, "load"), {}),))
-            for i, (release, score) in enumerate(scores)]
+    return [
+        ReportedRecords(
+            Report(f"rep{i}", "s", (f"rec{i}",), score, created_at=at(i), seq=i),
+            (Record(f"rec{i}", "s", ReleaseRef(release, release, "load"), {}),),
+        )
+        for i, (release, score) in enumerate(scores)
+    ]
 
 
 def evidence(line: list[float], serving: list[float], serving_id: str = "r0") -> LiveEvidence:
@@ -78,8 +81,9 @@ def two_tasks_scorer(task: dict, text: str) -> float:
 
 
 def test_the_gate_takes_live_evidence_only_of_the_release_it_judges_against(tmp_path: Path) -> None:
-    config = GateConfig(tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_live_evidence:two_tasks_scorer",
-                        looks=1)  # selects at p <= 0.2; the tasks alone: 2-0 is p 0.25
+    config = GateConfig(
+        tasks=str(twelve_tasks(tmp_path)), scorer="tests.test_live_evidence:two_tasks_scorer", looks=1
+    )  # selects at p <= 0.2; the tasks alone: 2-0 is p 0.25
     base = ReleaseRef("r0", "sha256:base", "load:sha256:base")
     ahead = evidence([1.0] * 60 + [0.0] * 4, [1.0] * 40 + [0.0] * 24)
 
@@ -158,16 +162,26 @@ class FractionCanary:
         return None
 
 
-UNDECIDED = {"wins": 4, "losses": 3, "p_worse": sign_test_p(3, 4), "early": False}  # ran to its last look, ahead, not enough
+UNDECIDED = {
+    "wins": 4,
+    "losses": 3,
+    "p_worse": sign_test_p(3, 4),
+    "early": False,
+}  # ran to its last look, ahead, not enough
 BEHIND = {**PROMISING, "early": False}  # ran to its last look behind on the tasks, not surely worse
 
 
 def test_an_undecided_last_look_splits_the_traffic_and_the_lines_live_scores_reach_the_next_verdict(
-        tiny_model_dir: Path, tmp_path: Path) -> None:
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     async def body(rig: Rig) -> None:
         canary = FractionCanary(1.0)
-        gate = ScriptedGate(*[("reject", UNDECIDED)] * STALLED_VERDICTS, ("reject", PROMISING), ("select", PROMISING),
-                            ("reject", PROMISING))
+        gate = ScriptedGate(
+            *[("reject", UNDECIDED)] * STALLED_VERDICTS,
+            ("reject", PROMISING),
+            ("select", PROMISING),
+            ("reject", PROMISING),
+        )
         learner = rig.learner(gate, canary, live_split=0.25)
         head = rig.chain.head().release_id
         for judged in range(1, STALLED_VERDICTS + 1):
@@ -179,7 +193,9 @@ def test_an_undecided_last_look_splits_the_traffic_and_the_lines_live_scores_rea
         gate.hold.clear()
         await rig.feed(4)
         await learner.step()
-        await until(lambda: len(canary.started) == STALLED_VERDICTS + 1 and learner.waiting is None, "the next at the gate")
+        await until(
+            lambda: len(canary.started) == STALLED_VERDICTS + 1 and learner.waiting is None, "the next at the gate"
+        )
         split_canary = canary.started[-1][0]
         assert [f for _, f in canary.started] == [1.0] * STALLED_VERDICTS + [0.25]  # the line now shares the traffic
         await rig.feed(MIN_SPLIT_SCORES, score=lambda i: 0.0)  # the head, beside it
@@ -193,7 +209,10 @@ def test_an_undecided_last_look_splits_the_traffic_and_the_lines_live_scores_rea
         assert handed is not None and handed.serving_release_id == head
         assert (handed.line.n, handed.line.mean) == (MIN_SPLIT_SCORES, 1.0)
         # the head's since the split began: the batch that made the candidate (two 1s of four), then the 0s
-        assert (handed.serving.n, handed.serving.mean) == (MIN_SPLIT_SCORES + 4, pytest.approx(2 / (MIN_SPLIT_SCORES + 4)))
+        assert (handed.serving.n, handed.serving.mean) == (
+            MIN_SPLIT_SCORES + 4,
+            pytest.approx(2 / (MIN_SPLIT_SCORES + 4)),
+        )
         assert rig.chain.head().release_id != head and not learner.live.split  # published: the split is over
         await rig.feed(4)
         await learner.step()

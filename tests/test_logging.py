@@ -26,10 +26,22 @@ FEEDBACK = "feedback-marker-5e0b1 too wordy"
 REFUSED_TEXT = "refused-marker-33d8"
 RULE_MARKER = "single word"
 GOOD, CHATTY = "4", "Sure! The answer is 4 (chatty-marker-7d21)."
-LEARN_FEEDBACK = ["Answer with a single word only.", "Only a single word answer, please.",
-                  "Answer with a single word only!"]
-FIELDS = ("receipt", "scenario", "release_id", "dialect", "route", "status", "latency_ms", "prompt_tokens",
-          "completion_tokens")
+LEARN_FEEDBACK = [
+    "Answer with a single word only.",
+    "Only a single word answer, please.",
+    "Answer with a single word only!",
+]
+FIELDS = (
+    "receipt",
+    "scenario",
+    "release_id",
+    "dialect",
+    "route",
+    "status",
+    "latency_ms",
+    "prompt_tokens",
+    "completion_tokens",
+)
 VALUE = r'"(?:[^"\\]|\\.)*"|[^\s"]*'  # a JSON-quoted string, or a bare word
 LINE = re.compile(rf"^(\S+) ([A-Z]+) (\S+) (.*?)((?: \w+=(?:{VALUE}))*)$")  # ts LEVEL logger message key=value...
 FIELD = re.compile(rf"(\w+)=({VALUE})")
@@ -50,18 +62,29 @@ def upstream() -> Iterator[ScriptedUpstream]:
 
 
 @pytest.fixture(scope="module", params=["json", "text"])
-def reef(request: pytest.FixtureRequest, upstream: ScriptedUpstream,
-         tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+def reef(
+    request: pytest.FixtureRequest, upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ReefServer]:
     work = tmp_path_factory.mktemp(f"reef-log-{request.param}")
     tasks = work / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"prompt": f"What is {i}+{4 - i}?", "expected": "4"}) + "\n" for i in range(4)))
-    settings = {"tokens": [TOKEN], "log_level": "info", "log_format": request.param,
-                "upstream": {"url": upstream.base_url, "model": "provider-model", "api_key": UPSTREAM_KEY, "timeout": 5},
-                "recipes": {"scenarios": {"fmt": "skills"}},
-                "learner": {"poll_interval": 0.05,
-                            "skills": {"proposer": "distill", "min_recurrence": 3, "batch_size": 8, "successes": 0,
-                                       "gate": {"tasks": str(tasks), "scorer": "tests.test_logging:exact_answer",
-                                                "margin": 1}}}}
+    settings = {
+        "tokens": [TOKEN],
+        "log_level": "info",
+        "log_format": request.param,
+        "upstream": {"url": upstream.base_url, "model": "provider-model", "api_key": UPSTREAM_KEY, "timeout": 5},
+        "recipes": {"scenarios": {"fmt": "skills"}},
+        "learner": {
+            "poll_interval": 0.05,
+            "skills": {
+                "proposer": "distill",
+                "min_recurrence": 3,
+                "batch_size": 8,
+                "successes": 0,
+                "gate": {"tasks": str(tasks), "scorer": "tests.test_logging:exact_answer", "margin": 1},
+            },
+        },
+    }
     with ReefServer(work, settings) as server:
         server.log_format = request.param  # type: ignore[attr-defined]
         yield server
@@ -122,27 +145,39 @@ def test_every_request_gets_one_line_with_its_fields(reef: ReefServer, upstream:
     sent: list[tuple[httpx.Response, str, str, bool]] = []  # response, dialect, route, stream
     for stream in (False, True):
         upstream.script(text=ANSWER, usage=(11, 7))
-        r = httpx.post(f"{reef.base_url}/chat/completions", json={**chat, "stream": stream},
-                       headers={**auth(), "x-reef-scenario": "logs"})
+        r = httpx.post(
+            f"{reef.base_url}/chat/completions",
+            json={**chat, "stream": stream},
+            headers={**auth(), "x-reef-scenario": "logs"},
+        )
         sent.append((r, "openai", "chat_completions", stream))
         upstream.script(text=ANSWER, usage=(13, 5))
-        r = httpx.post(f"{reef.url}/v1/messages", json={**anth, "stream": stream},
-                       headers={"x-api-key": TOKEN, "x-reef-scenario": "logs"})
+        r = httpx.post(
+            f"{reef.url}/v1/messages",
+            json={**anth, "stream": stream},
+            headers={"x-api-key": TOKEN, "x-reef-scenario": "logs"},
+        )
         sent.append((r, "anthropic", "messages", stream))
     for response, *_ in sent:
         assert response.status_code == 200, response.text
         assert ANSWER.split()[0] in response.text
     refused = httpx.post(f"{reef.base_url}/chat/completions", json=chat, headers=auth(TOKEN + "-typo"))
-    malformed = httpx.post(f"{reef.url}/v1/messages", json={"model": "m", "messages": REFUSED_TEXT},
-                           headers={"x-api-key": TOKEN, "x-reef-scenario": "logs"})
+    malformed = httpx.post(
+        f"{reef.url}/v1/messages",
+        json={"model": "m", "messages": REFUSED_TEXT},
+        headers={"x-api-key": TOKEN, "x-reef-scenario": "logs"},
+    )
     assert refused.status_code == 401 and malformed.status_code == 400
     receipt = sent[0][0].headers["x-reef-agent-record-id"]
-    report = httpx.post(f"{reef.url}/reef/report", json={"references": [receipt], "score": 0.5, "feedback": FEEDBACK},
-                        headers=auth())
+    report = httpx.post(
+        f"{reef.url}/reef/report", json={"references": [receipt], "score": 0.5, "feedback": FEEDBACK}, headers=auth()
+    )
     assert report.status_code == 200, report.text
 
-    lines = wait_for(lambda: (ls := request_lines(reef)) and any(e.get("path") == "/reef/report" for e in ls) and ls,
-                     what="the report's line")
+    lines = wait_for(
+        lambda: (ls := request_lines(reef)) and any(e.get("path") == "/reef/report" for e in ls) and ls,
+        what="the report's line",
+    )
     for response, dialect, route, stream in sent:
         receipt = response.headers["x-reef-agent-record-id"]
         mine = [e for e in lines if e.get("receipt") == receipt]
@@ -150,8 +185,14 @@ def test_every_request_gets_one_line_with_its_fields(reef: ReefServer, upstream:
         line = mine[0]
         assert set(FIELDS) <= set(line), line
         assert line["level"] == "info" and line["message"] == "request"
-        assert (line["scenario"], line["release_id"], line["dialect"], line["route"], line["status"], line["stream"]) \
-            == ("logs", response.headers["x-reef-release-id"], dialect, route, 200, stream)
+        assert (
+            line["scenario"],
+            line["release_id"],
+            line["dialect"],
+            line["route"],
+            line["status"],
+            line["stream"],
+        ) == ("logs", response.headers["x-reef-release-id"], dialect, route, 200, stream)
         assert line["latency_ms"] > 0
         assert (line["prompt_tokens"], line["completion_tokens"]) == ((11, 7) if dialect == "openai" else (13, 5))
     unauthorized = [e for e in lines if e.get("status") == 401]
@@ -176,10 +217,17 @@ def test_learner_and_gate_events_are_logged(reef: ReefServer, upstream: Scripted
     assert started[0]["scenario"] == "fmt" and started[0]["recipe"] == "skills" and started[0]["level"] == "info"
     for text in LEARN_FEEDBACK:  # recurring feedback: the distill proposer makes a rule, the gate judges it
         receipt = _ask(reef)
-        assert httpx.post(f"{reef.url}/reef/report", json={"references": [receipt], "score": 0.0, "feedback": text},
-                          headers=auth()).status_code == 200
-    verdict = wait_for(lambda: [e for e in events() if e["message"] == "gate verdict"], timeout=60,
-                       what="a gate verdict line")[0]
+        assert (
+            httpx.post(
+                f"{reef.url}/reef/report",
+                json={"references": [receipt], "score": 0.0, "feedback": text},
+                headers=auth(),
+            ).status_code
+            == 200
+        )
+    verdict = wait_for(
+        lambda: [e for e in events() if e["message"] == "gate verdict"], timeout=60, what="a gate verdict line"
+    )[0]
     assert verdict["scenario"] == "fmt" and verdict["decision"] == "select" and verdict["level"] == "info"
     assert verdict["batch_id"] and verdict["seconds"] >= 0 and verdict["gate_wins"] == 4
     releases = httpx.get(f"{reef.url}/reef/scenarios/fmt/releases", headers=auth()).json()["releases"]
@@ -192,8 +240,11 @@ def test_learner_and_gate_events_are_logged(reef: ReefServer, upstream: Scripted
 
 
 def _ask(reef: ReefServer) -> str:
-    r = httpx.post(f"{reef.base_url}/chat/completions", headers={**auth(), "x-reef-scenario": "fmt"},
-                   json={"model": "m", "messages": [{"role": "user", "content": "What is 2+2?"}]})
+    r = httpx.post(
+        f"{reef.base_url}/chat/completions",
+        headers={**auth(), "x-reef-scenario": "fmt"},
+        json={"model": "m", "messages": [{"role": "user", "content": "What is 2+2?"}]},
+    )
     assert r.status_code == 200, r.text
     return r.headers["x-reef-agent-record-id"]
 
@@ -210,6 +261,17 @@ def test_time_to_first_token_is_a_histogram_per_route_and_scenario(reef: ReefSer
 def test_nothing_secret_or_private_reaches_the_logs(reef: ReefServer) -> None:
     logs = reef.logs()
     assert "reef.request" in logs and "gate verdict" in logs  # the other tests ran first and were logged
-    for secret in (TOKEN, UPSTREAM_KEY, PROMPT, ANSWER, FEEDBACK, REFUSED_TEXT, CHATTY, *LEARN_FEEDBACK,
-                   "What is 2+2", "tide", "marker"):
+    for secret in (
+        TOKEN,
+        UPSTREAM_KEY,
+        PROMPT,
+        ANSWER,
+        FEEDBACK,
+        REFUSED_TEXT,
+        CHATTY,
+        *LEARN_FEEDBACK,
+        "What is 2+2",
+        "tide",
+        "marker",
+    ):
         assert secret not in logs, secret

@@ -19,8 +19,10 @@ USER = [{"role": "user", "content": "Count to three."}]
 
 @pytest.fixture(scope="module")
 def reef(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    settings = {"embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 6, "threads": 1},
-                "learner": {"enabled": False}}
+    settings = {
+        "embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 6, "threads": 1},
+        "learner": {"enabled": False},
+    }
     with ReefServer(tmp_path_factory.mktemp("reef-metrics"), settings) as server:
         yield server
 
@@ -33,8 +35,11 @@ def value(metrics: str, series: str) -> float:
 
 def test_queue_wait_batch_size_resident_loads_and_time_to_first_token(reef: ReefServer) -> None:
     def ask(stream: bool) -> int:
-        return httpx.post(f"{reef.base_url}/chat/completions", timeout=60,
-                          json={"model": "m", "messages": USER, "max_tokens": 6, "stream": stream}).status_code
+        return httpx.post(
+            f"{reef.base_url}/chat/completions",
+            timeout=60,
+            json={"model": "m", "messages": USER, "max_tokens": 6, "stream": stream},
+        ).status_code
 
     assert ask(False) == 200 and ask(True) == 200
     with ThreadPoolExecutor(4) as pool:  # concurrent: some of them share a batch

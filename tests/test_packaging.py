@@ -50,8 +50,14 @@ with TestClient(create_app(config, build_runtime(config)), base_url="http://127.
 heavy = sorted({{m.split(".")[0] for m in sys.modules}} & set({NEVER_IMPORTED!r}))
 assert not heavy, f"serving upstream imported {{heavy}}"
 """
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env=_clean_env(PYTHONPATH=str(ROOT)))
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_clean_env(PYTHONPATH=str(ROOT)),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -70,9 +76,23 @@ def test_a_missing_git_is_named_not_a_traceback(tmp_path: Path) -> None:
         os.environ["PATH"] = old
     assert not (tmp_path / "state").exists(), "nothing is created without git"
 
-    done = subprocess.run([sys.executable, "-m", "reef", "serve", "--upstream-url", "http://127.0.0.1:9/v1",
-                           "--state-dir", str(tmp_path / "served")], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60, env=_clean_env(PYTHONPATH=str(ROOT), PATH=str(no_git)))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reef",
+            "serve",
+            "--upstream-url",
+            "http://127.0.0.1:9/v1",
+            "--state-dir",
+            str(tmp_path / "served"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_clean_env(PYTHONPATH=str(ROOT), PATH=str(no_git)),
+    )
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert "Error: Reef needs the `git` program" in done.stderr
 
@@ -100,8 +120,13 @@ class VenvReefServer(ReefServer):
         config = self.workdir / f"serve-{self.port}.yaml"
         config.write_text(yaml.safe_dump(self.settings))
         self.log = self.log_path.open("ab")
-        self.process = subprocess.Popen([str(self.command), "serve", "-c", str(config)], stdout=self.log,
-                                        stderr=subprocess.STDOUT, env=self.env, cwd=self.workdir)
+        self.process = subprocess.Popen(
+            [str(self.command), "serve", "-c", str(config)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.workdir,
+        )
         self._wait_healthy()
         return self
 
@@ -124,12 +149,18 @@ def test_the_core_wheel_in_a_fresh_venv_serves_without_torch(upstream: ScriptedU
 
     assert _run(sys.executable, "-m", "venv", venv).returncode == 0
     python, env = venv / "bin" / "python", _clean_env()
-    installed = _run(python, "-m", "pip", "install", "--quiet", wheel, "-c", ROOT / "constraints.txt", env=env,
-                     timeout=240)
+    installed = _run(
+        python, "-m", "pip", "install", "--quiet", wheel, "-c", ROOT / "constraints.txt", env=env, timeout=240
+    )
     assert installed.returncode == 0, installed.stderr[-3000:]
 
-    probe = _run(python, "-c", "import reef, importlib.util as u; print(reef.__file__); "
-                 f"print([m for m in {HEAVY!r} if u.find_spec(m)])", cwd=tmp_path, env=env)
+    probe = _run(
+        python,
+        "-c",
+        f"import reef, importlib.util as u; print(reef.__file__); print([m for m in {HEAVY!r} if u.find_spec(m)])",
+        cwd=tmp_path,
+        env=env,
+    )
     where, present = probe.stdout.splitlines()
     assert where.startswith(str(venv)) and present == "[]", probe.stdout + probe.stderr
     assert _run(python, "-c", "import torch", cwd=tmp_path, env=env).returncode != 0
@@ -143,8 +174,11 @@ def test_the_core_wheel_in_a_fresh_venv_serves_without_torch(upstream: ScriptedU
 
     upstream.script(text="Paris.")
     with VenvReefServer(reef, work, {"upstream": {"url": upstream.base_url, "model": "scripted"}}, env) as server:
-        answer = httpx.post(f"{server.base_url}/chat/completions", timeout=30,
-                            json={"model": "any", "messages": [{"role": "user", "content": "Capital of France?"}]})
+        answer = httpx.post(
+            f"{server.base_url}/chat/completions",
+            timeout=30,
+            json={"model": "any", "messages": [{"role": "user", "content": "Capital of France?"}]},
+        )
         assert answer.status_code == 200, answer.text
         assert answer.json()["choices"][0]["message"]["content"] == "Paris."
         receipt = answer.headers["x-reef-agent-record-id"]

@@ -34,16 +34,24 @@ def tensors(files: dict[str, bytes], name: str) -> dict[str, Any]:
 
 def same(a: dict[str, bytes], b: dict[str, bytes]) -> bool:
     """Bit-identical adapters and optimiser moments (and step counts)."""
-    return all(torch.equal(x, tensors(b, name)[k]) for name in ("adapter_model.safetensors",
-                                                                "training/optimizer.safetensors")
-               for k, x in tensors(a, name).items()) and a["training/state.json"] == b["training/state.json"]
+    return (
+        all(
+            torch.equal(x, tensors(b, name)[k])
+            for name in ("adapter_model.safetensors", "training/optimizer.safetensors")
+            for k, x in tensors(a, name).items()
+        )
+        and a["training/state.json"] == b["training/state.json"]
+    )
 
 
 async def on_policy(client: TrainingClient) -> list[Datum]:
     """Data whose behaviour log-probs are the base model's own, advantages alternating in sign."""
     seqs = [(PROMPT, c) for c in COMPLETIONS]
     logprobs = await client.logprobs(seqs)
-    return [Datum(PROMPT, c, lp, [(-1.0) ** i] * len(c), [1.0] * len(c)) for i, (c, lp) in enumerate(zip(COMPLETIONS, logprobs))]
+    return [
+        Datum(PROMPT, c, lp, [(-1.0) ** i] * len(c), [1.0] * len(c))
+        for i, (c, lp) in enumerate(zip(COMPLETIONS, logprobs))
+    ]
 
 
 async def train(client: TrainingClient, data: list[Datum], steps: int) -> dict[str, bytes]:
@@ -93,8 +101,9 @@ def trainer(tiny_model_dir: Path) -> Iterator[LoRATrainer]:
     torch.set_num_threads(before)
 
 
-def mean_logprob(trainer: LoRATrainer, files: dict[str, bytes] | None, completion: list[int],
-                 upto: int | None = None) -> float:
+def mean_logprob(
+    trainer: LoRATrainer, files: dict[str, bytes] | None, completion: list[int], upto: int | None = None
+) -> float:
     lp = trainer.logprobs(files, [(PROMPT, completion)])[0][:upto]
     return sum(lp) / len(lp)
 
@@ -110,8 +119,9 @@ def test_losses_by_name_with_per_token_advantages_and_mask(trainer: LoRATrainer)
 
     # per-token advantages: the first two tokens pushed up, the last two down
     trainer.load_state("split", None, LoraShape())
-    metrics = trainer.forward_backward("split", [Datum(PROMPT, target, base, [1.0, 1.0, -1.0, -1.0], [1.0] * 4)],
-                                       "importance_sampling", LossConfig())
+    metrics = trainer.forward_backward(
+        "split", [Datum(PROMPT, target, base, [1.0, 1.0, -1.0, -1.0], [1.0] * 4)], "importance_sampling", LossConfig()
+    )
     assert metrics["tokens"] == 4 and metrics["clipped_fraction"] == 0.0
     trainer.optim_step("split", AdamParams(lr=5e-2))
     after = trainer.logprobs(trainer.save_state("split"), [(PROMPT, target)])[0]
@@ -152,8 +162,9 @@ def test_losses_by_name_with_per_token_advantages_and_mask(trainer: LoRATrainer)
     with pytest.raises(ValueError, match="known: ppo, clipped_is, cispo, importance_sampling, cross_entropy"):
         trainer.forward_backward("masked", [masked], "dpo", LossConfig())
     with pytest.raises(ValueError, match="datum 0: 4 completion tokens but 3 advantages"):
-        trainer.forward_backward("masked", [Datum(PROMPT, target, base, [1.0] * 3, [1.0] * 4)], "clipped_is",
-                                 LossConfig())
+        trainer.forward_backward(
+            "masked", [Datum(PROMPT, target, base, [1.0] * 3, [1.0] * 4)], "clipped_is", LossConfig()
+        )
 
 
 def test_two_calls_before_a_step_add_their_gradients(trainer: LoRATrainer) -> None:
@@ -165,4 +176,6 @@ def test_two_calls_before_a_step_add_their_gradients(trainer: LoRATrainer) -> No
     trainer.load_state("twice", None, LoraShape())
     trainer.forward_backward("twice", up, "clipped_is", LossConfig())
     trainer.forward_backward("twice", up, "clipped_is", LossConfig())  # the same mean again: twice the gradient
-    assert once > 0 and trainer.optim_step("twice", AdamParams(lr=0.0))["grad_norm"] == pytest.approx(2 * once, rel=1e-4)
+    assert once > 0 and trainer.optim_step("twice", AdamParams(lr=0.0))["grad_norm"] == pytest.approx(
+        2 * once, rel=1e-4
+    )

@@ -24,10 +24,16 @@ pytestmark = [
 
 
 def test_a_recipe_named_by_dotted_path_learns(tiny_model_dir: Path, tmp_path: Path) -> None:
-    settings = {"embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 8, "threads": 1},
-                "recipes": {"default": RECIPE},
-                "learner": {"poll_interval": 0.1, "train_threads": 1, RECIPE: {"batch_size": 4, "steps": 3, "lr": 0.01},
-                            "gate": {"holdout_fraction": 0.3, "offline_bound": 1000.0}}}
+    settings = {
+        "embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 8, "threads": 1},
+        "recipes": {"default": RECIPE},
+        "learner": {
+            "poll_interval": 0.1,
+            "train_threads": 1,
+            RECIPE: {"batch_size": 4, "steps": 3, "lr": 0.01},
+            "gate": {"holdout_fraction": 0.3, "offline_bound": 1000.0},
+        },
+    }
     with ReefServer(tmp_path, settings) as reef:
         feed_until(reef, "copy", lambda: [d for d in decisions(reef, "copy") if d["verdict"]["decision"] == "select"])
     with ReefState.open(reef.state_dir) as state:

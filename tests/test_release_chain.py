@@ -11,20 +11,20 @@ from uuid import uuid4
 
 import pytest
 
-from tests.pg import postgres_dsn  # noqa: F401  (session fixture used by the postgres params)
-
 from reef.commit.artifacts import ArtifactManifest, content_id_of
 from reef.commit.release_chain import Candidate
 from reef.commit.state import ReefState
 from reef.core.errors import Conflict, InvalidInput, MissingArtifact, NotFound, StaleHead
 from reef.core.types import ArtifactKind, Operation, Record, RecordStatus, ReleaseRef, Report, Verdict
+from tests.pg import postgres_dsn  # noqa: F401  (session fixture used by the postgres params)
 
 SELECT = Verdict("select", {"wins": 3})
 
 
 def adapter(n: int) -> Candidate:
-    return Candidate({"adapter_config.json": b'{"r": 16}', "adapter_model.safetensors": bytes([n]) * 4096},
-                     ArtifactKind.WEIGHTS)
+    return Candidate(
+        {"adapter_config.json": b'{"r": 16}', "adapter_model.safetensors": bytes([n]) * 4096}, ArtifactKind.WEIGHTS
+    )
 
 
 @pytest.fixture(params=["jsonl", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -208,8 +208,16 @@ def test_a_batch_closes_once_and_a_record_is_in_one_batch_at_most(state: ReefSta
 def test_compaction_deletes_only_consumed_records_and_is_logged(state: ReefState) -> None:
     chain = state.create("s", "sao")
     for rid in ("rec1", "rec2"):
-        state.store.put_record(Record(id=rid, scenario="s", release=chain.head().ref, request={"q": rid},
-                                      status=RecordStatus.COMPLETE, response={"a": 1}))
+        state.store.put_record(
+            Record(
+                id=rid,
+                scenario="s",
+                release=chain.head().ref,
+                request={"q": rid},
+                status=RecordStatus.COMPLETE,
+                response={"a": 1},
+            )
+        )
     state.store.put_report(Report(id="rep1", scenario="s", references=("rec1",), score=1.0))
     with pytest.raises(InvalidInput, match="rec1"):
         chain.compact(state.store, ["rec1"])
@@ -225,8 +233,9 @@ def test_compaction_deletes_only_consumed_records_and_is_logged(state: ReefState
 def test_reopening_rebuilds_heads_cursors_and_batches(tmp_path: Path) -> None:
     with ReefState.open(tmp_path) as st:
         chain = st.create("s", "sao")
-        r2 = chain.publish(adapter(2), chain.head().release_id, verdict=SELECT, high_water=7,
-                           algorithm_state={"baseline": 0.1})
+        r2 = chain.publish(
+            adapter(2), chain.head().release_id, verdict=SELECT, high_water=7, algorithm_state={"baseline": 0.1}
+        )
         chain.begin_batch("b9", ["x"], ["y"], high_water=9, expected_step=2)
         st.create("other", "skills")
     with ReefState.open(tmp_path) as st:

@@ -74,7 +74,9 @@ class ChainMachine(RuleBasedStateMachine):
         self.loads += 1
         current = self.chain.serving().release_id
         expected = "0" * 40 if stale else current
-        self.attempt(lambda: self.chain.advance(expected, ReleaseRef(target.release_id, target.content_id, f"l{self.loads}")))
+        self.attempt(
+            lambda: self.chain.advance(expected, ReleaseRef(target.release_id, target.content_id, f"l{self.loads}"))
+        )
         self.serving_steps.append(self.chain.release(self.chain.serving().release_id).step)
 
     @invariant()

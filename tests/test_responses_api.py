@@ -22,15 +22,19 @@ from tests.scripted_upstream import ScriptedUpstream
 
 TOKEN = "responses-token-5e1d"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-TOOLS: list[Any] = [{"type": "function", "name": "get_weather", "description": "Weather now", "parameters": WEATHER,
-                     "strict": False}]
+TOOLS: list[Any] = [
+    {"type": "function", "name": "get_weather", "description": "Weather now", "parameters": WEATHER, "strict": False}
+]
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "wire.md"
 
 
 @pytest.fixture(scope="module")
 def reef(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    settings = {"tokens": [TOKEN], "learner": {"enabled": False},
-                "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 3}}
+    settings = {
+        "tokens": [TOKEN],
+        "learner": {"enabled": False},
+        "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 3},
+    }
     with ReefServer(tmp_path_factory.mktemp("reef-responses"), settings) as server:
         yield server
 
@@ -51,11 +55,19 @@ def client(reef: ReefServer) -> Iterator[ReefClient]:
         yield c
 
 
-def test_a_plain_answer_carries_a_receipt_that_can_be_reported(reef: ReefServer, oai: openai.OpenAI,
-                                                                client: ReefClient, upstream: ScriptedUpstream) -> None:
+def test_a_plain_answer_carries_a_receipt_that_can_be_reported(
+    reef: ReefServer, oai: openai.OpenAI, client: ReefClient, upstream: ScriptedUpstream
+) -> None:
     upstream.script(text="General Kenobi", usage=(11, 3))
-    raw = oai.responses.with_raw_response.create(model="gpt-4o", input="hello there", instructions="Be brief.",
-                                                 max_output_tokens=50, temperature=0.3, top_p=0.9, store=False)
+    raw = oai.responses.with_raw_response.create(
+        model="gpt-4o",
+        input="hello there",
+        instructions="Be brief.",
+        max_output_tokens=50,
+        temperature=0.3,
+        top_p=0.9,
+        store=False,
+    )
     response = raw.parse()
     receipt = raw.headers["x-reef-agent-record-id"]
     assert response.output_text == "General Kenobi" and response.status == "completed"
@@ -82,20 +94,32 @@ def test_a_plain_answer_carries_a_receipt_that_can_be_reported(reef: ReefServer,
     assert 'reef_requests_total{route="responses",scenario="default",status="200"}' in metrics
 
 
-def test_a_stream_sends_the_documented_events_and_ends_with_the_receipt(oai: openai.OpenAI, client: ReefClient,
-                                                                         upstream: ScriptedUpstream) -> None:
+def test_a_stream_sends_the_documented_events_and_ends_with_the_receipt(
+    oai: openai.OpenAI, client: ReefClient, upstream: ScriptedUpstream
+) -> None:
     upstream.script(text="one two three four")
-    raw = oai.responses.with_raw_response.create(model="m", input=[{"role": "user", "content": "count"}], stream=True,
-                                                 extra_headers={"x-reef-session": "resp-sess"})
+    raw = oai.responses.with_raw_response.create(
+        model="m",
+        input=[{"role": "user", "content": "count"}],
+        stream=True,
+        extra_headers={"x-reef-session": "resp-sess"},
+    )
     receipt = raw.headers["x-reef-agent-record-id"]
     events = list(raw.parse())
     kinds = [e.type for e in events]
     deltas = kinds.count("response.output_text.delta")
     assert deltas >= 1  # the upstream runtime may join deltas that arrive together
-    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
-                     "response.content_part.added", *["response.output_text.delta"] * deltas,
-                     "response.output_text.done", "response.content_part.done", "response.output_item.done",
-                     "response.completed"]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.output_text.delta"] * deltas,
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[0].response.status == "in_progress" and events[0].response.output == []
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
@@ -133,11 +157,16 @@ def test_a_function_call_round_trip(oai: openai.OpenAI, client: ReefClient, upst
     assert first.status == "completed" and first.output_text == ""
     assert first.tools[0].name == "get_weather" and first.tool_choice == "auto"
     sent = upstream.requests[-1].body
-    assert sent["tools"][0]["function"]["name"] == "get_weather" and sent["tools"][0]["function"]["parameters"] == WEATHER
+    assert (
+        sent["tools"][0]["function"]["name"] == "get_weather" and sent["tools"][0]["function"]["parameters"] == WEATHER
+    )
 
     upstream.script(text="It is sunny in Paris.")
-    follow_up = [*question, *first.output,  # the SDK's own output items go back as input, as OpenAI documents
-                 {"type": "function_call_output", "call_id": call.call_id, "output": '{"sky": "sunny"}'}]
+    follow_up = [
+        *question,
+        *first.output,  # the SDK's own output items go back as input, as OpenAI documents
+        {"type": "function_call_output", "call_id": call.call_id, "output": '{"sky": "sunny"}'},
+    ]
     raw = oai.responses.with_raw_response.create(model="m", input=follow_up, tools=TOOLS)
     second = raw.parse()
     assert second.output_text == "It is sunny in Paris."
@@ -151,13 +180,28 @@ def test_a_function_call_round_trip(oai: openai.OpenAI, client: ReefClient, upst
 
 
 def test_a_streamed_function_call(oai: openai.OpenAI, upstream: ScriptedUpstream) -> None:
-    upstream.script(tool_calls=[{"name": "get_weather", "arguments": {"city": "Oslo"}},
-                                {"name": "get_weather", "arguments": {"city": "Bergen"}}])
-    events = list(oai.responses.create(model="m", input="Weather in Oslo and Bergen?", tools=TOOLS,
-                                       tool_choice={"type": "function", "name": "get_weather"}, stream=True))
+    upstream.script(
+        tool_calls=[
+            {"name": "get_weather", "arguments": {"city": "Oslo"}},
+            {"name": "get_weather", "arguments": {"city": "Bergen"}},
+        ]
+    )
+    events = list(
+        oai.responses.create(
+            model="m",
+            input="Weather in Oslo and Bergen?",
+            tools=TOOLS,
+            tool_choice={"type": "function", "name": "get_weather"},
+            stream=True,
+        )
+    )
     kinds = [e.type for e in events]
-    call_events = ["response.output_item.added", "response.function_call_arguments.delta",
-                   "response.function_call_arguments.done", "response.output_item.done"]
+    call_events = [
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
     assert kinds == ["response.created", "response.in_progress", *call_events, *call_events, "response.completed"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
@@ -186,8 +230,9 @@ def test_a_client_chosen_receipt_replays_the_recorded_answer(oai: openai.OpenAI,
         oai.responses.create(model="m", input="other", extra_headers=headers)
 
 
-def test_refusals_and_bad_bodies_are_400s_that_store_nothing(reef: ReefServer, oai: openai.OpenAI,
-                                                             client: ReefClient) -> None:
+def test_refusals_and_bad_bodies_are_400s_that_store_nothing(
+    reef: ReefServer, oai: openai.OpenAI, client: ReefClient
+) -> None:
     before = client.status()["storage"]["records"]
     refused: list[tuple[dict[str, Any], str]] = [
         ({"tools": [{"type": "web_search"}]}, "tools[0].type: 'web_search' tools are not supported"),
@@ -195,8 +240,10 @@ def test_refusals_and_bad_bodies_are_400s_that_store_nothing(reef: ReefServer, o
         ({"previous_response_id": "resp_123"}, "previous_response_id: Reef is stateless"),
         ({"background": True}, "background:"),
         ({"text": {"format": {"type": "json_object"}}}, "text:"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
-         "input[0].content[0].type: 'input_image' parts are not supported"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+            "input[0].content[0].type: 'input_image' parts are not supported",
+        ),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type: 'item_reference'"),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
@@ -219,8 +266,9 @@ def test_refusals_and_bad_bodies_are_400s_that_store_nothing(reef: ReefServer, o
     assert client.status()["storage"]["records"] == before
 
 
-def test_provider_failures_are_502s_with_receipts_and_in_stream_errors(oai: openai.OpenAI, client: ReefClient,
-                                                                       upstream: ScriptedUpstream) -> None:
+def test_provider_failures_are_502s_with_receipts_and_in_stream_errors(
+    oai: openai.OpenAI, client: ReefClient, upstream: ScriptedUpstream
+) -> None:
     upstream.script(status=500, error="provider exploded")
     with pytest.raises(openai.InternalServerError) as failed:
         oai.responses.create(model="m", input="hi")
@@ -246,7 +294,7 @@ def test_every_sdk_field_is_decided_and_documented() -> None:
     assert known <= decided, sorted(known - decided)
     assert not (responses_wire.SUPPORTED & responses_wire.IGNORED) and not (decided - known)
     text = DOCS.read_text()
-    section = text[text.index("## OpenAI Responses"):]
+    section = text[text.index("## OpenAI Responses") :]
     for name in decided:
         assert f"| `{name}`" in section, f"{name} is missing from the Responses section of docs/wire.md"
 
@@ -260,24 +308,51 @@ def test_the_openapi_schema_declares_the_route(reef: ReefServer) -> None:
 def test_input_items_become_one_conversation() -> None:
     """Parsing alone: roles, parts, dropped reasoning, and parallel calls joined into one
     assistant turn ahead of their outputs (what a chat-completions runtime needs)."""
-    request = responses_wire.parse_responses_request({"model": "m", "instructions": "Be brief.", "input": [
-        {"role": "developer", "content": "Use tools."},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Oslo"},
-                                                        {"type": "input_text", "text": "and Bergen?"}]},
-        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
-        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
-         "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
-        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
-        {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": '{"city": "Bergen"}'},
-        {"type": "function_call_output", "call_id": "c1", "output": "rain"},
-        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "snow"}]},
-    ], "tools": TOOLS, "tool_choice": "required", "max_output_tokens": 9, "stream": True,
-        "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low"}, "store": False,
-        "text": {"format": {"type": "text"}, "verbosity": "low"}, "previous_response_id": None, "newer_field": 1})
+    request = responses_wire.parse_responses_request(
+        {
+            "model": "m",
+            "instructions": "Be brief.",
+            "input": [
+                {"role": "developer", "content": "Use tools."},
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Oslo"}, {"type": "input_text", "text": "and Bergen?"}],
+                },
+                {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "id": "msg_1",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "Checking.", "annotations": []}],
+                },
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": '{"city": "Bergen"}'},
+                {"type": "function_call_output", "call_id": "c1", "output": "rain"},
+                {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "snow"}]},
+            ],
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "max_output_tokens": 9,
+            "stream": True,
+            "include": ["reasoning.encrypted_content"],
+            "reasoning": {"effort": "low"},
+            "store": False,
+            "text": {"format": {"type": "text"}, "verbosity": "low"},
+            "previous_response_id": None,
+            "newer_field": 1,
+        }
+    )
     assert request.dialect == "responses" and request.stream and request.max_tokens == 9
     assert [(m.role, m.content) for m in request.messages] == [
-        ("system", "Be brief."), ("system", "Use tools."), ("user", "Oslo\nand Bergen?"), ("assistant", "Checking."),
-        ("tool", "rain"), ("tool", "snow")]
+        ("system", "Be brief."),
+        ("system", "Use tools."),
+        ("user", "Oslo\nand Bergen?"),
+        ("assistant", "Checking."),
+        ("tool", "rain"),
+        ("tool", "snow"),
+    ]
     assert [c.id for c in request.messages[3].tool_calls] == ["c1", "c2"]
     assert [m.tool_call_id for m in request.messages[4:]] == ["c1", "c2"]
     assert request.tools[0].parameters == WEATHER and request.tool_choice == "required"

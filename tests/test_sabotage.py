@@ -58,27 +58,45 @@ def space_first(task: dict, text: str) -> float:
 
 @pytest.mark.parametrize("sabotage", ["flipped_rewards", "lr_100x"])
 def test_each_sabotage_alone_reaches_live_traffic_only_through_the_bounded_canary(
-        tiny_model_dir: Path, tmp_path: Path, sabotage: str) -> None:
+    tiny_model_dir: Path, tmp_path: Path, sabotage: str
+) -> None:
     flipped = sabotage == "flipped_rewards"
     gate_tasks = tmp_path / "gate.jsonl"
-    gate_tasks.write_text("".join(f"{line}\n" for line in
-                                  demo_tasks.write_heldout_jsonl(tmp_path / "all.jsonl").read_text().splitlines()[:24]))
-    settings = {"embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 2, "threads": 1},
-                "learner": {"poll_interval": 0.1, "train_threads": 1,
-                            "sao": {"batch_size": 8, "steps_per_candidate": STEPS_PER_CANDIDATE,
-                                    "lr": TINY_LR if flipped else 100 * TINY_LR},
-                            "gate": {"tasks": str(gate_tasks), "scorer": f"{__name__}:space_first", "max_tokens": 2,
-                                     "temperature": 0, "live_split": LIVE_SPLIT,
-                                     # as the demo: a line goes to the gate 8 candidates on, its
-                                     # newest serving the canary meanwhile (nearly all the time)
-                                     "after_batches": GATE_AFTER_BATCHES},
-                            "canary": {"demo": CANARY}}}  # the demo's canary and split
+    gate_tasks.write_text(
+        "".join(
+            f"{line}\n" for line in demo_tasks.write_heldout_jsonl(tmp_path / "all.jsonl").read_text().splitlines()[:24]
+        )
+    )
+    settings = {
+        "embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 2, "threads": 1},
+        "learner": {
+            "poll_interval": 0.1,
+            "train_threads": 1,
+            "sao": {
+                "batch_size": 8,
+                "steps_per_candidate": STEPS_PER_CANDIDATE,
+                "lr": TINY_LR if flipped else 100 * TINY_LR,
+            },
+            "gate": {
+                "tasks": str(gate_tasks),
+                "scorer": f"{__name__}:space_first",
+                "max_tokens": 2,
+                "temperature": 0,
+                "live_split": LIVE_SPLIT,
+                # as the demo: a line goes to the gate 8 candidates on, its
+                # newest serving the canary meanwhile (nearly all the time)
+                "after_batches": GATE_AFTER_BATCHES,
+            },
+            "canary": {"demo": CANARY},
+        },
+    }  # the demo's canary and split
     served: list[str] = []
 
     def ask_and_report(task: dict) -> None:
         body = {"model": "m", "messages": demo_tasks.messages(task), "temperature": 1.0, "max_tokens": 2}
-        response = httpx.post(f"{reef.base_url}/chat/completions", json=body, timeout=60,
-                              headers={"x-reef-scenario": "demo"})
+        response = httpx.post(
+            f"{reef.base_url}/chat/completions", json=body, timeout=60, headers={"x-reef-scenario": "demo"}
+        )
         response.raise_for_status()
         served.append(response.headers["x-reef-release-id"])
         truth = space_first(task, response.json()["choices"][0]["message"]["content"] or "")
@@ -103,8 +121,10 @@ def test_each_sabotage_alone_reaches_live_traffic_only_through_the_bounded_canar
         metrics = verdict["metrics"]
         assert metrics["wins"] > metrics["losses"] and metrics["candidate_score"] > metrics["current_score"], metrics
     assert scenario["serving"]["release_id"] == chain["head"]  # never a canary, never anything unpublished
-    print(f"{sabotage}: {len(served)} requests, {by_canary} by canaries; {len(chain['releases']) - 1} published "
-          f"of {judged} judged")
+    print(
+        f"{sabotage}: {len(served)} requests, {by_canary} by canaries; {len(chain['releases']) - 1} published "
+        f"of {judged} judged"
+    )
 
 
 def _no_worse_canary_past_its_bound(client: ReefClient) -> None:
@@ -130,18 +150,30 @@ WITH_CANARY = {"canary": {"demo": CANARY}, "live_split": LIVE_SPLIT}
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [{}, WITH_CANARY], ids=["gate", "canary_and_live_split"])
-def test_flipped_rewards_at_100x_the_learning_rate_are_never_published(model_dir: Path, tmp_path: Path,
-                                                                      extra: dict) -> None:
+def test_flipped_rewards_at_100x_the_learning_rate_are_never_published(
+    model_dir: Path, tmp_path: Path, extra: dict
+) -> None:
     gate_tasks = tmp_path / "gate.jsonl"
-    gate_tasks.write_text("".join(f"{line}\n" for line in
-                                  demo_tasks.write_heldout_jsonl(tmp_path / "all.jsonl").read_text().splitlines()[:24]))
-    settings = {"embedded": {"model_dir": str(model_dir), "default_max_tokens": 16},
-                "learner": {"poll_interval": 0.2,
-                            "sao": {"batch_size": 8, "steps_per_candidate": 1, "lr": 100 * LEARNING_RATE},
-                            "gate": {"tasks": str(gate_tasks), "scorer": "reef.demo.tasks:gate_score",
-                                     "max_tokens": 8, "temperature": 0,
-                                     **({"live_split": extra["live_split"]} if extra else {})},
-                            **({"canary": extra["canary"]} if extra else {})}}
+    gate_tasks.write_text(
+        "".join(
+            f"{line}\n" for line in demo_tasks.write_heldout_jsonl(tmp_path / "all.jsonl").read_text().splitlines()[:24]
+        )
+    )
+    settings = {
+        "embedded": {"model_dir": str(model_dir), "default_max_tokens": 16},
+        "learner": {
+            "poll_interval": 0.2,
+            "sao": {"batch_size": 8, "steps_per_candidate": 1, "lr": 100 * LEARNING_RATE},
+            "gate": {
+                "tasks": str(gate_tasks),
+                "scorer": "reef.demo.tasks:gate_score",
+                "max_tokens": 8,
+                "temperature": 0,
+                **({"live_split": extra["live_split"]} if extra else {}),
+            },
+            **({"canary": extra["canary"]} if extra else {}),
+        },
+    }
     with ReefServer(tmp_path, settings, startup_timeout=300) as reef, ReefClient(reef.url, timeout=120) as client:
         deadline = time.monotonic() + 600
         with ThreadPoolExecutor(4) as pool:
@@ -155,8 +187,10 @@ def test_flipped_rewards_at_100x_the_learning_rate_are_never_published(model_dir
         assert client.scenario("demo")["serving"]["release_id"] == releases[0]["release_id"]  # serving never moved
         verdicts = [d["verdict"] for d in client._call("GET", "/reef/scenarios/demo/decisions")["decisions"]]  # noqa: SLF001
         assert verdicts and {v["decision"] for v in verdicts} == {"reject"}
-        print(f"sabotage: {len(verdicts)} candidates rejected: "
-              f"{[(v['metrics']['wins'], v['metrics']['losses']) for v in verdicts]} (wins, losses)")
+        print(
+            f"sabotage: {len(verdicts)} candidates rejected: "
+            f"{[(v['metrics']['wins'], v['metrics']['losses']) for v in verdicts]} (wins, losses)"
+        )
 
 
 def same_score(task: dict, text: str) -> float:
@@ -168,16 +202,29 @@ def same_score(task: dict, text: str) -> float:
 def test_live_scores_that_lie_never_carry_a_line_whose_tasks_tie(tiny_model_dir: Path, tmp_path: Path) -> None:
     # every task ties whatever the weights answer, so the tiny model stands in for the real one here
     gate_tasks = tmp_path / "gate.jsonl"
-    gate_tasks.write_text("".join(f"{line}\n" for line in
-                                  demo_tasks.write_heldout_jsonl(tmp_path / "all.jsonl").read_text().splitlines()[:6]))
-    settings = {"embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 16},
-                "learner": {"poll_interval": 0.2,
-                            "sao": {"batch_size": 8, "steps_per_candidate": 1, "lr": LEARNING_RATE},
-                            "gate": {"tasks": str(gate_tasks), "scorer": f"{__name__}:same_score",
-                                     "max_tokens": 4, "temperature": 0, "live_split": 0.5},
-                            # every request to the line, half in the split: this tests the live
-                            # evidence's rule, not the canary's share, so the bound is raised knowingly
-                            "canary": {"demo": 1.0}, "canary_max_fraction": 1.0}}
+    gate_tasks.write_text(
+        "".join(
+            f"{line}\n" for line in demo_tasks.write_heldout_jsonl(tmp_path / "all.jsonl").read_text().splitlines()[:6]
+        )
+    )
+    settings = {
+        "embedded": {"model_dir": str(tiny_model_dir), "default_max_tokens": 16},
+        "learner": {
+            "poll_interval": 0.2,
+            "sao": {"batch_size": 8, "steps_per_candidate": 1, "lr": LEARNING_RATE},
+            "gate": {
+                "tasks": str(gate_tasks),
+                "scorer": f"{__name__}:same_score",
+                "max_tokens": 4,
+                "temperature": 0,
+                "live_split": 0.5,
+            },
+            # every request to the line, half in the split: this tests the live
+            # evidence's rule, not the canary's share, so the bound is raised knowingly
+            "canary": {"demo": 1.0},
+            "canary_max_fraction": 1.0,
+        },
+    }
     with ReefServer(tmp_path, settings, startup_timeout=300) as reef, ReefClient(reef.url, timeout=120) as client:
         deadline = time.monotonic() + 600
         with ThreadPoolExecutor(4) as pool:
@@ -187,7 +234,10 @@ def test_live_scores_that_lie_never_carry_a_line_whose_tasks_tie(tiny_model_dir:
                 list(pool.map(lambda task: _ask_and_report_lying(reef, client, task), demo_tasks.train_tasks()[:8]))
                 verdict = _verdict_with_live_scores(client)
         metrics = verdict["metrics"]
-        live, last_look_level = metrics["live"], (1 - metrics["confidence"]) * 3 / 4  # reef.commit.gate: a quarter goes to the early looks
+        live, last_look_level = (
+            metrics["live"],
+            (1 - metrics["confidence"]) * 3 / 4,
+        )  # reef.commit.gate: a quarter goes to the early looks
         assert (live["line_mean"], live["serving_mean"], live["z"]) == (1.0, 0.0, 8.0), live
         assert (metrics["wins"], metrics["losses"], metrics["p_tasks"]) == (0, 0, 1.0), metrics
         assert metrics["p_value"] <= last_look_level  # the live scores alone would have carried it
@@ -202,8 +252,9 @@ def _verdict_with_live_scores(client: ReefClient) -> dict | None:
 
 def _ask(reef: ReefServer, task: dict) -> httpx.Response:
     body = {"model": "m", "messages": demo_tasks.messages(task), "temperature": 1.0, "max_tokens": 16}
-    response = httpx.post(f"{reef.base_url}/chat/completions", json=body, timeout=120,
-                          headers={"x-reef-scenario": "demo"})
+    response = httpx.post(
+        f"{reef.base_url}/chat/completions", json=body, timeout=120, headers={"x-reef-scenario": "demo"}
+    )
     response.raise_for_status()
     return response
 

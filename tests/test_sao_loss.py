@@ -32,8 +32,10 @@ class Trainer:
 
 
 def train(config: SAOConfig) -> Trainer:
-    items = [ScoredSample(f"r{i}", f"p{i}", i, float(i % 2), Sample([1, 2], [3, 4], [-0.5, -0.5], 0.0))
-             for i in range(config.batch_size * config.steps_per_candidate)]
+    items = [
+        ScoredSample(f"r{i}", f"p{i}", i, float(i % 2), Sample([1, 2], [3, 4], [-0.5, -0.5], 0.0))
+        for i in range(config.batch_size * config.steps_per_candidate)
+    ]
     trainer = Trainer()
     job = SimpleNamespace(trainer=trainer, start=None, algorithm_state={})
     asyncio.run(SAORecipe(config).candidate(SAOBatch(items), job))  # type: ignore[arg-type]

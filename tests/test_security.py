@@ -24,14 +24,30 @@ UPSTREAM_KEY = "sk-upstream-never-logged-42"
 LIMIT = 16 * 1024
 OPEN_ROUTES = {("GET", "/healthz")}
 USER = [{"role": "user", "content": "hello"}]
-TRAVERSALS = ["../escape", "..%2fescape", "%2e%2e%2fescape", "%2e%2e", "..", "/etc/passwd", "%2fetc%2fpasswd",
-              "a%00b", "a/../../b", "..\\escape", "C:\\windows"]
+TRAVERSALS = [
+    "../escape",
+    "..%2fescape",
+    "%2e%2e%2fescape",
+    "%2e%2e",
+    "..",
+    "/etc/passwd",
+    "%2fetc%2fpasswd",
+    "a%00b",
+    "a/../../b",
+    "..\\escape",
+    "C:\\windows",
+]
 
 
 @pytest.fixture(scope="module")
 def reef(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    settings = {"tokens": [TOKEN], "max_body_bytes": LIMIT, "log_level": "debug", "recipes": {"default": "skills"},
-                "upstream": {"url": upstream.base_url, "model": "provider-model", "api_key": UPSTREAM_KEY, "timeout": 5}}
+    settings = {
+        "tokens": [TOKEN],
+        "max_body_bytes": LIMIT,
+        "log_level": "debug",
+        "recipes": {"default": "skills"},
+        "upstream": {"url": upstream.base_url, "model": "provider-model", "api_key": UPSTREAM_KEY, "timeout": 5},
+    }
     with ReefServer(tmp_path_factory.mktemp("reef-sec"), settings) as server:
         yield server
 
@@ -55,8 +71,9 @@ def files_under(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if not p.name.startswith("reef-")}
 
 
-def raw_request(reef: ReefServer, method: str, path: str, body: Any = None,
-                headers: dict[str, str] | None = None) -> tuple[int, str]:
+def raw_request(
+    reef: ReefServer, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
     """http.client sends the path byte for byte (httpx would normalise `..` segments away)."""
     conn = http.client.HTTPConnection("127.0.0.1", reef.port, timeout=30)
     try:
@@ -71,8 +88,16 @@ def raw_request(reef: ReefServer, method: str, path: str, body: Any = None,
 def test_every_route_but_healthz_refuses_a_missing_or_wrong_token(reef: ReefServer) -> None:
     routes = app_routes(reef)
     assert {("POST", "/v1/chat/completions"), ("POST", "/reef/report"), ("GET", "/metrics")} <= set(routes)
-    wrong = [{}, auth("wrong"), {"authorization": "Bearer"}, {"x-api-key": "wrong"}, {"authorization": TOKEN},
-             {"authorization": f"Basic {TOKEN}"}, auth(TOKEN + "x"), auth(TOKEN[:-1])]
+    wrong = [
+        {},
+        auth("wrong"),
+        {"authorization": "Bearer"},
+        {"x-api-key": "wrong"},
+        {"authorization": TOKEN},
+        {"authorization": f"Basic {TOKEN}"},
+        auth(TOKEN + "x"),
+        auth(TOKEN[:-1]),
+    ]
     for method, path in routes:
         if (method, path) in OPEN_ROUTES:
             continue
@@ -115,16 +140,25 @@ def test_the_body_limit_holds_with_and_without_content_length(reef: ReefServer) 
 
     def chunked() -> Iterator[bytes]:
         for i in range(0, len(big), 4096):
-            yield big[i:i + 4096]
+            yield big[i : i + 4096]
 
-    for path in ("/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/reef/report", "/reef/scenarios"):
+    for path in (
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/reef/report",
+        "/reef/scenarios",
+    ):
         sized = httpx.post(f"{reef.url}{path}", content=big, headers={**auth(), "content-type": "application/json"})
         assert sized.status_code == 413, f"{path} with content-length: {sized.status_code}"
-        streamed = httpx.post(f"{reef.url}{path}", content=chunked(), headers={**auth(), "content-type": "application/json"})
+        streamed = httpx.post(
+            f"{reef.url}{path}", content=chunked(), headers={**auth(), "content-type": "application/json"}
+        )
         assert streamed.request.headers.get("transfer-encoding") == "chunked"
         assert streamed.status_code == 413, f"{path} chunked: {streamed.status_code}"
-    lying = raw_request(reef, "POST", "/v1/chat/completions", headers={"content-length": "10"},
-                        body={"model": "m", "messages": USER})
+    lying = raw_request(
+        reef, "POST", "/v1/chat/completions", headers={"content-length": "10"}, body={"model": "m", "messages": USER}
+    )
     assert lying[0] in (400, 413)  # uvicorn reads 10 bytes: not JSON
     assert httpx.get(f"{reef.url}/reef/status", headers=auth()).json()["storage"] == before
 
@@ -151,13 +185,15 @@ def test_path_traversal_in_scenario_names_and_ids_is_refused(reef: ReefServer, t
         decoded = bad.replace("%2f", "/").replace("%2e", ".").replace("%00", "\x00")
         for name in {bad, decoded}:
             statuses.append((f"create {name!r}", raw_request(reef, "POST", "/reef/scenarios", {"name": name})[0]))
-            statuses.append((f"report {name!r}", raw_request(reef, "POST", "/reef/report",
-                                                             {"references": [name], "score": 1})[0]))
+            statuses.append(
+                (f"report {name!r}", raw_request(reef, "POST", "/reef/report", {"references": [name], "score": 1})[0])
+            )
             for header in ("x-reef-scenario", "x-reef-agent-record-id", "x-reef-session", "x-reef-release-id"):
                 if "\x00" in name:
                     continue  # http.client refuses control characters in headers itself
-                status, _ = raw_request(reef, "POST", "/v1/chat/completions", {"model": "m", "messages": USER},
-                                        headers={header: name})
+                status, _ = raw_request(
+                    reef, "POST", "/v1/chat/completions", {"model": "m", "messages": USER}, headers={header: name}
+                )
                 statuses.append((f"{header}: {name!r}", status))
     refused = [(what, status) for what, status in statuses if status not in (400, 404, 405, 409)]
     assert not refused, f"accepted or failed: {refused}"

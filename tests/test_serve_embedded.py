@@ -55,8 +55,11 @@ def test_a_stream_is_recorded_in_progress_then_complete_and_verified(oai: openai
     assert client.record(receipt)["record"]["status"] in ("in_progress", "complete")  # valid from the first byte
     chunks = list(raw.parse())
     reef_chunk = next(c for c in chunks if not c.choices and getattr(c, "reef", None))
-    assert reef_chunk.reef == {"agent_record_id": receipt, "release_id": raw.headers["x-reef-release-id"],
-                               "verified": True}
+    assert reef_chunk.reef == {
+        "agent_record_id": receipt,
+        "release_id": raw.headers["x-reef-release-id"],
+        "verified": True,
+    }
     record = client.record(receipt)["record"]
     assert record["status"] == "complete" and record["token_ids"]
 
@@ -74,7 +77,8 @@ def test_anthropic_stream_carries_the_reef_event(reef: ReefServer, client: ReefC
 def test_concurrent_requests_all_get_their_own_receipts(oai: openai.OpenAI, client: ReefClient) -> None:
     def ask(i: int) -> str:
         raw = oai.chat.completions.with_raw_response.create(
-            model="m", messages=[{"role": "user", "content": f"Count to {i}."}], max_tokens=6)
+            model="m", messages=[{"role": "user", "content": f"Count to {i}."}], max_tokens=6
+        )
         return raw.headers["x-reef-agent-record-id"]
 
     with ThreadPoolExecutor(4) as pool:

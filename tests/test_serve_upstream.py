@@ -25,10 +25,17 @@ USER = [{"role": "user", "content": "hello there"}]
 
 @pytest.fixture(scope="module")
 def reef(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    settings = {"tokens": [TOKEN, "rotated-token-2"], "max_body_bytes": 64 * 1024,
-                "upstream": {"url": upstream.base_url, "model": "provider-model", "api_key": "sk-upstream-secret",
-                             "timeout": 3},
-                "recipes": {"default": "skills", "scenarios": {"weights": "sao"}}}
+    settings = {
+        "tokens": [TOKEN, "rotated-token-2"],
+        "max_body_bytes": 64 * 1024,
+        "upstream": {
+            "url": upstream.base_url,
+            "model": "provider-model",
+            "api_key": "sk-upstream-secret",
+            "timeout": 3,
+        },
+        "recipes": {"default": "skills", "scenarios": {"weights": "sao"}},
+    }
     with ReefServer(tmp_path_factory.mktemp("reef"), settings) as server:
         yield server
 
@@ -54,8 +61,9 @@ def client(reef: ReefServer) -> Iterator[ReefClient]:
         yield c
 
 
-def test_openai_answer_carries_a_receipt_that_can_be_reported(oai: openai.OpenAI, client: ReefClient,
-                                                              upstream: ScriptedUpstream) -> None:
+def test_openai_answer_carries_a_receipt_that_can_be_reported(
+    oai: openai.OpenAI, client: ReefClient, upstream: ScriptedUpstream
+) -> None:
     upstream.script(text="General Kenobi")
     raw = oai.chat.completions.with_raw_response.create(model="gpt-4o", messages=USER)
     completion = raw.parse()
@@ -73,11 +81,13 @@ def test_openai_answer_carries_a_receipt_that_can_be_reported(oai: openai.OpenAI
     assert client.record(receipt)["reports"][0]["feedback"] == "spot on"
 
 
-def test_openai_stream_ends_with_the_reef_chunk(oai: openai.OpenAI, client: ReefClient,
-                                                upstream: ScriptedUpstream) -> None:
+def test_openai_stream_ends_with_the_reef_chunk(
+    oai: openai.OpenAI, client: ReefClient, upstream: ScriptedUpstream
+) -> None:
     upstream.script(text="one two three four")
-    raw = oai.chat.completions.with_raw_response.create(model="m", messages=USER, stream=True,
-                                                        extra_headers={"x-reef-session": "sess-1"})
+    raw = oai.chat.completions.with_raw_response.create(
+        model="m", messages=USER, stream=True, extra_headers={"x-reef-session": "sess-1"}
+    )
     receipt = raw.headers["x-reef-agent-record-id"]
     chunks = list(raw.parse())
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -90,8 +100,9 @@ def test_openai_stream_ends_with_the_reef_chunk(oai: openai.OpenAI, client: Reef
     assert len(client.record(receipt)["reports"]) == 1
 
 
-def test_anthropic_messages_plain_and_streaming(ant: anthropic.Anthropic, client: ReefClient,
-                                                upstream: ScriptedUpstream) -> None:
+def test_anthropic_messages_plain_and_streaming(
+    ant: anthropic.Anthropic, client: ReefClient, upstream: ScriptedUpstream
+) -> None:
     upstream.script(text="plain answer")
     raw = ant.messages.with_raw_response.create(model="claude-x", max_tokens=50, messages=USER, system="be brief")
     message = raw.parse()
@@ -107,16 +118,25 @@ def test_anthropic_messages_plain_and_streaming(ant: anthropic.Anthropic, client
 
 
 def test_tool_calls_reach_both_sdks(oai: openai.OpenAI, ant: anthropic.Anthropic, upstream: ScriptedUpstream) -> None:
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
     upstream.script(tool_calls=[{"name": "get_weather", "arguments": {"city": "Paris"}}])
     completion = oai.chat.completions.create(model="m", messages=USER, tools=[tool])
     call = completion.choices[0].message.tool_calls[0]
     assert completion.choices[0].finish_reason == "tool_calls"
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
     upstream.script(tool_calls=[{"name": "get_weather", "arguments": {"city": "Oslo"}}])
-    message = ant.messages.create(model="m", max_tokens=64, messages=USER, tools=[{
-        "name": "get_weather", "input_schema": tool["function"]["parameters"]}])
+    message = ant.messages.create(
+        model="m",
+        max_tokens=64,
+        messages=USER,
+        tools=[{"name": "get_weather", "input_schema": tool["function"]["parameters"]}],
+    )
     block = next(b for b in message.content if b.type == "tool_use")
     assert message.stop_reason == "tool_use" and block.input == {"city": "Oslo"}
 
@@ -128,10 +148,13 @@ def test_tokens_are_required_except_on_healthz(reef: ReefServer) -> None:
         assert httpx.get(f"{reef.url}{path}", headers={"authorization": "Bearer wrong"}).status_code == 401
         assert httpx.get(f"{reef.url}{path}", headers={"authorization": "Bearer rotated-token-2"}).status_code == 200
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=reef.base_url, api_key="nope", max_retries=0).chat.completions.create(model="m", messages=USER)
+        openai.OpenAI(base_url=reef.base_url, api_key="nope", max_retries=0).chat.completions.create(
+            model="m", messages=USER
+        )
     with pytest.raises(anthropic.AuthenticationError):
         anthropic.Anthropic(base_url=reef.url, api_key="nope", max_retries=0).messages.create(
-            model="m", max_tokens=5, messages=USER)
+            model="m", max_tokens=5, messages=USER
+        )
     assert TOKEN not in reef.logs()
 
 
@@ -148,14 +171,18 @@ def test_bad_input_gets_a_400_in_each_dialect_and_stores_nothing(reef: ReefServe
     assert client.status()["storage"]["records"] == before
 
 
-def test_reports_refuse_unknown_receipts_and_non_finite_scores(reef: ReefServer, oai: openai.OpenAI,
-                                                               client: ReefClient) -> None:
+def test_reports_refuse_unknown_receipts_and_non_finite_scores(
+    reef: ReefServer, oai: openai.OpenAI, client: ReefClient
+) -> None:
     with pytest.raises(ReefClientError) as unknown:
         client.report("no-such-receipt", score=1.0)
     assert unknown.value.status == 404
     receipt = oai.chat.completions.with_raw_response.create(model="m", messages=USER).headers["x-reef-agent-record-id"]
-    bad = httpx.post(f"{reef.url}/reef/report", content=b'{"references": ["%s"], "score": NaN}' % receipt.encode(),
-                     headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+    bad = httpx.post(
+        f"{reef.url}/reef/report",
+        content=b'{"references": ["%s"], "score": NaN}' % receipt.encode(),
+        headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"},
+    )
     assert bad.status_code == 400
     assert client.record(receipt)["reports"] == []
 
@@ -163,20 +190,24 @@ def test_reports_refuse_unknown_receipts_and_non_finite_scores(reef: ReefServer,
 def test_binding_conflicts_are_409s_that_change_nothing(oai: openai.OpenAI, client: ReefClient) -> None:
     oai.chat.completions.create(model="m", messages=USER, extra_headers={"x-reef-scenario": "bound"})
     with pytest.raises(openai.ConflictError):
-        oai.chat.completions.create(model="m", messages=USER,
-                                    extra_headers={"x-reef-scenario": "bound", "x-reef-recipe": "sao"})
+        oai.chat.completions.create(
+            model="m", messages=USER, extra_headers={"x-reef-scenario": "bound", "x-reef-recipe": "sao"}
+        )
     with pytest.raises(openai.ConflictError):
-        oai.chat.completions.create(model="m", messages=USER,
-                                    extra_headers={"x-reef-scenario": "bound", "x-reef-release-id": "f" * 40})
+        oai.chat.completions.create(
+            model="m", messages=USER, extra_headers={"x-reef-scenario": "bound", "x-reef-release-id": "f" * 40}
+        )
     with pytest.raises(openai.ConflictError):  # a new scenario whose config binds another recipe
-        oai.chat.completions.create(model="m", messages=USER,
-                                    extra_headers={"x-reef-scenario": "weights", "x-reef-recipe": "skills"})
+        oai.chat.completions.create(
+            model="m", messages=USER, extra_headers={"x-reef-scenario": "weights", "x-reef-recipe": "skills"}
+        )
     assert "weights" not in [s["name"] for s in client.scenarios()]
     assert client.scenario("bound")["records"] == 1
 
 
-def test_a_client_chosen_receipt_makes_retries_idempotent(oai: openai.OpenAI, client: ReefClient,
-                                                          upstream: ScriptedUpstream) -> None:
+def test_a_client_chosen_receipt_makes_retries_idempotent(
+    oai: openai.OpenAI, client: ReefClient, upstream: ScriptedUpstream
+) -> None:
     upstream.script(text="first answer")
     headers = {"x-reef-agent-record-id": "retry-me-1"}
     first = oai.chat.completions.create(model="m", messages=USER, extra_headers=headers)
@@ -193,8 +224,9 @@ def test_oversize_bodies_get_413(reef: ReefServer) -> None:
     assert response.status_code == 413
 
 
-def test_upstream_failures_are_502s_and_incomplete_records(oai: openai.OpenAI, ant: anthropic.Anthropic,
-                                                           client: ReefClient, upstream: ScriptedUpstream) -> None:
+def test_upstream_failures_are_502s_and_incomplete_records(
+    oai: openai.OpenAI, ant: anthropic.Anthropic, client: ReefClient, upstream: ScriptedUpstream
+) -> None:
     upstream.script(status=500, error="provider exploded")
     with pytest.raises(openai.InternalServerError) as failed:
         oai.chat.completions.with_raw_response.create(model="m", messages=USER)
@@ -230,7 +262,9 @@ def test_metrics_count_requests(reef: ReefServer, oai: openai.OpenAI) -> None:
     assert 'reef_requests_total{route="chat_completions",scenario="metered",status="200"} 1.0' in text
 
 
-def _status_after_kill_9(upstream: ScriptedUpstream, tmp_path: Path, receive: Callable[[ReefServer], str]) -> RecordStatus:
+def _status_after_kill_9(
+    upstream: ScriptedUpstream, tmp_path: Path, receive: Callable[[ReefServer], str]
+) -> RecordStatus:
     """Start a server, let `receive` get a receipt (it SIGKILLs the server itself, at the point
     it tests), and read the receipt's record back from the state directory."""
     server = ReefServer(tmp_path, {"upstream": {"url": upstream.base_url, "model": "p"}}).start()
@@ -244,8 +278,9 @@ def _status_after_kill_9(upstream: ScriptedUpstream, tmp_path: Path, receive: Ca
 
 def test_a_receipt_survives_kill_9_right_after_the_response(upstream: ScriptedUpstream, tmp_path: Path) -> None:
     def receive(server: ReefServer) -> str:
-        raw = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0).chat.completions.with_raw_response.create(
-            model="m", messages=USER)
+        raw = openai.OpenAI(
+            base_url=server.base_url, api_key="x", max_retries=0
+        ).chat.completions.with_raw_response.create(model="m", messages=USER)
         server.kill()
         return raw.headers["x-reef-agent-record-id"]
 
@@ -267,14 +302,16 @@ def test_a_stream_receipt_survives_kill_9_right_after_its_headers(upstream: Scri
     assert _status_after_kill_9(upstream, tmp_path, receive) is RecordStatus.INCOMPLETE
 
 
-def test_a_client_that_goes_away_leaves_an_incomplete_record(reef: ReefServer, client: ReefClient,
-                                                             upstream: ScriptedUpstream) -> None:
+def test_a_client_that_goes_away_leaves_an_incomplete_record(
+    reef: ReefServer, client: ReefClient, upstream: ScriptedUpstream
+) -> None:
     import time
 
     upstream.script(text="a b c d e f g h i j k l m n o p", mode="slow", delay=0.2)
     body = {"model": "m", "messages": USER, "stream": True}
-    with httpx.stream("POST", f"{reef.base_url}/chat/completions", json=body,
-                      headers={"authorization": f"Bearer {TOKEN}"}) as response:
+    with httpx.stream(
+        "POST", f"{reef.base_url}/chat/completions", json=body, headers={"authorization": f"Bearer {TOKEN}"}
+    ) as response:
         receipt = response.headers["x-reef-agent-record-id"]
         next(response.iter_bytes())  # the first chunk, then hang up
     deadline = time.monotonic() + 15

@@ -40,25 +40,53 @@ from tests.helpers.engine_contract import (
 from tests.helpers.engine_process import EngineProcess
 from tests.helpers.reef_server import ROOT, ReefServer, free_port
 
+
 @pytest.fixture(scope="module")
 def contract(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contract]:
     work = tmp_path_factory.mktemp("reef-sglang")
     releases = make_releases(tiny_model_dir, work / "state", work)
     port = free_port()
-    command = [sys.executable, "-m", "tests.helpers.sglang_double", "--model-path", str(tiny_model_dir),
-               "--port", str(port), "--enable-lora", "--max-lora-rank", "16"]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.helpers.sglang_double",
+        "--model-path",
+        str(tiny_model_dir),
+        "--port",
+        str(port),
+        "--enable-lora",
+        "--max-lora-rank",
+        "16",
+    ]
     env = {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     started = time.monotonic()
     with EngineProcess(command, port, log_path=work / "sglang-double.log", env=env, startup_timeout=120) as double:
         print(f"\nSGLang double healthy after {time.monotonic() - started:.1f}s")
-        settings = {"state_dir": str(work / "state"), "runtime": "sglang", "learner": {"enabled": False},
-                    "sglang": {"url": double.url, "model_dir": str(tiny_model_dir), "model_name": "tiny",
-                               "default_max_tokens": 8, "load_timeout": 60}}
+        settings = {
+            "state_dir": str(work / "state"),
+            "runtime": "sglang",
+            "learner": {"enabled": False},
+            "sglang": {
+                "url": double.url,
+                "model_dir": str(tiny_model_dir),
+                "model_name": "tiny",
+                "default_max_tokens": 8,
+                "load_timeout": 60,
+            },
+        }
         started = time.monotonic()
         with ReefServer(work, settings, env={"REEF_CACHE_DIR": str(work / "cache")}, startup_timeout=120) as reef:
             print(f"reef serve --runtime sglang healthy after {time.monotonic() - started:.1f}s")
-            yield Contract(reef.url, "sglang", double.url, releases, kill_engine=double.kill,
-                           restart_engine=lambda: restart_incremental(double), timeout=60, back_within=120)
+            yield Contract(
+                reef.url,
+                "sglang",
+                double.url,
+                releases,
+                kill_engine=double.kill,
+                restart_engine=lambda: restart_incremental(double),
+                timeout=60,
+                back_within=120,
+            )
 
 
 def restart_incremental(double: EngineProcess) -> None:
@@ -135,8 +163,12 @@ def test_streamed_logprobs_are_read_whether_sglang_sends_them_all_or_only_the_ne
 def test_the_settings_build_an_attached_runtime_that_knows_its_model_folder(tmp_path: Path) -> None:
     from reef.runtimes.factory import build_runtime
 
-    env = {"REEF_RUNTIME": "sglang", "REEF_SGLANG__URL": "http://127.0.0.1:30000/",
-           "REEF_SGLANG__MODEL_DIR": str(tmp_path / "model"), "REEF_SGLANG__ADAPTER_DIR": str(tmp_path / "adapters")}
+    env = {
+        "REEF_RUNTIME": "sglang",
+        "REEF_SGLANG__URL": "http://127.0.0.1:30000/",
+        "REEF_SGLANG__MODEL_DIR": str(tmp_path / "model"),
+        "REEF_SGLANG__ADAPTER_DIR": str(tmp_path / "adapters"),
+    }
     runtime = build_runtime(load_config(None, env=env))
     assert (runtime.name, runtime.verifies_tokens, runtime.url) == ("sglang", True, "http://127.0.0.1:30000")
     assert runtime.model_dir == tmp_path / "model"  # the learner trains the weights SGLang serves
@@ -163,8 +195,9 @@ def test_a_tool_call_sglang_writes_is_answered_as_a_tool_call(tiny_model_dir: Pa
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-        answer = tokenizer('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
-                           add_special_tokens=False)["input_ids"] + [2]
+        answer = tokenizer(
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>', add_special_tokens=False
+        )["input_ids"] + [2]
         async with ScriptedSGLang(answer) as engine:
             runtime = SGLangRuntime(engine.url, adapter_dir=tmp_path / "adapters", model_dir=tiny_model_dir)
             await runtime.start()
@@ -225,8 +258,12 @@ class ScriptedSGLang:
         await response.prepare(request)
         for n in range(1, len(self.answer) + 1):
             finish = {"type": "stop", "matched": 2} if n == len(self.answer) else None
-            meta = {"finish_reason": finish, "prompt_tokens": 9, "completion_tokens": n,
-                    "output_token_logprobs": [[-0.25, t, None] for t in self.answer[:n]]}
+            meta = {
+                "finish_reason": finish,
+                "prompt_tokens": 9,
+                "completion_tokens": n,
+                "output_token_logprobs": [[-0.25, t, None] for t in self.answer[:n]],
+            }
             await response.write(b"data: " + json.dumps({"text": "", "meta_info": meta}).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         return response

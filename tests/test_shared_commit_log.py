@@ -16,12 +16,12 @@ from uuid import uuid4
 
 import pytest
 
-from tests.pg import postgres_dsn  # noqa: F401  (session fixture)
 from reef.commit.commit_log import JsonlCommitLogs
 from reef.commit.release_chain import Candidate
 from reef.commit.state import ReefState
 from reef.core.errors import MissingArtifact, StaleHead
 from reef.core.types import ArtifactKind, Operation, Verdict
+from tests.pg import postgres_dsn  # noqa: F401  (session fixture)
 
 pytestmark = pytest.mark.postgres
 SELECT = Verdict("select", {"wins": 3})
@@ -29,8 +29,10 @@ Open = Callable[[Path], ReefState]
 
 
 def adapter(n: int) -> Candidate:
-    return Candidate({"adapter_config.json": b'{"r": 16}', "adapter_model.safetensors": n.to_bytes(4, "big") * 1024},
-                     ArtifactKind.WEIGHTS)
+    return Candidate(
+        {"adapter_config.json": b'{"r": 16}', "adapter_model.safetensors": n.to_bytes(4, "big") * 1024},
+        ArtifactKind.WEIGHTS,
+    )
 
 
 @pytest.fixture
@@ -111,8 +113,10 @@ def test_two_front_ends_logging_batches_at_once_have_one_winner(front_end: Open,
     fronts = [front_end(tmp_path), front_end(tmp_path)]
     fronts[0].create("s", "sao")
     fronts[1].create("s", "sao")
-    results = race(fronts, lambda st, i: st.chain("s").begin_batch(f"b{i}", [f"r{i}"], [f"p{i}"], high_water=i + 1,
-                                                                    expected_step=1))
+    results = race(
+        fronts,
+        lambda st, i: st.chain("s").begin_batch(f"b{i}", [f"r{i}"], [f"p{i}"], high_water=i + 1, expected_step=1),
+    )
     assert sum(isinstance(r, StaleHead) for r in results) == 1
     assert len(fronts[1].chain("s").open_batches()) == 1
 
@@ -142,8 +146,11 @@ def test_missing_lfs_objects_are_named_on_open(front_end: Open, tmp_path: Path) 
     for path in (tmp_path / "artifacts.git" / "lfs" / "objects").rglob("*"):
         if path.is_file():
             path.unlink()
-    with pytest.raises(MissingArtifact, match=rf"release {r2.release_id}: LFS object [0-9a-f]{{64}} for "
-                                              r"'adapter_model.safetensors' is missing") as info:
+    with pytest.raises(
+        MissingArtifact,
+        match=rf"release {r2.release_id}: LFS object [0-9a-f]{{64}} for "
+        r"'adapter_model.safetensors' is missing",
+    ) as info:
         front_end(tmp_path)
     assert oid and "every front end" in str(info.value)
 

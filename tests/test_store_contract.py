@@ -17,11 +17,11 @@ from uuid import uuid4
 
 import pytest
 
-from tests.pg import postgres_dsn  # noqa: F401  (session fixture used by the postgres params)
 from reef.core.errors import InvalidInput, NotFound, RecordConflict, StorageUnavailable
 from reef.core.types import Record, RecordStatus, ReleaseRef, Report, TokenSpan
 from reef.observe.sqlite_store import SQLiteStore
 from reef.observe.store import ExperienceStore
+from tests.pg import postgres_dsn  # noqa: F401  (session fixture used by the postgres params)
 
 SCENARIO = "contract"
 OTHER = "elsewhere"
@@ -121,7 +121,9 @@ def test_identical_retry_returns_the_same_seq(store: ExperienceStore) -> None:
     "change",
     [{"request": {"other": True}}, {"tags": {"team": "b"}}, {"session": "s-9"}, {"release": None}],
 )
-def test_other_content_under_an_id_conflicts_and_changes_nothing(store: ExperienceStore, change: dict[str, Any]) -> None:
+def test_other_content_under_an_id_conflicts_and_changes_nothing(
+    store: ExperienceStore, change: dict[str, Any]
+) -> None:
     stored = store.put_record(pending("r1", tags={"team": "a"}))
     with pytest.raises(RecordConflict):
         store.put_record(replace(pending("r1", tags={"team": "a"}), **change))
@@ -164,7 +166,9 @@ def test_finish_of_an_unknown_record_is_not_found(store: ExperienceStore) -> Non
 
 
 def test_putting_the_complete_record_finishes_an_in_progress_one(store: ExperienceStore) -> None:
-    started = replace(full("r1"), status=RecordStatus.IN_PROGRESS, response=None, token_ids=None, logprobs=None, spans=[])
+    started = replace(
+        full("r1"), status=RecordStatus.IN_PROGRESS, response=None, token_ids=None, logprobs=None, spans=[]
+    )
     stored = store.put_record(started)
     done = store.put_record(full("r1"))
     assert done.seq == stored.seq and done.status is RecordStatus.COMPLETE
@@ -392,7 +396,11 @@ def test_iter_records_pages_in_seq_order_with_reports_and_filters(store: Experie
     assert created == sorted(created) and all(isinstance(t, float) for t in created)
     assert every[1].finished_at is None and every[0].finished_at is not None
     assert ids_of(statuses={RecordStatus.COMPLETE}) == ["z-done", "x-other-release"]
-    assert ids_of(statuses={RecordStatus.COMPLETE, RecordStatus.INCOMPLETE}) == ["z-done", "x-other-release", "w-failed"]
+    assert ids_of(statuses={RecordStatus.COMPLETE, RecordStatus.INCOMPLETE}) == [
+        "z-done",
+        "x-other-release",
+        "w-failed",
+    ]
     assert ids_of(statuses=()) == []
     assert ids_of(release_id="rel-2") == ["x-other-release"]
     assert ids_of(release_id="rel-1") == ["z-done", "y-open", "w-failed"]
@@ -424,7 +432,9 @@ def test_iter_records_newest_first_walks_back_from_the_newest_with_the_same_filt
     assert ids_of(after_seq=first.record.seq, page_size=3) == ["r6", "r5", "r4", "r3", "r2", "r1"]
     newest = next(store.iter_records(SCENARIO, newest_first=True, page_size=1))
     assert newest.record.id == "r6" and [r.id for r in newest.reports] == []
-    assert [r.id for r in next(iter(store.iter_records(SCENARIO, newest_first=True, reported_only=True))).reports] == ["p1"]
+    assert [r.id for r in next(iter(store.iter_records(SCENARIO, newest_first=True, reported_only=True))).reports] == [
+        "p1"
+    ]
     assert list(store.iter_records("nobody", newest_first=True)) == []
 
 
@@ -579,8 +589,13 @@ def test_postgres_front_ends_may_create_a_schema_together(postgres_dsn: str) -> 
 
 
 def test_the_harness_entry_round_trips_and_is_part_of_the_content(store: ExperienceStore) -> None:
-    added = {"mode": "inject", "content_id": "sha256:" + "a" * 64, "skills": ["empty-token"], "inserted": True,
-             "prefix_chars": 42}
+    added = {
+        "mode": "inject",
+        "content_id": "sha256:" + "a" * 64,
+        "skills": ["empty-token"],
+        "inserted": True,
+        "prefix_chars": 42,
+    }
     stored = store.put_record(pending("r-h", harness=added))
     assert store.get_record("r-h").harness == added and same(store.get_record("r-h"), stored)
     with pytest.raises(RecordConflict):

@@ -30,13 +30,18 @@ pytestmark = [  # the filters reef installs on import; pytest resets them around
     pytest.mark.filterwarnings("ignore:Adapter .* was active which is now deleted:UserWarning"),
     pytest.mark.filterwarnings("ignore:Already found a `peft_config` attribute:UserWarning"),
 ]
-PROMPTS = ["Hello there", "What is the capital of France? Answer in one word.", "Count: 1 2 3",
-           "Tell me a long story about the sea"]
+PROMPTS = [
+    "Hello there",
+    "What is the capital of France? Answer in one word.",
+    "Count: 1 2 3",
+    "Tell me a long story about the sea",
+]
 Rollout = tuple[list[int], list[int], list[float], float]  # prompt, completion, recorded log-probs, temperature
 
 
-async def generate(model_dir: Path, files: dict[str, bytes], temperatures: list[float],
-                   max_tokens: int = 16) -> list[Rollout]:
+async def generate(
+    model_dir: Path, files: dict[str, bytes], temperatures: list[float], max_tokens: int = 16
+) -> list[Rollout]:
     """Real rollouts: the runtime's own prompt ids, sampled ids and recorded log-probs."""
     runtime = EmbeddedRuntime(model_dir)
     await runtime.start()
@@ -44,8 +49,14 @@ async def generate(model_dir: Path, files: dict[str, bytes], temperatures: list[
         load = await runtime.load("c", files)
 
         async def one(i: int, temperature: float) -> Rollout:
-            request = ChatRequest(model="m", messages=(Message("user", PROMPTS[i % len(PROMPTS)]),),
-                                  dialect="openai", max_tokens=max_tokens, temperature=temperature, seed=i)
+            request = ChatRequest(
+                model="m",
+                messages=(Message("user", PROMPTS[i % len(PROMPTS)]),),
+                dialect="openai",
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=i,
+            )
             ids: list[int] = []
             logprobs: list[float] = []
             prompt: list[int] = []
@@ -114,8 +125,12 @@ def test_on_policy_logprobs_and_ratios_are_one(trainer: LoRATrainer, rollouts: l
 
 def test_a_fresh_adapter_is_exactly_the_base_model(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
     files, _ = trainer.step("fresh", None, samples_of(rollouts[:2], [1.0, -1.0]), TrainConfig(lr=0.0))
-    assert set(files) == {"adapter_config.json", "adapter_model.safetensors", "training/optimizer.safetensors",
-                          "training/state.json"}  # the checkpoint carries AdamW's state
+    assert set(files) == {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "training/optimizer.safetensors",
+        "training/state.json",
+    }  # the checkpoint carries AdamW's state
     tensors = weights(files)
     assert any("lora_B" in k for k in tensors) and all(not t.any() for k, t in tensors.items() if "lora_B" in k)
     seqs = [(p, c) for p, c, _, _ in rollouts]
@@ -195,9 +210,11 @@ def test_bad_samples_are_refused(trainer: LoRATrainer, rollouts: list[Rollout]) 
 def test_the_gates_answers_on_the_trainer_stop_where_the_context_ends(trainer: LoRATrainer) -> None:
     """As the embedded runtime: an answer is cut where the model's context ends, and a prompt
     that fills the context is refused with its length, not run."""
+
     def request(words: int) -> ChatRequest:
-        return ChatRequest(model="m", messages=(Message("user", "a" + " a" * words),), dialect="openai",
-                           max_tokens=8, temperature=0.0)
+        return ChatRequest(
+            model="m", messages=(Message("user", "a" + " a" * words),), dialect="openai", max_tokens=8, temperature=0.0
+        )
 
     tokenizer = trainer._tokenizer()
     words = MAX_CONTEXT - 3 - len(prompt_ids(tokenizer, request(0)))
@@ -217,10 +234,16 @@ def test_the_gates_answers_on_the_trainer_run_their_shared_prefix_once(trainer: 
     """The gate's prompts share a worked example: it runs once for the batch, and the greedy
     answers are the ones every row's whole prompt gives, prompts of different lengths included."""
     example = [Message("user", "What is the opposite of hot? Answer with one word."), Message("assistant", "Cold")]
-    requests = [ChatRequest(model="m", messages=(*example, Message("user", question)), dialect="openai",
-                            max_tokens=6, temperature=0.0)
-                for question in ("What is the capital of France? Answer with one word.", "And of Peru?",
-                                 "What is the plural of mouse? Answer with one word, please, and nothing else.")]
+    requests = [
+        ChatRequest(
+            model="m", messages=(*example, Message("user", question)), dialect="openai", max_tokens=6, temperature=0.0
+        )
+        for question in (
+            "What is the capital of France? Answer with one word.",
+            "And of Peru?",
+            "What is the plural of mouse? Answer with one word, please, and nothing else.",
+        )
+    ]
     before, minimum = trainer.shared_prefix_tokens, trainer.min_shared_prefix
     shared = trainer.generate(None, requests, 6)
     ran_once = trainer.shared_prefix_tokens - before
@@ -233,8 +256,9 @@ def test_the_gates_answers_on_the_trainer_run_their_shared_prefix_once(trainer: 
     assert shared == whole and any(shared)
 
 
-def test_trained_adapters_serve_and_stay_on_policy(tiny_model_dir: Path, trainer: LoRATrainer,
-                                                   rollouts: list[Rollout]) -> None:
+def test_trained_adapters_serve_and_stay_on_policy(
+    tiny_model_dir: Path, trainer: LoRATrainer, rollouts: list[Rollout]
+) -> None:
     samples = samples_of(rollouts[:8], [1.0 if i % 2 else -1.0 for i in range(8)])
     files = None
     for _ in range(3):
@@ -242,7 +266,9 @@ def test_trained_adapters_serve_and_stay_on_policy(tiny_model_dir: Path, trainer
     assert files is not None
 
     async def serve() -> tuple[list[Rollout], list[Rollout]]:
-        return await generate(tiny_model_dir, {}, [0.0] * 4), await generate(tiny_model_dir, files, [0.0] * 4 + [1.0] * 4)
+        return await generate(tiny_model_dir, {}, [0.0] * 4), await generate(
+            tiny_model_dir, files, [0.0] * 4 + [1.0] * 4
+        )
 
     base, tuned = asyncio.run(serve())
     assert [c for _, c, _, _ in base] != [c for _, c, _, _ in tuned[:4]]  # greedy output changed
@@ -278,8 +304,9 @@ def worker(tiny_model_dir: Path, loop: asyncio.AbstractEventLoop) -> Iterator[Tr
     on(loop, worker.close())
 
 
-def test_worker_gives_the_in_process_numbers(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,
-                                             trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
+def test_worker_gives_the_in_process_numbers(
+    worker: TrainingWorker, loop: asyncio.AbstractEventLoop, trainer: LoRATrainer, rollouts: list[Rollout]
+) -> None:
     samples = samples_of(rollouts[:6], [1.0, -1.0, 0.5, -0.5, 2.0, 0.0])
     config = TrainConfig(lr=1e-2, kl_coef=0.05, micro_batch=4)
     theirs, their_metrics = on(loop, worker.train("same", None, samples, config))
@@ -295,8 +322,9 @@ def test_worker_gives_the_in_process_numbers(worker: TrainingWorker, loop: async
     assert all(abs(a - b) < 1e-5 for r, loc in zip(remote, local) for a, b in zip(r, loc))
 
 
-def test_worker_serves_keys_round_robin(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,
-                                        rollouts: list[Rollout]) -> None:
+def test_worker_serves_keys_round_robin(
+    worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout]
+) -> None:
     samples = samples_of(rollouts[:2], [1.0, -1.0])
 
     async def scenario() -> tuple[dict[str, int], list[str]]:
@@ -318,13 +346,16 @@ def test_worker_serves_keys_round_robin(worker: TrainingWorker, loop: asyncio.Ab
     assert worker.pending() == {}
 
 
-def test_the_gates_answers_wait_while_a_training_job_waits(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,
-                                                           rollouts: list[Rollout]) -> None:
+def test_the_gates_answers_wait_while_a_training_job_waits(
+    worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout]
+) -> None:
     """`gate.answer_on: trainer`, with training owed its share (here all of it): answers queued before
     training jobs still go after them, and after a line of jobs sent one after another (they fill
     the time training waits for samples)."""
     samples = samples_of(rollouts[:2], [1.0, -1.0])
-    request = ChatRequest(model="m", messages=(Message("user", "Hi."),), dialect="openai", max_tokens=2, temperature=0.0)
+    request = ChatRequest(
+        model="m", messages=(Message("user", "Hi."),), dialect="openai", max_tokens=2, temperature=0.0
+    )
 
     async def scenario() -> list[str]:
         finished: list[str] = []
@@ -334,10 +365,12 @@ def test_the_gates_answers_wait_while_a_training_job_waits(worker: TrainingWorke
             finished.append(name)
 
         await job("owed", worker.generate(None, [request], 2))  # training is owed its share from here
-        tasks = [asyncio.create_task(job("a1", worker.train("a", None, samples, TrainConfig(lr=1e-3)))),
-                 asyncio.create_task(job("gate", worker.generate(None, [request], 2))),
-                 asyncio.create_task(job("a2", worker.train("a", None, samples, TrainConfig(lr=1e-3)))),
-                 asyncio.create_task(job("b1", worker.train("b", None, samples, TrainConfig(lr=1e-3))))]
+        tasks = [
+            asyncio.create_task(job("a1", worker.train("a", None, samples, TrainConfig(lr=1e-3)))),
+            asyncio.create_task(job("gate", worker.generate(None, [request], 2))),
+            asyncio.create_task(job("a2", worker.train("a", None, samples, TrainConfig(lr=1e-3)))),
+            asyncio.create_task(job("b1", worker.train("b", None, samples, TrainConfig(lr=1e-3)))),
+        ]
         await asyncio.gather(*tasks)
 
         async def one_after_another() -> None:  # as a recipe sends its primitives: each as the last returns
@@ -358,12 +391,15 @@ def test_the_gates_answers_wait_while_a_training_job_waits(worker: TrainingWorke
 
 
 def test_the_gates_answers_get_their_share_of_a_trainer_that_never_waits(
-        worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout]) -> None:
+    worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout]
+) -> None:
     """Two lines of training jobs, so one always waits: the first gate job goes at the next job
     boundary, the second only once training jobs have had three times the first one's seconds (a
     share of a quarter), and neither waits out the line."""
     samples = samples_of(rollouts[:2], [1.0, -1.0])
-    request = ChatRequest(model="m", messages=(Message("user", "Hi."),), dialect="openai", max_tokens=2, temperature=0.0)
+    request = ChatRequest(
+        model="m", messages=(Message("user", "Hi."),), dialect="openai", max_tokens=2, temperature=0.0
+    )
     share = 0.25
 
     async def scenario() -> list[tuple[str, float, dict[str, float]]]:
@@ -395,7 +431,7 @@ def test_the_gates_answers_get_their_share_of_a_trainer_that_never_waits(
         worker.background_share = saved
     names = [name for name, _, _ in finished]
     queued, first, second = (finished[i] for i, name in enumerate(names) if name in ("queued", "gate"))
-    assert "train" in names[names.index("gate") + 1:], names  # training jobs between the two gate jobs
+    assert "train" in names[names.index("gate") + 1 :], names  # training jobs between the two gate jobs
     first_gate_s = first[2]["gate_answers"] - queued[2]["gate_answers"]
     training_between = second[2]["training"] - first[2]["training"]
     assert first_gate_s > 0, finished
@@ -405,8 +441,9 @@ def test_the_gates_answers_get_their_share_of_a_trainer_that_never_waits(
     assert second[1] - queued[1] < 30, finished  # not starved for the line
 
 
-def test_worker_reports_a_failed_job_and_goes_on(worker: TrainingWorker, loop: asyncio.AbstractEventLoop,
-                                                 rollouts: list[Rollout]) -> None:
+def test_worker_reports_a_failed_job_and_goes_on(
+    worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout]
+) -> None:
     p, c, lp, _ = rollouts[0]
     with pytest.raises(TrainingFailed, match="rollout log-probs"):  # the child's own message comes back
         on(loop, worker.train("err", None, [Sample(p, c, lp[:-1], 1.0)], TrainConfig()))
@@ -414,7 +451,8 @@ def test_worker_reports_a_failed_job_and_goes_on(worker: TrainingWorker, loop: a
 
 
 def test_a_killed_child_fails_pending_jobs_and_start_recovers(
-        worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout]) -> None:
+    worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout]
+) -> None:
     seqs = [(p, c) for p, c, _, _ in rollouts] * 40  # long enough to be killed mid-job
     samples = samples_of(rollouts[:2], [1.0, -1.0])
 
@@ -433,8 +471,10 @@ def test_a_killed_child_fails_pending_jobs_and_start_recovers(
 
     # one that dies mid-job fails that job and the queued ones, with a clear error
     async def kill_mid_job() -> list[Any]:
-        jobs = [asyncio.ensure_future(worker.logprobs(None, seqs, key="long")),
-                asyncio.ensure_future(worker.train("queued", None, samples, TrainConfig()))]
+        jobs = [
+            asyncio.ensure_future(worker.logprobs(None, seqs, key="long")),
+            asyncio.ensure_future(worker.train("queued", None, samples, TrainConfig())),
+        ]
         while worker.pending() != {"long": 1, "queued": 1}:
             await asyncio.sleep(0.01)
         assert worker.pid is not None
@@ -499,4 +539,3 @@ def test_a_bf16_trainer_trains_and_saves_an_fp32_adapter(tiny_model_dir: Path, r
     assert {t.dtype for t in weights(files).values()} == {torch.float32}
     seqs = [(p, c) for p, c, _, _ in rollouts[:4]]
     assert trainer.logprobs(files, seqs) != trainer.logprobs(None, seqs)  # the step moved the adapter
-

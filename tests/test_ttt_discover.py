@@ -10,7 +10,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
 from reef.core.types import Operation, Record, RecordStatus, ReleaseRef, Report, TokenSpan, Verdict
@@ -41,22 +40,37 @@ class Gate:
     def remember(self, releases: Any) -> None:
         return None
 
-    async def judge(self, current: Any, current_files: Any, candidate_id: str, candidate_files: Any,
-                    holdout: Any, starved: bool = False, live: Any = None) -> Verdict:
+    async def judge(
+        self,
+        current: Any,
+        current_files: Any,
+        candidate_id: str,
+        candidate_files: Any,
+        holdout: Any,
+        starved: bool = False,
+        live: Any = None,
+    ) -> Verdict:
         self.judged.append(candidate_id)
         return Verdict("select", {"gate": "test"})
 
 
-async def report(state: ReefState, worker: TrainingWorker, release: ReleaseRef, step: int, group: int, rollout: int,
-                 score: float) -> str:
+async def report(
+    state: ReefState, worker: TrainingWorker, release: ReleaseRef, step: int, group: int, rollout: int, score: float
+) -> str:
     """One rollout served by `release` (on-policy log-probs of the base model) and its score,
     with its place in the search in the report's metadata."""
     rid = f"s{step}g{group}r{rollout}"
     completion = [300 + 10 * group + rollout, 301, 2]
     logprobs = (await worker.logprobs(None, [(PROMPT, completion)]))[0]
     state.store.put_record(Record(rid, "t", release, {"temperature": 1.0, "messages": []}))
-    state.store.finish_record(rid, RecordStatus.COMPLETE, response={"prompt_token_ids": PROMPT}, token_ids=completion,
-                              logprobs=logprobs, spans=[TokenSpan(0, len(completion), release.runtime_load_id or "")])
+    state.store.finish_record(
+        rid,
+        RecordStatus.COMPLETE,
+        response={"prompt_token_ids": PROMPT},
+        token_ids=completion,
+        logprobs=logprobs,
+        spans=[TokenSpan(0, len(completion), release.runtime_load_id or "")],
+    )
     metadata = {"step": step, "group": group, "rollout": rollout, "group_size": 3}
     state.store.put_report(Report(f"rep-{rid}", "t", (rid,), score, metadata=metadata))
     return rid
@@ -83,8 +97,15 @@ def test_groups_out_of_order_incomplete_and_spanning_two_releases(tiny_model_dir
 
         publisher = CandidatePublisher(chain, gate, serve_release)  # type: ignore[arg-type]
         recipe = TTTDiscoverRecipe(TTTDiscoverConfig(group_size=3, lr=0.01))
-        learner = Learner(chain, state.store, recipe, publisher.decide, publisher.head_files,
-                          TrainingClient(worker, "t"), poll_interval=0.05)
+        learner = Learner(
+            chain,
+            state.store,
+            recipe,
+            publisher.decide,
+            publisher.head_files,
+            TrainingClient(worker, "t"),
+            poll_interval=0.05,
+        )
         # group 0 starts first but misses rollout 1; group 1 arrives interleaved, last rollout first
         for group, rollout, score in [(0, 0, 1.0), (1, 2, 0.0), (0, 2, 0.0), (1, 0, 1.0), (1, 1, 0.5)]:
             await report(state, worker, first, 0, group, rollout, score)

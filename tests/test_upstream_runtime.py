@@ -41,8 +41,13 @@ def runtime(up: ScriptedUpstream, dialect: str, **kw: Any) -> UpstreamRuntime:
 
 
 def ask(text: str = "hello", *, stream: bool = False, dialect: str = "openai", **kw: Any) -> ChatRequest:
-    return ChatRequest(model="client-model", messages=(Message("user", text),), dialect=dialect,  # type: ignore[arg-type]
-                       stream=stream, **kw)
+    return ChatRequest(
+        model="client-model",
+        messages=(Message("user", text),),
+        dialect=dialect,  # type: ignore[arg-type]
+        stream=stream,
+        **kw,
+    )
 
 
 async def _collect(rt: UpstreamRuntime, request: ChatRequest, load: str | None, into: list[Delta]) -> list[Delta]:
@@ -98,14 +103,17 @@ def test_text_usage_model_and_finish(upstream: ScriptedUpstream, dialect: str, s
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_tool_calls_arrive_whole(upstream: ScriptedUpstream, dialect: str, stream: bool) -> None:
-    calls = [{"id": "call_a", "name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}},
-             {"id": "call_b", "name": "lookup", "arguments": {"q": "long query text " * 3}}]
+    calls = [
+        {"id": "call_a", "name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}},
+        {"id": "call_b", "name": "lookup", "arguments": {"q": "long query text " * 3}},
+    ]
     upstream.script(text="Checking.", tool_calls=calls)
     deltas = collect(runtime(upstream, dialect), ask(stream=stream, tools=(WEATHER,)))
     tool_deltas = [d for d in deltas if isinstance(d, ToolCallDelta)]
     assert [d.index for d in tool_deltas] == [0, 1]
     assert [(d.call.id, d.call.name, json.loads(d.call.arguments)) for d in tool_deltas] == [
-        (c["id"], c["name"], c["arguments"]) for c in calls]
+        (c["id"], c["name"], c["arguments"]) for c in calls
+    ]
     got = result(deltas)
     assert (got.text, got.finish_reason) == ("Checking.", "tool_calls")
 
@@ -119,14 +127,31 @@ def test_length_finish_maps(upstream: ScriptedUpstream, dialect: str, stream: bo
 
 def conversation(dialect: str, stream: bool) -> ChatRequest:
     return ChatRequest(
-        model="claude-x", dialect=dialect, stream=stream, tools=(WEATHER,), tool_choice="required",  # type: ignore[arg-type]
-        max_tokens=None if dialect == "openai" else 300, temperature=0.2, top_p=0.9, stop=("END",),
-        messages=(Message("system", "Be brief."), Message("user", "Weather in Paris and Rome?"),
-                  Message("assistant", "Let me look.", tool_calls=(
-                      ToolCall("toolu_1", "get_weather", '{"city": "Paris"}'),
-                      ToolCall("toolu_2", "get_weather", '{"city": "Rome"}'))),
-                  Message("tool", "18C", tool_call_id="toolu_1"), Message("tool", "22C", tool_call_id="toolu_2"),
-                  Message("user", "Thanks; and tomorrow?")))
+        model="claude-x",
+        dialect=dialect,
+        stream=stream,
+        tools=(WEATHER,),
+        tool_choice="required",  # type: ignore[arg-type]
+        max_tokens=None if dialect == "openai" else 300,
+        temperature=0.2,
+        top_p=0.9,
+        stop=("END",),
+        messages=(
+            Message("system", "Be brief."),
+            Message("user", "Weather in Paris and Rome?"),
+            Message(
+                "assistant",
+                "Let me look.",
+                tool_calls=(
+                    ToolCall("toolu_1", "get_weather", '{"city": "Paris"}'),
+                    ToolCall("toolu_2", "get_weather", '{"city": "Rome"}'),
+                ),
+            ),
+            Message("tool", "18C", tool_call_id="toolu_1"),
+            Message("tool", "22C", tool_call_id="toolu_2"),
+            Message("user", "Thanks; and tomorrow?"),
+        ),
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -141,15 +166,26 @@ def test_anthropic_client_request_goes_out_as_openai(upstream: ScriptedUpstream,
     assert assistant["content"] == "Let me look."
     assert assistant["tool_calls"] == [
         {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-        {"id": "toolu_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]
+        {"id": "toolu_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
+    ]
     assert body["messages"][3] == {"role": "tool", "tool_call_id": "toolu_1", "content": "18C"}
-    assert body["tools"] == [{"type": "function", "function": {
-        "name": "get_weather", "description": "Weather for a city", "parameters": WEATHER.parameters}}]
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "description": "Weather for a city", "parameters": WEATHER.parameters},
+        }
+    ]
     assert body["tool_choice"] == "required"
     assert (body["max_tokens"], body["temperature"], body["top_p"], body["stop"]) == (300, 0.2, 0.9, ["END"])
     assert ("stream_options" in body) is stream and body.get("stream_options", {"include_usage": True})["include_usage"]
     for message in body["messages"]:
-        assert isinstance(message["content"], str) and set(message) <= {"role", "content", "tool_calls", "tool_call_id", "name"}
+        assert isinstance(message["content"], str) and set(message) <= {
+            "role",
+            "content",
+            "tool_calls",
+            "tool_call_id",
+            "name",
+        }
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -165,13 +201,16 @@ def test_openai_client_request_goes_out_as_anthropic(upstream: ScriptedUpstream,
     assert body["messages"][1]["content"] == [
         {"type": "text", "text": "Let me look."},
         {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
-        {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}}]
+        {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}},
+    ]
     assert body["messages"][2]["content"] == [
         {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18C"},
         {"type": "tool_result", "tool_use_id": "toolu_2", "content": "22C"},
-        {"type": "text", "text": "Thanks; and tomorrow?"}]
-    assert body["tools"] == [{"name": "get_weather", "description": "Weather for a city",
-                              "input_schema": WEATHER.parameters}]
+        {"type": "text", "text": "Thanks; and tomorrow?"},
+    ]
+    assert body["tools"] == [
+        {"name": "get_weather", "description": "Weather for a city", "input_schema": WEATHER.parameters}
+    ]
     assert body["tool_choice"] == {"type": "any"}
     assert (body["temperature"], body["top_p"], body["stop_sequences"]) == (0.2, 0.9, ["END"])
     assert not {"stop", "stream_options", "seed", "tool_calls"} & set(body)
@@ -202,10 +241,13 @@ def test_default_echo_and_keep_alive(upstream: ScriptedUpstream, stream: bool) -
         rt = runtime(upstream, "openai")
         await rt.start()
         try:
-            return [result([d async for d in rt.generate(ask(f"ping {i}", stream=stream), ReleaseRef("r", "c"))]).text
-                    for i in range(2)]
+            return [
+                result([d async for d in rt.generate(ask(f"ping {i}", stream=stream), ReleaseRef("r", "c"))]).text
+                for i in range(2)
+            ]
         finally:
             await rt.close()
+
     assert asyncio.run(twice()) == ["echo: ping 0", "echo: ping 1"]
 
 
@@ -271,6 +313,7 @@ def test_slow_stream_is_delivered_incrementally(upstream: ScriptedUpstream) -> N
             first = first or time.monotonic() - began
         await rt.close()
         return first, time.monotonic() - began
+
     first, total = asyncio.run(timed())
     assert first < total - 0.2
 
@@ -291,11 +334,13 @@ def test_load_unload_and_weights_refused(upstream: ScriptedUpstream) -> None:
 
 def test_count_tokens(upstream: ScriptedUpstream) -> None:
     request = conversation("openai", False)
+
     async def count(rt: UpstreamRuntime, request: ChatRequest) -> int:
         try:
             return await rt.count_tokens(request)
         finally:
             await rt.close()
+
     counted = asyncio.run(count(runtime(upstream, "anthropic"), request))
     sent = upstream.requests[-1]
     assert sent.path == "/v1/messages/count_tokens" and sent.headers["x-api-key"] == KEY
@@ -306,7 +351,7 @@ def test_count_tokens(upstream: ScriptedUpstream) -> None:
 
 
 def test_sse_parser_handles_crlf_comments_multiline_and_unicode_separators() -> None:
-    raw = [b": hi\r\nevent: a\r\ndata: {\"t\": \"x\xe2\x80", b"\xa8y\"}\r\n\r\ndata: line1\ndata: line2\n\n", b"data: tail"]
+    raw = [b': hi\r\nevent: a\r\ndata: {"t": "x\xe2\x80', b'\xa8y"}\r\n\r\ndata: line1\ndata: line2\n\n', b"data: tail"]
 
     async def chunks() -> Any:
         for chunk in raw:
@@ -314,4 +359,5 @@ def test_sse_parser_handles_crlf_comments_multiline_and_unicode_separators() -> 
 
     async def run() -> list[tuple[str | None, str]]:
         return [event async for event in sse_events(chunks())]
+
     assert asyncio.run(run()) == [("a", '{"t": "x\u2028y"}'), (None, "line1\nline2"), (None, "tail")]

@@ -38,9 +38,14 @@ USER = [{"role": "user", "content": "Name a colour."}]
 ENV = Path(os.environ["REEF_VLLM_ENV"]) if os.environ.get("REEF_VLLM_ENV") else default_env_dir()
 # the learner trains scenarios that get reports (only `learns` here), on the model vLLM serves; a
 # generous offline bound: the test is about the loop's mechanics on the engine, not the gate's taste
-LEARNER = {"poll_interval": 0.1, "train_threads": 1, "canary": {"canaried": 1.0}, "canary_max_fraction": 1.0,
-           "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
-           "gate": {"holdout_fraction": 0.3, "offline_bound": 1000.0}}
+LEARNER = {
+    "poll_interval": 0.1,
+    "train_threads": 1,
+    "canary": {"canaried": 1.0},
+    "canary_max_fraction": 1.0,
+    "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
+    "gate": {"holdout_fraction": 0.3, "offline_bound": 1000.0},
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,17 +74,31 @@ def releases(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         chain.rollback(base.release_id, broken.release_id)
     finally:
         state.close()
-    return {"work": work, "model": model, "base": base.release_id, "adapter": adapter.release_id,
-            "broken": broken.release_id}
+    return {
+        "work": work,
+        "model": model,
+        "base": base.release_id,
+        "adapter": adapter.release_id,
+        "broken": broken.release_id,
+    }
 
 
 @pytest.fixture(scope="module")
 def reef(releases: dict[str, object]) -> Iterator[ReefServer]:
     work = Path(str(releases["work"]))
-    settings = {"state_dir": str(work / "state"), "runtime": "vllm", "learner": LEARNER,
-                "vllm": {"model_dir": str(releases["model"]), "model_name": "tiny", "env_dir": str(ENV),
-                         "default_max_tokens": 8, "load_timeout": 60,
-                         "extra_args": ["--enforce-eager"]}}  # no compile: no 25 s warm-up
+    settings = {
+        "state_dir": str(work / "state"),
+        "runtime": "vllm",
+        "learner": LEARNER,
+        "vllm": {
+            "model_dir": str(releases["model"]),
+            "model_name": "tiny",
+            "env_dir": str(ENV),
+            "default_max_tokens": 8,
+            "load_timeout": 60,
+            "extra_args": ["--enforce-eager"],
+        },
+    }  # no compile: no 25 s warm-up
     started = time.monotonic()
     with ReefServer(work, settings, env={"REEF_CACHE_DIR": str(work / "cache")}, startup_timeout=300) as server:
         print(f"\nvLLM runtime: reef serve healthy after {time.monotonic() - started:.1f}s")
@@ -105,8 +124,9 @@ def fetch(client: ReefClient, receipt: str) -> dict:
 
 def greedy(oai: openai.OpenAI, scenario: str = "tuned") -> tuple[str, str]:
     """(text, receipt) of a greedy answer in `scenario`."""
-    raw = oai.chat.completions.with_raw_response.create(model="tiny", messages=USER, max_tokens=8, temperature=0,
-                                                        extra_headers={"x-reef-scenario": scenario})
+    raw = oai.chat.completions.with_raw_response.create(
+        model="tiny", messages=USER, max_tokens=8, temperature=0, extra_headers={"x-reef-scenario": scenario}
+    )
     return raw.parse().choices[0].message.content or "", raw.headers["x-reef-agent-record-id"]
 
 
@@ -122,15 +142,17 @@ def test_a_plain_answer_is_recorded_with_vllms_token_ids_and_logprobs(oai: opena
     assert all(lp <= 0 for lp in record["logprobs"])
     assert record["verified"] is True
     assert [(s["start"], s["end"], s["runtime_load_id"]) for s in record["spans"]] == [
-        (0, 8, record["release"]["runtime_load_id"])]
+        (0, 8, record["release"]["runtime_load_id"])
+    ]
     assert record["response"]["prompt_token_ids"][:2] == [1, 9690]  # <|im_start|>system: SmolLM2's template
     started = time.monotonic()
     oai.chat.completions.create(model="tiny", messages=USER, max_tokens=8, temperature=0)
     print(f"a warm request (8 tokens) {time.monotonic() - started:.2f}s")
 
 
-def test_streams_in_both_dialects_are_recorded_and_verified(reef: ReefServer, oai: openai.OpenAI,
-                                                            client: ReefClient) -> None:
+def test_streams_in_both_dialects_are_recorded_and_verified(
+    reef: ReefServer, oai: openai.OpenAI, client: ReefClient
+) -> None:
     raw = oai.chat.completions.with_raw_response.create(model="tiny", messages=USER, max_tokens=6, stream=True, seed=7)
     chunks = list(raw.parse())
     reef_chunk = next(c for c in chunks if not c.choices and getattr(c, "reef", None))
@@ -148,7 +170,9 @@ def test_streams_in_both_dialects_are_recorded_and_verified(reef: ReefServer, oa
     assert record["status"] == "complete" and record["verified"] is True and len(record["token_ids"]) == 5
     plain = ant.messages.create(model="tiny", max_tokens=4, messages=USER)
     assert fetch(client, plain.id.removeprefix("msg_"))["verified"] is True
-    assert ant.messages.count_tokens(model="tiny", messages=USER).input_tokens == len(record["response"]["prompt_token_ids"])
+    assert ant.messages.count_tokens(model="tiny", messages=USER).input_tokens == len(
+        record["response"]["prompt_token_ids"]
+    )
 
 
 def test_models_and_status_name_the_engine(oai: openai.OpenAI, client: ReefClient) -> None:
@@ -158,8 +182,9 @@ def test_models_and_status_name_the_engine(oai: openai.OpenAI, client: ReefClien
     assert status["serving"]["adapters"] == []
 
 
-def test_an_adapter_release_is_served_rolled_back_and_unloaded(oai: openai.OpenAI, client: ReefClient,
-                                                               releases: dict[str, object]) -> None:
+def test_an_adapter_release_is_served_rolled_back_and_unloaded(
+    oai: openai.OpenAI, client: ReefClient, releases: dict[str, object]
+) -> None:
     base_text, _ = greedy(oai)
     swapped = client.rollback("tuned", str(releases["adapter"]))["serving"]
     load = swapped["runtime_load_id"]
@@ -184,7 +209,8 @@ def test_an_adapter_release_is_served_rolled_back_and_unloaded(oai: openai.OpenA
 
 
 def test_an_exported_adapter_loads_into_vllm_and_answers_as_reef_served_it(
-        reef: ReefServer, oai: openai.OpenAI, client: ReefClient, releases: dict[str, object], tmp_path: Path) -> None:
+    reef: ReefServer, oai: openai.OpenAI, client: ReefClient, releases: dict[str, object], tmp_path: Path
+) -> None:
     """`reef export release` writes the adapter release as a PEFT folder; loaded into the same
     vLLM directly (`POST /v1/load_lora_adapter`, as any vLLM user would), it gives, greedily on
     the exact prompt tokens Reef sent, the very token ids Reef served and recorded."""
@@ -199,24 +225,44 @@ def test_an_exported_adapter_loads_into_vllm_and_answers_as_reef_served_it(
     assert served["release"]["release_id"] != releases["adapter"]  # the rollback's release: the adapter's content
 
     dest = tmp_path / "exported"
-    exported = CliRunner().invoke(main, ["export", "release", "tuned", str(releases["adapter"]), str(dest),
-                                         "--state-dir", str(reef.state_dir)], catch_exceptions=False)
+    exported = CliRunner().invoke(
+        main,
+        ["export", "release", "tuned", str(releases["adapter"]), str(dest), "--state-dir", str(reef.state_dir)],
+        catch_exceptions=False,
+    )
     assert exported.exit_code == 0, exported.output
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in dest.iterdir()}
 
     assert reef.process is not None
     command = (Path("/proc") / str(_vllm_pid(reef.process.pid)) / "cmdline").read_bytes().split(b"\0")
     vllm = f"http://127.0.0.1:{int(command[command.index(b'--port') + 1])}"
-    loaded = httpx.post(f"{vllm}/v1/load_lora_adapter", timeout=120,
-                        json={"lora_name": "exported", "lora_path": str(dest)})
+    loaded = httpx.post(
+        f"{vllm}/v1/load_lora_adapter", timeout=120, json={"lora_name": "exported", "lora_path": str(dest)}
+    )
     assert loaded.status_code == 200, loaded.text
     try:
-        answer = httpx.post(f"{vllm}/v1/completions", timeout=120, json={
-            "model": "exported", "prompt": served["response"]["prompt_token_ids"], "max_tokens": 8,
-            "temperature": 0, "return_token_ids": True}).json()
-        base = httpx.post(f"{vllm}/v1/completions", timeout=120, json={
-            "model": "tiny", "prompt": served["response"]["prompt_token_ids"], "max_tokens": 8,
-            "temperature": 0, "return_token_ids": True}).json()
+        answer = httpx.post(
+            f"{vllm}/v1/completions",
+            timeout=120,
+            json={
+                "model": "exported",
+                "prompt": served["response"]["prompt_token_ids"],
+                "max_tokens": 8,
+                "temperature": 0,
+                "return_token_ids": True,
+            },
+        ).json()
+        base = httpx.post(
+            f"{vllm}/v1/completions",
+            timeout=120,
+            json={
+                "model": "tiny",
+                "prompt": served["response"]["prompt_token_ids"],
+                "max_tokens": 8,
+                "temperature": 0,
+                "return_token_ids": True,
+            },
+        ).json()
     finally:
         httpx.post(f"{vllm}/v1/unload_lora_adapter", timeout=60, json={"lora_name": "exported"})
     assert answer["choices"][0]["token_ids"] == served["token_ids"], answer
@@ -238,8 +284,9 @@ def _vllm_pid(reef_pid: int) -> int:
     raise AssertionError("no vLLM child of reef serve")
 
 
-def test_a_killed_vllm_is_restarted_with_the_serving_adapter(reef: ReefServer, oai: openai.OpenAI,
-                                                             client: ReefClient, releases: dict[str, object]) -> None:
+def test_a_killed_vllm_is_restarted_with_the_serving_adapter(
+    reef: ReefServer, oai: openai.OpenAI, client: ReefClient, releases: dict[str, object]
+) -> None:
     load = client.rollback("tuned", str(releases["adapter"]))["serving"]["runtime_load_id"]
     tuned_text, _ = greedy(oai)
     assert reef.process is not None
@@ -252,8 +299,10 @@ def test_a_killed_vllm_is_restarted_with_the_serving_adapter(reef: ReefServer, o
         _wait_until_served_again(reef, killed)
         stop.set()
         answers = [a for run in load_runs for a in run.result()]
-    print(f"vLLM back {time.monotonic() - killed:.1f}s after kill -9; under load: "
-          f"{sum(1 for s, _ in answers if s == 200)} answered, {sum(1 for s, _ in answers if s == 503)} refused (503)")
+    print(
+        f"vLLM back {time.monotonic() - killed:.1f}s after kill -9; under load: "
+        f"{sum(1 for s, _ in answers if s == 200)} answered, {sum(1 for s, _ in answers if s == 503)} refused (503)"
+    )
     assert {status for status, _ in answers} <= {200, 503} and any(s == 503 for s, _ in answers)
     for status, receipt in answers:  # nothing acknowledged is lost: every receipt names a stored record
         if receipt:
@@ -269,8 +318,11 @@ def _keep_asking(reef: ReefServer, stop: threading.Event) -> list[tuple[int, str
     answers = []
     with httpx.Client(timeout=120) as http:
         while not stop.is_set():
-            response = http.post(f"{reef.base_url}/chat/completions", headers={"x-reef-scenario": "tuned"},
-                                 json={"model": "tiny", "messages": USER, "max_tokens": 8, "temperature": 1.0})
+            response = http.post(
+                f"{reef.base_url}/chat/completions",
+                headers={"x-reef-scenario": "tuned"},
+                json={"model": "tiny", "messages": USER, "max_tokens": 8, "temperature": 1.0},
+            )
             answers.append((response.status_code, response.headers.get("x-reef-agent-record-id")))
             if response.status_code != 200:
                 time.sleep(0.5)
@@ -280,14 +332,20 @@ def _keep_asking(reef: ReefServer, stop: threading.Event) -> list[tuple[int, str
 def _wait_until_served_again(reef: ReefServer, killed: float) -> None:
     refusals = 0
     while True:
-        response = httpx.post(f"{reef.base_url}/chat/completions", timeout=120, headers={"x-reef-scenario": "tuned"},
-                              json={"model": "tiny", "messages": USER, "max_tokens": 8, "temperature": 0})
+        response = httpx.post(
+            f"{reef.base_url}/chat/completions",
+            timeout=120,
+            headers={"x-reef-scenario": "tuned"},
+            json={"model": "tiny", "messages": USER, "max_tokens": 8, "temperature": 0},
+        )
         if response.status_code == 200:
             break
         assert response.status_code == 503, response.text
         assert response.json()["error"]["message"] and response.headers.get("retry-after")
         refusals += 1
-        ant = httpx.post(f"{reef.url}/v1/messages", timeout=30, json={"model": "tiny", "max_tokens": 4, "messages": USER})
+        ant = httpx.post(
+            f"{reef.url}/v1/messages", timeout=30, json={"model": "tiny", "max_tokens": 4, "messages": USER}
+        )
         assert ant.status_code in (503, 200) and (ant.status_code == 200 or ant.json()["type"] == "error")
         assert time.monotonic() - killed < 240, "vLLM was not restarted"
         time.sleep(1)
@@ -295,7 +353,8 @@ def _wait_until_served_again(reef: ReefServer, killed: float) -> None:
 
 
 def test_the_learner_trains_on_vllms_records_and_vllm_serves_what_it_published(
-        reef: ReefServer, oai: openai.OpenAI, client: ReefClient) -> None:
+    reef: ReefServer, oai: openai.OpenAI, client: ReefClient
+) -> None:
     """The whole weights loop on the engine: vLLM's records (its token ids and processed
     log-probs) are the samples, the trainer (fp32 on the CPU, the same weights) makes a candidate
     from them, the gate admits it, vLLM loads it, and the next request is served by it."""
@@ -307,12 +366,19 @@ def test_the_learner_trains_on_vllms_records_and_vllm_serves_what_it_published(
         assert time.monotonic() < deadline, f"nothing published: {client.status()['learning']}"
         for _ in range(4):
             raw = oai.chat.completions.with_raw_response.create(
-                model="tiny", messages=[{"role": "user", "content": f"Say {i}."}], max_tokens=8, temperature=1.0,
-                extra_headers={"x-reef-scenario": "learns"})
+                model="tiny",
+                messages=[{"role": "user", "content": f"Say {i}."}],
+                max_tokens=8,
+                temperature=1.0,
+                extra_headers={"x-reef-scenario": "learns"},
+            )
             client.report(raw.headers["x-reef-agent-record-id"], score=float(i % 2))
             i += 1
-        published = [d for d in client._call("GET", "/reef/scenarios/learns/decisions")["decisions"]  # noqa: SLF001
-                     if d["verdict"]["decision"] == "select"]
+        published = [
+            d
+            for d in client._call("GET", "/reef/scenarios/learns/decisions")["decisions"]  # noqa: SLF001
+            if d["verdict"]["decision"] == "select"
+        ]
     learner = next(s for s in client.status()["learning"]["learners"] if s["scenario"] == "learns")
     assert not {"no_tokens", "unverified", "unknown_release"} & set(learner["dropped"]), learner["dropped"]
     assert learner["last_error"] is None, learner["last_error"]
@@ -320,8 +386,11 @@ def test_the_learner_trains_on_vllms_records_and_vllm_serves_what_it_published(
     def serving_a_published_release() -> dict | None:  # once vLLM loaded it (a later one may be out meanwhile)
         serving = client.scenario("learns")["serving"]
         decided = client._call("GET", "/reef/scenarios/learns/decisions")["decisions"]  # noqa: SLF001
-        return serving if serving["release_id"] in {d["release_id"] for d in decided
-                                                    if d["verdict"]["decision"] == "select"} else None
+        return (
+            serving
+            if serving["release_id"] in {d["release_id"] for d in decided if d["verdict"]["decision"] == "select"}
+            else None
+        )
 
     deadline = time.monotonic() + 30
     while (serving := serving_a_published_release()) is None:
@@ -336,15 +405,21 @@ def test_the_learner_trains_on_vllms_records_and_vllm_serves_what_it_published(
 
 
 def test_a_canary_is_loaded_into_vllm_and_its_records_are_trained_on(
-        reef: ReefServer, oai: openai.OpenAI, client: ReefClient, releases: dict[str, object]) -> None:
+    reef: ReefServer, oai: openai.OpenAI, client: ReefClient, releases: dict[str, object]
+) -> None:
     """`canaried` opts in at fraction 1: once the learner has a candidate, vLLM serves it (a LoRA
     load of its own) to the scenario's requests, recorded under `canary-<batch id>` with vLLM's
     token ids verified against that load, and a later batch (the commit log) trains on them."""
     log = Path(str(releases["work"])) / "state" / "commits"
 
     def batched() -> set[str]:  # record ids every logged batch of any scenario named
-        return {rid for path in log.glob("*.jsonl") for line in path.read_text().splitlines()
-                if (entry := json.loads(line)).get("operation") == "batch" for rid in entry["batch"]["record_ids"]}
+        return {
+            rid
+            for path in log.glob("*.jsonl")
+            for line in path.read_text().splitlines()
+            if (entry := json.loads(line)).get("operation") == "batch"
+            for rid in entry["batch"]["record_ids"]
+        }
 
     deadline, i = time.monotonic() + 240, 0
     by_canary: dict[str, str] = {}  # receipt -> the canary's release id
@@ -352,8 +427,12 @@ def test_a_canary_is_loaded_into_vllm_and_its_records_are_trained_on(
         assert time.monotonic() < deadline, f"no canary record trained on: {client.status()['learning']}"
         for _ in range(4):
             raw = oai.chat.completions.with_raw_response.create(
-                model="tiny", messages=[{"role": "user", "content": f"Say {i}."}], max_tokens=8, temperature=1.0,
-                extra_headers={"x-reef-scenario": "canaried"})
+                model="tiny",
+                messages=[{"role": "user", "content": f"Say {i}."}],
+                max_tokens=8,
+                temperature=1.0,
+                extra_headers={"x-reef-scenario": "canaried"},
+            )
             receipt, release = raw.headers["x-reef-agent-record-id"], raw.headers["x-reef-release-id"]
             client.report(receipt, score=float(i % 2))
             if release.startswith("canary-"):

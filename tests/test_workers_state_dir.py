@@ -40,7 +40,7 @@ from reef.commit.release_chain import Candidate
 from reef.commit.state import ReefState
 from reef.core.canonical import canonical_json
 from reef.core.errors import Conflict, NotFound, StaleHead
-from reef.core.types import ArtifactKind, CommitEntry, Operation, Record, RecordStatus, Report, ReleaseRef, Verdict
+from reef.core.types import ArtifactKind, CommitEntry, Operation, Record, RecordStatus, ReleaseRef, Report, Verdict
 from reef.observe.sqlite_store import SQLiteStore
 from tests.helpers.reef_server import ROOT, free_port
 from tests.scripted_upstream import ScriptedUpstream
@@ -66,13 +66,19 @@ def wait_for(what: str, condition: Callable[[], Any], timeout: float) -> Any:
 
 
 def step(n: int, who: str) -> CommitEntry:
-    return CommitEntry(scenario="s", step=n, operation=Operation.CREATION if n == 1 else Operation.TRAINING,
-                       release=ReleaseRef(f"r{n}-{who}", f"c{n}-{who}"))
+    return CommitEntry(
+        scenario="s",
+        step=n,
+        operation=Operation.CREATION if n == 1 else Operation.TRAINING,
+        release=ReleaseRef(f"r{n}-{who}", f"c{n}-{who}"),
+    )
 
 
 def candidate(n: int) -> Candidate:
-    return Candidate({"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": n.to_bytes(4, "big") * 256},
-                     ArtifactKind.WEIGHTS)
+    return Candidate(
+        {"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": n.to_bytes(4, "big") * 256},
+        ArtifactKind.WEIGHTS,
+    )
 
 
 # -- the JSONL commit log across processes -------------------------------------------------------
@@ -143,8 +149,12 @@ def test_two_processes_publishing_on_one_state_directory_have_one_winner_each_st
         assert [e.release.release_id for e in history[1:]] == winners  # linear: each on the one before
         assert [e.parent_release_id for e in history[2:]] == winners[:-1]
         assert state.artifacts.scenario_head("s") == winners[-1]
-        git = subprocess.run(["git", "--git-dir", str(tmp_path / "artifacts.git"), "rev-list", "--first-parent",
-                              winners[-1]], capture_output=True, text=True, check=True).stdout.split()
+        git = subprocess.run(
+            ["git", "--git-dir", str(tmp_path / "artifacts.git"), "rev-list", "--first-parent", winners[-1]],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
         assert git[:rounds] == winners[::-1]
 
 
@@ -186,7 +196,7 @@ def _write_half_then(path: str, line: bytes, ready: Any, go: Any) -> None:
     os.write(fd, line[: len(line) // 2])
     ready.set()
     go.wait(30)
-    os.write(fd, line[len(line) // 2:])
+    os.write(fd, line[len(line) // 2 :])
     os.fsync(fd)
     fcntl.flock(fd, fcntl.LOCK_UN)
 
@@ -215,8 +225,10 @@ def test_a_torn_line_of_a_killed_writer_is_cut_once_by_whoever_locks_first(tmp_p
     JsonlCommitLog(path, scenario="s").append(step(1, "x"), expected_step=0)
     whole = path.read_bytes()
     ready, never = FORK.Event(), FORK.Event()
-    writer = FORK.Process(target=_write_half_then,
-                          args=(str(path), canonical_json(step(2, "dead").to_json()).encode() + b"\n", ready, never))
+    writer = FORK.Process(
+        target=_write_half_then,
+        args=(str(path), canonical_json(step(2, "dead").to_json()).encode() + b"\n", ready, never),
+    )
     writer.start()
     assert ready.wait(10)
     os.kill(writer.pid, signal.SIGKILL)  # the kernel drops its flock
@@ -286,8 +298,16 @@ def _write_records(db: str, who: str, n: int, start: Any) -> None:
     start.wait(10)
     for i in range(n):
         rid = f"{who}-{i}"
-        store.put_record(Record(id=rid, scenario="s", release=ReleaseRef("r", "c"), request={"i": i},
-                                status=RecordStatus.COMPLETE, response={"text": "x"}))
+        store.put_record(
+            Record(
+                id=rid,
+                scenario="s",
+                release=ReleaseRef("r", "c"),
+                request={"i": i},
+                status=RecordStatus.COMPLETE,
+                response={"text": "x"},
+            )
+        )
         other = f"{'b' if who == 'a' else 'a'}-{i}"
         refs = (rid, other) if _exists(store, other) else (rid,)  # the other process's record, when there
         store.put_report(Report(id=f"rep-{rid}", scenario="s", references=refs, score=1.0))
@@ -330,8 +350,13 @@ class Writer:
 
     def __init__(self, root: Path, run: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.child = subprocess.Popen([sys.executable, "-m", "tests.helpers.crash_writer", str(root), run],
-                                      stdout=subprocess.PIPE, cwd=ROOT, env=env, bufsize=0)
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.crash_writer", str(root), run],
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+            env=env,
+            bufsize=0,
+        )
         assert self.child.stdout is not None
         assert self.child.stdout.readline().strip() == b"READY"
         self.output = bytearray()
@@ -394,20 +419,31 @@ class Workers:
         tasks = root / "tasks.jsonl"
         tasks.write_text(json.dumps({"prompt": "What is 2+2?", "expected": "4"}) + "\n")
         gate = {"tasks": str(tasks), "scorer": f"{__name__}:exact_answer", "margin": 1}
-        settings = {"state_dir": str(root / "state"), "port": self.port, "log_level": "warning",
-                    "keep_alive_timeout": 120, "recipes": {"default": "skills"},
-                    "upstream": {"url": upstream.base_url, "model": "p", "timeout": 10},
-                    "learner": {"poll_interval": 0.5, "skills": {"proposer": "distill", "min_recurrence": 3,
-                                                                 "batch_size": 8, "successes": 0, "gate": gate}}}
+        settings = {
+            "state_dir": str(root / "state"),
+            "port": self.port,
+            "log_level": "warning",
+            "keep_alive_timeout": 120,
+            "recipes": {"default": "skills"},
+            "upstream": {"url": upstream.base_url, "model": "p", "timeout": 10},
+            "learner": {
+                "poll_interval": 0.5,
+                "skills": {"proposer": "distill", "min_recurrence": 3, "batch_size": 8, "successes": 0, "gate": gate},
+            },
+        }
         (root / "reef.yaml").write_text(yaml.safe_dump(settings))
         self.log = root / "workers.log"
         env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
         for name in ("REEF_TOKEN", "REEF_UPSTREAM_URL", "REEF_UPSTREAM_API_KEY", "REEF_UPSTREAM_MODEL"):
             env.pop(name, None)
         with self.log.open("ab") as log:
-            self.supervisor = subprocess.Popen([sys.executable, "-m", "reef", "serve", "-c", str(root / "reef.yaml"),
-                                                "--workers", str(WORKERS)], stdout=log, stderr=subprocess.STDOUT,
-                                               env=env, cwd=root)
+            self.supervisor = subprocess.Popen(
+                [sys.executable, "-m", "reef", "serve", "-c", str(root / "reef.yaml"), "--workers", str(WORKERS)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=root,
+            )
         self.clients: list[httpx.Client] = []
 
     def logs(self) -> str:
@@ -453,8 +489,11 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
 
 
 def ask(client: httpx.Client, scenario: str) -> httpx.Response:
-    response = client.post("/v1/chat/completions", headers={"x-reef-scenario": scenario},
-                           json={"model": "m", "messages": [{"role": "user", "content": "hello"}]})
+    response = client.post(
+        "/v1/chat/completions",
+        headers={"x-reef-scenario": scenario},
+        json={"model": "m", "messages": [{"role": "user", "content": "hello"}]},
+    )
     assert response.status_code == 200, response.text
     return response
 
@@ -465,8 +504,9 @@ def served_by_all_within(clients: list[httpx.Client], scenario: str, release_id:
     while waiting:
         waiting = [c for c in waiting if ask(c, scenario).headers["x-reef-release-id"] != release_id]
         elapsed = time.monotonic() - start
-        assert elapsed < FOLLOW_WITHIN_S or not waiting, \
+        assert elapsed < FOLLOW_WITHIN_S or not waiting, (
             f"{len(waiting)} workers serve another release after {elapsed:.2f} s"
+        )
         if waiting:
             time.sleep(0.05)
     return time.monotonic() - start
@@ -523,16 +563,18 @@ def test_two_workers_rolling_back_at_once_have_one_winner_each_step(workers: Wor
 
         def roll(i: int) -> None:
             barrier.wait()
-            results[i] = clients[i].post("/reef/scenarios/race/rollback", timeout=30,
-                                         json={"release_id": first, "expected_head": head})
+            results[i] = clients[i].post(
+                "/reef/scenarios/race/rollback", timeout=30, json={"release_id": first, "expected_head": head}
+            )
 
         threads = [threading.Thread(target=roll, args=(i,)) for i in range(2)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=60)
-        assert sorted(r.status_code for r in results if r is not None) == [200, 409], \
-            [r.text for r in results if r is not None]
+        assert sorted(r.status_code for r in results if r is not None) == [200, 409], [
+            r.text for r in results if r is not None
+        ]
         head = next(r for r in results if r is not None and r.status_code == 200).json()["release"]["release_id"]
         winners.append(head)
     releases = clients[2].get("/reef/scenarios/race/releases").json()["releases"]

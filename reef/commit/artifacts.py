@@ -170,8 +170,10 @@ def require_git() -> None:
     """The artifact store is a git repository: without the `git` binary Reef cannot keep a
     release, so `reef serve` and `ReefState.open` stop at once, naming what is missing."""
     if shutil.which("git") is None:
-        raise StorageUnavailable("Reef needs the `git` program (its artifact store is a git repository) and none is "
-                                 "on PATH: install git (e.g. apt-get install git), then start again")
+        raise StorageUnavailable(
+            "Reef needs the `git` program (its artifact store is a git repository) and none is "
+            "on PATH: install git (e.g. apt-get install git), then start again"
+        )
 
 
 class ArtifactStore:
@@ -410,7 +412,9 @@ class ArtifactStore:
         self._has_commit(release_id)  # fetched first, if a remote has it
         r = self._run(["cat-file", "blob", blob])
         if r.returncode != 0:
-            raise MissingArtifact(f"release {release_id} is not in the artifact store or has no manifest{self._nor_remote()}")
+            raise MissingArtifact(
+                f"release {release_id} is not in the artifact store or has no manifest{self._nor_remote()}"
+            )
         return self._parse_manifest(release_id, r.stdout)
 
     def files(self, release_id: str) -> dict[str, bytes]:
@@ -443,8 +447,9 @@ class ArtifactStore:
         """`git diff` between two releases; LFS files show as pointer changes."""
         old, new = _check_release(old_release_id), _check_release(new_release_id)
         self._has_commit(old), self._has_commit(new)
-        r = self._run(["diff", "--no-color", "--no-ext-diff", "--no-textconv",
-                       f"{old}^{{commit}}", f"{new}^{{commit}}"])
+        r = self._run(
+            ["diff", "--no-color", "--no-ext-diff", "--no-textconv", f"{old}^{{commit}}", f"{new}^{{commit}}"]
+        )
         if r.returncode != 0:
             raise MissingArtifact(f"cannot diff {old}..{new}: {r.stderr.decode(errors='replace').strip()}")
         return r.stdout.decode("utf-8", errors="replace")
@@ -458,8 +463,19 @@ class ArtifactStore:
                 self._has_commit(_check_release(release))
         new = _check_release(new_release_id) + "^{commit}"
         old = _check_release(old_release_id) + "^{commit}" if old_release_id else self._empty_tree()
-        args = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", old, new,
-                "--", ".", f":(exclude){MANIFEST_NAME}", ":(exclude).gitattributes"]
+        args = [
+            "diff",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-renames",
+            old,
+            new,
+            "--",
+            ".",
+            f":(exclude){MANIFEST_NAME}",
+            ":(exclude).gitattributes",
+        ]
         names = self._run([*args[:5], "--name-only", "-z", *args[5:]])
         patch = self._run(args)
         for r in (names, patch):
@@ -517,8 +533,7 @@ class ArtifactStore:
 
     # -- the shared remote ---------------------------------------------------------------------
 
-    def publish(self, scenario: str, release_id: str, expected_old: str | None,
-                lfs_of: tuple[str, ...] = ()) -> None:
+    def publish(self, scenario: str, release_id: str, expected_old: str | None, lfs_of: tuple[str, ...] = ()) -> None:
         """Push a release and its LFS objects (and those of `lfs_of`) to the remote, moving the
         scenario's remote ref from `expected_old` by compare-and-swap (`--force-with-lease`),
         all in one atomic push. The caller holds the scenario's commit log, so a remote ref at
@@ -532,8 +547,15 @@ class ArtifactStore:
         lease = expected_old
         for attempt in range(2):
             self._clear_remote_locks(spec.split(":", 1)[1] for spec in refspecs)
-            r = self._remote_git("push", "--porcelain", "--atomic", "--quiet",
-                                 f"--force-with-lease={ref}:{lease or ''}", self.remote, *refspecs)
+            r = self._remote_git(
+                "push",
+                "--porcelain",
+                "--atomic",
+                "--quiet",
+                f"--force-with-lease={ref}:{lease or ''}",
+                self.remote,
+                *refspecs,
+            )
             if r.returncode == 0:
                 fetched = FETCHED_PREFIX + scenario_key(scenario)
                 with self._fetching():
@@ -547,10 +569,14 @@ class ArtifactStore:
                 lease = actual
                 continue
             if actual != lease:
-                raise StaleHead(f"scenario {scenario!r}: the artifact remote {self.remote} is at {actual}, not at "
-                                f"{lease}: another writer that does not share this commit log moved it")
+                raise StaleHead(
+                    f"scenario {scenario!r}: the artifact remote {self.remote} is at {actual}, not at "
+                    f"{lease}: another writer that does not share this commit log moved it"
+                )
             error = (r.stderr or r.stdout).decode(errors="replace").strip()
-            raise StorageUnavailable(f"cannot publish release {release_id} to the artifact remote {self.remote}: {error}")
+            raise StorageUnavailable(
+                f"cannot publish release {release_id} to the artifact remote {self.remote}: {error}"
+            )
 
     def remote_has(self, scenario: str, release_id: str) -> bool:
         """As of the last fetch: the remote's scenario ref is at `release_id` or past it."""
@@ -559,7 +585,9 @@ class ArtifactStore:
 
     def fetched_head(self, scenario: str) -> str | None:
         """The remote's scenario ref as of the last fetch or push."""
-        r = self._run(["rev-parse", "--verify", "--quiet", FETCHED_PREFIX + scenario_key(check_scenario_name(scenario))])
+        r = self._run(
+            ["rev-parse", "--verify", "--quiet", FETCHED_PREFIX + scenario_key(check_scenario_name(scenario))]
+        )
         return (r.stdout.decode().strip() or None) if r.returncode == 0 else None
 
     def fetch(self) -> None:
@@ -568,8 +596,15 @@ class ArtifactStore:
             return
         with self._fetching():
             self._clear_fetch_locks(FETCHED_PREFIX)
-            r = self._remote_git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--prune",
-                                 self.remote, f"+{REF_PREFIX}*:{FETCHED_PREFIX}*")
+            r = self._remote_git(
+                "fetch",
+                "--quiet",
+                "--no-tags",
+                "--no-write-fetch-head",
+                "--prune",
+                self.remote,
+                f"+{REF_PREFIX}*:{FETCHED_PREFIX}*",
+            )
         if r.returncode != 0:
             error = r.stderr.decode(errors="replace").strip()
             raise StorageUnavailable(f"cannot fetch from the artifact remote {self.remote}: {error}")
@@ -595,8 +630,9 @@ class ArtifactStore:
             ref = LFS_REF_PREFIX + oid
             with self._fetching():
                 self._clear(self.root / f"{ref}.lock", OWNED_AGE_S)
-                r = self._remote_git("fetch", "--quiet", "--no-tags", "--no-write-fetch-head", self.remote,
-                                     f"+{ref}:{ref}")
+                r = self._remote_git(
+                    "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", self.remote, f"+{ref}:{ref}"
+                )
             if r.returncode != 0:
                 continue
             data = self._run(["cat-file", "blob", ref]).stdout
@@ -619,8 +655,9 @@ class ArtifactStore:
         assert self.remote is not None
         r = self._remote_git("ls-remote", self.remote, ref)
         if r.returncode != 0:
-            raise StorageUnavailable(f"cannot read the artifact remote {self.remote}: "
-                                     f"{r.stderr.decode(errors='replace').strip()}")
+            raise StorageUnavailable(
+                f"cannot read the artifact remote {self.remote}: {r.stderr.decode(errors='replace').strip()}"
+            )
         for line in r.stdout.decode().splitlines():
             sha, name = line.split("\t", 1)
             if name == ref:
@@ -638,17 +675,27 @@ class ArtifactStore:
         return f" nor on the artifact remote {self.remote}" if self.remote else ""
 
     def _missing_lfs(self, release_id: str, path: str, oid: str, obj: Path) -> MissingArtifact:
-        return MissingArtifact(f"release {release_id}: LFS object {oid} for {path!r} is missing at {obj}"
-                               f"{self._nor_remote()}")
+        return MissingArtifact(
+            f"release {release_id}: LFS object {oid} for {path!r} is missing at {obj}{self._nor_remote()}"
+        )
 
     def _remote_git(self, *args: str) -> subprocess.CompletedProcess[bytes]:
         try:
-            return _unless_killed(subprocess.run(["git", *_REMOTE_FLAGS, *args], capture_output=True,
-                                                 env=self._remote_env, check=False, timeout=REMOTE_TIMEOUT_S,
-                                                 start_new_session=True), args[0])
+            return _unless_killed(
+                subprocess.run(
+                    ["git", *_REMOTE_FLAGS, *args],
+                    capture_output=True,
+                    env=self._remote_env,
+                    check=False,
+                    timeout=REMOTE_TIMEOUT_S,
+                    start_new_session=True,
+                ),
+                args[0],
+            )
         except subprocess.TimeoutExpired:
-            raise StorageUnavailable(f"git {args[0]} with the artifact remote {self.remote} took over "
-                                     f"{REMOTE_TIMEOUT_S:.0f} s") from None
+            raise StorageUnavailable(
+                f"git {args[0]} with the artifact remote {self.remote} took over {REMOTE_TIMEOUT_S:.0f} s"
+            ) from None
         except OSError as exc:
             raise StorageUnavailable(f"cannot run git: {exc}") from None
 
@@ -660,8 +707,9 @@ class ArtifactStore:
         try:
             env = {**self._env, **(env or {})}
             # its own session: a kill of Reef's process group lets it finish (no lock left behind)
-            result = subprocess.run(["git", *args], input=input, capture_output=True, env=env, check=False,
-                                    start_new_session=True)
+            result = subprocess.run(
+                ["git", *args], input=input, capture_output=True, env=env, check=False, start_new_session=True
+            )
         except OSError as exc:
             raise StorageUnavailable(f"cannot run git: {exc}") from None
         return _unless_killed(result, args[0])

@@ -29,7 +29,8 @@ from reef.core.errors import InvalidInput, NotFound
 from reef.core.types import Release
 from reef.observe.export import refuse_link_or_special
 from reef.runtimes.model_files import MODEL_DIRNAME
-from reef.surfaces.harness import PREFIX as HARNESS_PREFIX, HarnessTree
+from reef.surfaces.harness import PREFIX as HARNESS_PREFIX
+from reef.surfaces.harness import HarnessTree
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -59,8 +60,10 @@ def resolve_release(state: ReefState, scenario: str, release_id: str) -> Release
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
-        raise InvalidInput(f"release prefix {release_id!r} is ambiguous in scenario {scenario!r}: "
-                           + ", ".join(r.release_id for r in matches[:5]))
+        raise InvalidInput(
+            f"release prefix {release_id!r} is ambiguous in scenario {scenario!r}: "
+            + ", ".join(r.release_id for r in matches[:5])
+        )
     recent = ", ".join(f"{r.release_id[:12]} (step {r.step})" for r in releases[:5])
     raise NotFound(f"scenario {scenario!r} has no release {release_id!r}; its newest: {recent}")
 
@@ -69,18 +72,30 @@ def split_content(files: Mapping[str, bytes]) -> tuple[dict[str, bytes], dict[st
     """(the adapter's files by name, the harness's files with the `harness/` prefix). The adapter is
     the folder of the first `adapter_config.json` outside the harness, as the runtime finds it."""
     harness = {p: d for p, d in files.items() if p.startswith(HARNESS_PREFIX)}
-    config = next((p for p in sorted(files) if p.rsplit("/", 1)[-1] == ADAPTER_CONFIG
-                   and not p.startswith(HARNESS_PREFIX)), None)
+    config = next(
+        (p for p in sorted(files) if p.rsplit("/", 1)[-1] == ADAPTER_CONFIG and not p.startswith(HARNESS_PREFIX)), None
+    )
     if config is None:
         return {}, harness
     folder = config[: -len(ADAPTER_CONFIG)]
-    adapter = {p[len(folder):]: d for p, d in files.items() if p.startswith(folder) and "/" not in p[len(folder):]
-               and not p.startswith(HARNESS_PREFIX)}
+    adapter = {
+        p[len(folder) :]: d
+        for p, d in files.items()
+        if p.startswith(folder) and "/" not in p[len(folder) :] and not p.startswith(HARNESS_PREFIX)
+    }
     return adapter, harness
 
 
-def export_release(state: ReefState, scenario: str, release_id: str, dest: Path | str, *, force: bool = False,
-                   base_model: str | None = None, parts: Collection[str] = PARTS) -> ExportedRelease:
+def export_release(
+    state: ReefState,
+    scenario: str,
+    release_id: str,
+    dest: Path | str,
+    *,
+    force: bool = False,
+    base_model: str | None = None,
+    parts: Collection[str] = PARTS,
+) -> ExportedRelease:
     """Write a release's adapter (PEFT folder) and/or harness into `dest`. A `dest` that exists
     and is not empty is refused unless `force` (then our files are overwritten, the harness
     folder pruned of harness files the release lacks, and anything else left alone)."""
@@ -97,19 +112,29 @@ def export_release(state: ReefState, scenario: str, release_id: str, dest: Path 
     wanted_harness = harness if "harness" in parts else {}
     if not wanted_adapter and not wanted_harness:
         held = " and ".join(n for n, f in (("an adapter", adapter), ("a harness", harness)) if f) or "nothing"
-        raise InvalidInput(f"release {release.release_id} of scenario {scenario!r} holds {held}; "
-                           f"asked for {' and '.join(parts)}: nothing to export")
+        raise InvalidInput(
+            f"release {release.release_id} of scenario {scenario!r} holds {held}; "
+            f"asked for {' and '.join(parts)}: nothing to export"
+        )
     config = _adapter_config(wanted_adapter, release.release_id) if wanted_adapter else None
     trained_on = config.get("base_model_name_or_path") if config else None
     if config is not None:
         config["base_model_name_or_path"] = base_model or _portable_base(trained_on)
-        wanted_adapter = {**wanted_adapter, ADAPTER_CONFIG: (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()}
+        wanted_adapter = {
+            **wanted_adapter,
+            ADAPTER_CONFIG: (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
+        }
     tree = _harness_tree(wanted_harness, release.release_id) if wanted_harness else None
     provenance = {
-        "scenario": scenario, "release_id": release.release_id, "content_id": release.content_id,
-        "step": release.step, "operation": release.operation.value,
+        "scenario": scenario,
+        "release_id": release.release_id,
+        "content_id": release.content_id,
+        "step": release.step,
+        "operation": release.operation.value,
         "base_model_name_or_path": config["base_model_name_or_path"] if config else None,
-        "trained_on": trained_on, "adapter": sorted(wanted_adapter), "harness": sorted(wanted_harness),
+        "trained_on": trained_on,
+        "adapter": sorted(wanted_adapter),
+        "harness": sorted(wanted_harness),
     }
 
     def write(root: Path) -> None:
@@ -130,14 +155,21 @@ def export_release(state: ReefState, scenario: str, release_id: str, dest: Path 
             os.rename(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return ExportedRelease(release, dest, sorted(wanted_adapter), sorted(wanted_harness),
-                           config["base_model_name_or_path"] if config else None)
+    return ExportedRelease(
+        release,
+        dest,
+        sorted(wanted_adapter),
+        sorted(wanted_harness),
+        config["base_model_name_or_path"] if config else None,
+    )
 
 
 def _adapter_config(adapter: Mapping[str, bytes], release_id: str) -> dict[str, Any]:
     if ADAPTER_WEIGHTS not in adapter:
-        raise InvalidInput(f"release {release_id}: the adapter has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS} "
-                           f"(files: {', '.join(sorted(adapter))})")
+        raise InvalidInput(
+            f"release {release_id}: the adapter has {ADAPTER_CONFIG} but no {ADAPTER_WEIGHTS} "
+            f"(files: {', '.join(sorted(adapter))})"
+        )
     try:
         config = json.loads(adapter[ADAPTER_CONFIG])
     except ValueError as exc:

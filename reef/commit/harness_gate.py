@@ -46,18 +46,25 @@ class HarnessGate:
             raise InvalidInput("the harness gate needs a scorer (module:function) or a judge model")
         self._cache: dict[tuple[str, str], list[tuple[float, str]]] = {}  # fixed tasks only
 
-    async def judge_candidate(self, serving: ReleaseRef, current: HarnessTree, candidate: HarnessTree,
-                              held_out: Sequence[dict[str, Any]]) -> Verdict:
+    async def judge_candidate(
+        self, serving: ReleaseRef, current: HarnessTree, candidate: HarnessTree, held_out: Sequence[dict[str, Any]]
+    ) -> Verdict:
         tasks, source = (self.tasks, "file") if self.tasks else (list(held_out), "held_out")
         if not tasks:
-            return Verdict("reject", {"gate": "harness", "reason": "no evaluation tasks yet (no gate.tasks file and "
-                                      "no held-out reported records)"})
+            return Verdict(
+                "reject",
+                {
+                    "gate": "harness",
+                    "reason": "no evaluation tasks yet (no gate.tasks file and no held-out reported records)",
+                },
+            )
         before = await self._answers(serving, current, tasks, cache=source == "file")
         after = await self._answers(serving, candidate, tasks, cache=source == "file")
         return harness_verdict(tasks, before, after, self.config.margin, source)
 
-    async def _answers(self, serving: ReleaseRef, tree: HarnessTree, tasks: list[dict[str, Any]],
-                       cache: bool) -> list[tuple[float, str]]:
+    async def _answers(
+        self, serving: ReleaseRef, tree: HarnessTree, tasks: list[dict[str, Any]], cache: bool
+    ) -> list[tuple[float, str]]:
         key = (serving.content_id, tree.content_id)
         if cache and key in self._cache:
             return self._cache[key]
@@ -74,8 +81,15 @@ class HarnessGate:
         return answers
 
     async def _answer(self, serving: ReleaseRef, tree: HarnessTree, task: dict[str, Any], seed: int) -> str:
-        request = ChatRequest(model="reef-gate", messages=_messages(task), dialect="openai", stream=False,
-                              max_tokens=self.config.max_tokens, temperature=self.config.temperature, seed=seed)
+        request = ChatRequest(
+            model="reef-gate",
+            messages=_messages(task),
+            dialect="openai",
+            stream=False,
+            max_tokens=self.config.max_tokens,
+            temperature=self.config.temperature,
+            seed=seed,
+        )
         if not tree.is_empty:
             request, _ = with_system_prefix(request, render_system(tree, request_text(request)))
         result = ChatResult()
@@ -92,9 +106,14 @@ class HarnessGate:
         assert self.judge is not None
         fence = Fence()
         task_text = "\n".join(f"[{m.role}] {m.content}" for m in _messages(task))
-        messages = [Message("system", JUDGE_INSTRUCTIONS.format(fence_rule=fence.rule())),
-                    Message("user", f"{fence.block('task', task_text)}\n{fence.block('answer', text)}\n"
-                                    "Grade the answer: one number from 0 to 1.")]
+        messages = [
+            Message("system", JUDGE_INSTRUCTIONS.format(fence_rule=fence.rule())),
+            Message(
+                "user",
+                f"{fence.block('task', task_text)}\n{fence.block('answer', text)}\n"
+                "Grade the answer: one number from 0 to 1.",
+            ),
+        ]
         try:
             graded = await self.judge.ask(messages, serving)
         except RuntimeFailure:
@@ -107,20 +126,41 @@ class HarnessGate:
             await self.judge.close()
 
 
-def harness_verdict(tasks: Sequence[dict[str, Any]], before: Sequence[tuple[float, str]],
-                    after: Sequence[tuple[float, str]], margin: int, source: str) -> Verdict:
+def harness_verdict(
+    tasks: Sequence[dict[str, Any]],
+    before: Sequence[tuple[float, str]],
+    after: Sequence[tuple[float, str]],
+    margin: int,
+    source: str,
+) -> Verdict:
     per_task = []
     wins = losses = 0
     for task, (b, b_text), (a, a_text) in zip(tasks, before, after):
         wins, losses = wins + (a > b), losses + (a < b)
-        per_task.append({"task": _excerpt(_task_text(task)), "current": b, "candidate": a,
-                         "current_answer": _excerpt(b_text), "candidate_answer": _excerpt(a_text)})
+        per_task.append(
+            {
+                "task": _excerpt(_task_text(task)),
+                "current": b,
+                "candidate": a,
+                "current_answer": _excerpt(b_text),
+                "candidate_answer": _excerpt(a_text),
+            }
+        )
     n = len(per_task)
-    metrics = {"gate": "harness", "tasks": source, "n": n, "wins": wins, "losses": losses,
-               "ties": n - wins - losses, "margin": margin,
-               "current_score": _mean([b for b, _ in before]), "candidate_score": _mean([a for a, _ in after]),
-               "current_success": _mean([float(b >= 1.0) for b, _ in before]),
-               "candidate_success": _mean([float(a >= 1.0) for a, _ in after]), "per_task": per_task}
+    metrics = {
+        "gate": "harness",
+        "tasks": source,
+        "n": n,
+        "wins": wins,
+        "losses": losses,
+        "ties": n - wins - losses,
+        "margin": margin,
+        "current_score": _mean([b for b, _ in before]),
+        "candidate_score": _mean([a for a, _ in after]),
+        "current_success": _mean([float(b >= 1.0) for b, _ in before]),
+        "candidate_success": _mean([float(a >= 1.0) for a, _ in after]),
+        "per_task": per_task,
+    }
     return Verdict("select" if wins - losses >= margin else "reject", metrics)
 
 

@@ -22,8 +22,9 @@ Admit = Callable[[str], AsyncContextManager[ReleaseRef]]
 
 
 class HarnessPublisher:
-    def __init__(self, chain: ReleaseChain, gate: HarnessGate, publisher: CandidatePublisher, admit: Admit,
-                 publish: str = "auto") -> None:
+    def __init__(
+        self, chain: ReleaseChain, gate: HarnessGate, publisher: CandidatePublisher, admit: Admit, publish: str = "auto"
+    ) -> None:
         self.chain = chain
         self.gate = gate
         self.publisher = publisher
@@ -37,5 +38,10 @@ class HarnessPublisher:
             verdict = await self.gate.judge_candidate(serving, base, tree, candidate.held_out)
         if verdict.decision == "select" and self.publish == "review":
             verdict = Verdict("review", verdict.metrics)
-        return await self.publisher.settle(candidate, artifact(candidate, dict(candidate.files)), verdict,
-                                           candidate.base_release_id, high_water=candidate.high_water)
+        return await self.publisher.settle(
+            candidate,
+            artifact(candidate, dict(candidate.files)),
+            verdict,
+            candidate.base_release_id,
+            high_water=candidate.high_water,
+        )

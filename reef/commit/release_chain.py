@@ -29,7 +29,7 @@ from typing import Any, Sequence
 from reef.commit.artifacts import ArtifactManifest, ArtifactStore
 from reef.commit.commit_log import CommitLog
 from reef.core.errors import Conflict, InvalidInput, NotFound, StaleHead
-from reef.core.types import ArtifactKind, Candidate, CommitEntry, JSON, Operation, Release, ReleaseRef, Verdict
+from reef.core.types import JSON, ArtifactKind, Candidate, CommitEntry, Operation, Release, ReleaseRef, Verdict
 from reef.observe.store import ExperienceStore
 
 
@@ -147,9 +147,15 @@ class ReleaseChain:
             head = self._check_head(expected_parent)
             self._check_batch_open(batch_id)
             entry = self._commit_artifact(
-                candidate, head, Operation.TRAINING, pending=verdict.decision == "review",
-                verdict=verdict, batch_id=batch_id, algorithm_state=algorithm_state,
-                high_water=high_water, metrics=metrics,
+                candidate,
+                head,
+                Operation.TRAINING,
+                pending=verdict.decision == "review",
+                verdict=verdict,
+                batch_id=batch_id,
+                algorithm_state=algorithm_state,
+                high_water=high_water,
+                metrics=metrics,
             )
             return Release.from_entry(entry)
 
@@ -170,8 +176,14 @@ class ReleaseChain:
             head = self._check_head(expected_head)
             self._check_batch_open(batch_id)
             extra = {"candidate_content_id": candidate_content_id, **_batch_metric(batch_id), **(metrics or {})}
-            return self._append_on_head(head, Operation.REJECTION, verdict=verdict, metrics=extra,
-                                        algorithm_state=algorithm_state, high_water=high_water)
+            return self._append_on_head(
+                head,
+                Operation.REJECTION,
+                verdict=verdict,
+                metrics=extra,
+                algorithm_state=algorithm_state,
+                high_water=high_water,
+            )
 
     def rollback(self, target_release_id: str, expected_head: str | None) -> Release:
         """`expected_head` None: on top of whatever the head is once the log is held, so
@@ -193,15 +205,24 @@ class ReleaseChain:
             target = self.release(release_id)
             if not target.pending:
                 raise InvalidInput(f"release {release_id} is not pending review")
-            if any(e.operation is Operation.PROMOTE and e.rollback_target_release_id == release_id for e in self._entries()):
+            if any(
+                e.operation is Operation.PROMOTE and e.rollback_target_release_id == release_id for e in self._entries()
+            ):
                 raise Conflict(f"release {release_id} was already promoted")
             candidate = self._candidate_of(target, {"kind": "promote", "release_id": release_id})
-            entry = self._commit_artifact(candidate, head, Operation.PROMOTE, rollback_target=release_id,
-                                          verdict=target.verdict)
+            entry = self._commit_artifact(
+                candidate, head, Operation.PROMOTE, rollback_target=release_id, verdict=target.verdict
+            )
             return Release.from_entry(entry)
 
     def begin_batch(
-        self, batch_id: str, record_ids: Sequence[str], report_ids: Sequence[str], *, high_water: int, expected_step: int,
+        self,
+        batch_id: str,
+        record_ids: Sequence[str],
+        report_ids: Sequence[str],
+        *,
+        high_water: int,
+        expected_step: int,
         max_open: int = 1,
     ) -> CommitEntry:
         """Log a batch before training on it. At most `max_open` batches may be open at once (a
@@ -212,13 +233,21 @@ class ReleaseChain:
             open_ = self.open_batches()
             if len(open_) >= max_open:
                 raise Conflict(f"batch {open_[-1]['batch_id']} is still open; finish or abandon it first")
-            earlier = {rid for e in self._entries() if e.operation is Operation.BATCH and e.batch
-                       for rid in e.batch["record_ids"]}
+            earlier = {
+                rid
+                for e in self._entries()
+                if e.operation is Operation.BATCH and e.batch
+                for rid in e.batch["record_ids"]
+            }
             if reused := [rid for rid in record_ids if rid in earlier]:  # a sample is in one batch at most
                 raise Conflict(f"records already in a logged batch: {', '.join(reused[:5])}")
             head = _head_entry(self._entries())
-            batch = {"batch_id": batch_id, "record_ids": list(record_ids), "report_ids": list(report_ids),
-                     "from_release_id": head.release.release_id}
+            batch = {
+                "batch_id": batch_id,
+                "record_ids": list(record_ids),
+                "report_ids": list(report_ids),
+                "from_release_id": head.release.release_id,
+            }
             return self._append_on_head(head, Operation.BATCH, batch=batch, high_water=high_water)
 
     def abandon_batch(self, batch_id: str, reason: str) -> CommitEntry:
@@ -233,7 +262,9 @@ class ReleaseChain:
         with self.log.transaction():
             unconsumed = sorted(set(record_ids) - self.consumed_record_ids())
             if unconsumed:
-                raise InvalidInput(f"only records consumed by training can be compacted; not consumed: {', '.join(unconsumed)}")
+                raise InvalidInput(
+                    f"only records consumed by training can be compacted; not consumed: {', '.join(unconsumed)}"
+                )
             head = _head_entry(self._entries())
             entry = self._append_on_head(head, Operation.COMPACTION, compacted_ids=tuple(record_ids))
         store.compact(self.scenario, entry.compacted_ids)
@@ -263,15 +294,31 @@ class ReleaseChain:
 
     def _candidate_of(self, release: Release, source: JSON) -> Candidate:
         manifest = self.artifacts.manifest(release.release_id)
-        return Candidate(self.artifacts.files(release.release_id), ArtifactKind(manifest.kind), source, manifest.metadata)
+        return Candidate(
+            self.artifacts.files(release.release_id), ArtifactKind(manifest.kind), source, manifest.metadata
+        )
 
     def _commit_artifact(
-        self, candidate: Candidate, head: CommitEntry, operation: Operation, *, pending: bool = False,
-        verdict: Verdict | None = None, batch_id: str | None = None, rollback_target: str | None = None,
-        algorithm_state: JSON | None = None, high_water: int | None = None, metrics: JSON | None = None,
+        self,
+        candidate: Candidate,
+        head: CommitEntry,
+        operation: Operation,
+        *,
+        pending: bool = False,
+        verdict: Verdict | None = None,
+        batch_id: str | None = None,
+        rollback_target: str | None = None,
+        algorithm_state: JSON | None = None,
+        high_water: int | None = None,
+        metrics: JSON | None = None,
     ) -> CommitEntry:
-        manifest = ArtifactManifest(candidate.content_id, head.release.release_id, candidate.kind.value,
-                                    dict(candidate.source), dict(candidate.metadata))
+        manifest = ArtifactManifest(
+            candidate.content_id,
+            head.release.release_id,
+            candidate.kind.value,
+            dict(candidate.source),
+            dict(candidate.metadata),
+        )
         mirror = self._sync_mirror()
         release_id = self.artifacts.commit(self.scenario, candidate.files, manifest, expected_parent=mirror)
         last = self._entries()[-1]
@@ -297,8 +344,14 @@ class ReleaseChain:
             fields["algorithm_state"] = last.algorithm_state
         if fields.get("high_water") is None:
             fields["high_water"] = last.high_water
-        entry = CommitEntry(scenario=self.scenario, step=last.step + 1, operation=operation, release=head.release,
-                            parent_release_id=head.parent_release_id, **fields)
+        entry = CommitEntry(
+            scenario=self.scenario,
+            step=last.step + 1,
+            operation=operation,
+            release=head.release,
+            parent_release_id=head.parent_release_id,
+            **fields,
+        )
         return self.log.append(entry, expected_step=last.step)
 
     def _sync_mirror(self) -> str | None:
@@ -326,4 +379,3 @@ def _head_entry(entries: Sequence[CommitEntry]) -> CommitEntry:
 
 def _batch_metric(batch_id: str | None) -> JSON:
     return {"batch_id": batch_id} if batch_id else {}
-

@@ -52,8 +52,13 @@ EMPTY = Candidate({}, ArtifactKind.EMPTY, {"kind": "empty"})
 
 class ReefState:
     def __init__(
-        self, root: Path | str, store: ExperienceStore | None = None, commit_logs: CommitLogs | None = None,
-        artifacts_remote: str | None = None, *, shared: bool = False,
+        self,
+        root: Path | str,
+        store: ExperienceStore | None = None,
+        commit_logs: CommitLogs | None = None,
+        artifacts_remote: str | None = None,
+        *,
+        shared: bool = False,
     ) -> None:
         require_git()  # before anything is created: a state directory is no use without it
         self.root = Path(root)
@@ -63,8 +68,9 @@ class ReefState:
         self._lock = threading.Lock()
         self._chains: dict[str, ReleaseChain] = {}
         try:
-            self.commit_logs = (commit_logs if commit_logs is not None
-                                else commit_logs_for(self.store, self.commits_dir, shared=shared))
+            self.commit_logs = (
+                commit_logs if commit_logs is not None else commit_logs_for(self.store, self.commits_dir, shared=shared)
+            )
             self.artifacts = ArtifactStore(self.root / "artifacts.git", remote=artifacts_remote)
             self._recover()
         except BaseException:
@@ -75,8 +81,13 @@ class ReefState:
 
     @classmethod
     def open(
-        cls, root: Path | str, store: ExperienceStore | None = None, commit_logs: CommitLogs | None = None,
-        artifacts_remote: str | None = None, *, shared: bool = False,
+        cls,
+        root: Path | str,
+        store: ExperienceStore | None = None,
+        commit_logs: CommitLogs | None = None,
+        artifacts_remote: str | None = None,
+        *,
+        shared: bool = False,
     ) -> ReefState:
         """Open the state directory. The commit logs follow the store (`commit_logs_for`)
         unless given; `artifacts_remote` (a git URL or a bare repository's path) shares the
@@ -192,14 +203,19 @@ class ReefState:
             if not self.artifacts.has_release(start):
                 raise NotFound(f"unknown starting release {start}")
             manifest = self.artifacts.manifest(start)
-            candidate = Candidate(self.artifacts.files(start), ArtifactKind(manifest.kind),
-                                  {"kind": "fork", "release_id": start}, manifest.metadata)
+            candidate = Candidate(
+                self.artifacts.files(start),
+                ArtifactKind(manifest.kind),
+                {"kind": "fork", "release_id": start},
+                manifest.metadata,
+            )
         else:
             candidate = seed or EMPTY
         if self.artifacts.scenario_head(chain.scenario) is not None:
             self.artifacts.reset_scenario_head(chain.scenario, None)  # leftover of a crashed creation
-        manifest = ArtifactManifest(candidate.content_id, start, candidate.kind.value, dict(candidate.source),
-                                    dict(candidate.metadata))
+        manifest = ArtifactManifest(
+            candidate.content_id, start, candidate.kind.value, dict(candidate.source), dict(candidate.metadata)
+        )
         release_id = self.artifacts.commit(chain.scenario, candidate.files, manifest, expected_parent=None)
         entry = CommitEntry(
             scenario=chain.scenario,

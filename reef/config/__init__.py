@@ -15,18 +15,52 @@ import yaml
 from pydantic import ValidationError
 
 from reef.config.env import ENV_NOT_SETTINGS, from_env
-from reef.config.learner import (RECIPES, GateConfig, HarnessGateConfig, LearnerConfig, LLMProposerConfig,
-                                 ModelEndpointConfig, RecipeConfig, find_recipe)
+from reef.config.learner import (
+    RECIPES,
+    GateConfig,
+    HarnessGateConfig,
+    LearnerConfig,
+    LLMProposerConfig,
+    ModelEndpointConfig,
+    RecipeConfig,
+    find_recipe,
+)
 from reef.config.runtimes import EmbeddedConfig, SGLangConfig, UpstreamConfig, VLLMConfig
-from reef.config.serve import (DEFAULT_PORT, ArtifactsConfig, HarnessConfig, HarnessScenarioConfig,
-                               RequestLimits, ServeConfig, TracesConfig)
+from reef.config.serve import (
+    DEFAULT_PORT,
+    ArtifactsConfig,
+    HarnessConfig,
+    HarnessScenarioConfig,
+    RequestLimits,
+    ServeConfig,
+    TracesConfig,
+)
 from reef.config.strict import explain_errors
 from reef.core.errors import InvalidInput
 
-__all__ = ["DEFAULT_PORT", "ENV_NOT_SETTINGS", "RECIPES", "ArtifactsConfig", "EmbeddedConfig", "GateConfig",
-           "HarnessConfig", "HarnessGateConfig", "HarnessScenarioConfig", "LLMProposerConfig", "LearnerConfig",
-           "ModelEndpointConfig", "RecipeConfig", "RequestLimits", "SGLangConfig", "ServeConfig", "TracesConfig",
-           "UpstreamConfig", "VLLMConfig", "find_recipe", "load_config"]
+__all__ = [
+    "DEFAULT_PORT",
+    "ENV_NOT_SETTINGS",
+    "RECIPES",
+    "ArtifactsConfig",
+    "EmbeddedConfig",
+    "GateConfig",
+    "HarnessConfig",
+    "HarnessGateConfig",
+    "HarnessScenarioConfig",
+    "LLMProposerConfig",
+    "LearnerConfig",
+    "ModelEndpointConfig",
+    "RecipeConfig",
+    "RequestLimits",
+    "SGLangConfig",
+    "ServeConfig",
+    "TracesConfig",
+    "UpstreamConfig",
+    "VLLMConfig",
+    "find_recipe",
+    "load_config",
+]
 
 
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None, **flags: Any) -> ServeConfig:

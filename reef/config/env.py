@@ -27,11 +27,22 @@ ENV_ALIASES: dict[str, tuple[str, ...]] = {
 # REEF_ variables that are not settings of `reef serve`: the client commands' (REEF_URL; REEF_TOKEN
 # is both), the agent wrapper's (REEF_SCENARIO, REEF_SESSION, REEF_AGENT_*, ...), the model
 # cache's, and the tests'. Any other REEF_ variable must name a setting, or `reef serve` refuses it.
-ENV_NOT_SETTINGS = frozenset({
-    "REEF_URL", "REEF_CACHE_DIR", "REEF_SCENARIO", "REEF_SESSION", "REEF_OPENAI_BASE_URL",
-    "REEF_BEGIN", "REEF_END", "REEF_BLOCK", "REEF_FUZZ_SCALE", "REEF_PG_BIN", "REEF_CHROMIUM",
-    "REEF_UI_SCREENSHOTS",
-})
+ENV_NOT_SETTINGS = frozenset(
+    {
+        "REEF_URL",
+        "REEF_CACHE_DIR",
+        "REEF_SCENARIO",
+        "REEF_SESSION",
+        "REEF_OPENAI_BASE_URL",
+        "REEF_BEGIN",
+        "REEF_END",
+        "REEF_BLOCK",
+        "REEF_FUZZ_SCALE",
+        "REEF_PG_BIN",
+        "REEF_CHROMIUM",
+        "REEF_UI_SCREENSHOTS",
+    }
+)
 ENV_NOT_SETTINGS_PREFIXES = ("REEF_AGENT_",)
 
 
@@ -44,15 +55,21 @@ def from_env(env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     set_by: dict[tuple[str, ...], str] = {}
     problems: list[str] = []
-    names = [n for n in env if n.startswith(ENV_PREFIX) and env[n] != "" and n not in ENV_NOT_SETTINGS
-             and not n.startswith(ENV_NOT_SETTINGS_PREFIXES)]
+    names = [
+        n
+        for n in env
+        if n.startswith(ENV_PREFIX)
+        and env[n] != ""
+        and n not in ENV_NOT_SETTINGS
+        and not n.startswith(ENV_NOT_SETTINGS_PREFIXES)
+    ]
     for name in sorted(names, key=lambda n: (n.count("__"), n)):  # a whole section first, its keys over it
         raw = env[name]
         if name in ENV_ALIASES:
             path = ENV_ALIASES[name]
             value: Any = [t.strip() for t in raw.split(",") if t.strip()] if name == "REEF_TOKEN" else raw
         else:
-            path = tuple(name[len(ENV_PREFIX):].lower().split("__"))
+            path = tuple(name[len(ENV_PREFIX) :].lower().split("__"))
             field = _env_field(path)
             if field is None:
                 problems.append(f"{name} names no setting{_env_hint(name)}")
@@ -128,8 +145,9 @@ def _env_value(raw: str, annotation: Any) -> Any:
     from pydantic import TypeAdapter
 
     bare = _env_bare(annotation)
-    text = bare in (str, Path) or (typing.get_origin(bare) is Literal
-                                   and all(isinstance(a, str) for a in typing.get_args(bare)))
+    text = bare in (str, Path) or (
+        typing.get_origin(bare) is Literal and all(isinstance(a, str) for a in typing.get_args(bare))
+    )
     value = (None if raw in ("null", "~") else raw) if text else yaml.safe_load(raw)
     TypeAdapter(annotation).validate_python(value)
     return value

@@ -12,13 +12,25 @@ from reef.config.strict import Strict, explain_errors
 from reef.core.dotted import load_dotted
 from reef.core.errors import InvalidInput
 
-
 # The built-in recipes by name; any other recipe is named by its dotted path (docs/recipes.md).
-RECIPES = {"sao": "reef.recipes.sao:SAORecipe", "skills": "reef.recipes.skills:SkillsRecipe",
-           "ttt_discover": "reef.recipes.ttt_discover:TTTDiscoverRecipe",
-           "openclaw_rl": "reef.recipes.openclaw_rl:OpenClawRLRecipe"}
-RECIPE_PARTS = ("name", "surface", "Settings", "intake", "next_batch", "resume", "high_water", "candidate",
-                "status", "close")
+RECIPES = {
+    "sao": "reef.recipes.sao:SAORecipe",
+    "skills": "reef.recipes.skills:SkillsRecipe",
+    "ttt_discover": "reef.recipes.ttt_discover:TTTDiscoverRecipe",
+    "openclaw_rl": "reef.recipes.openclaw_rl:OpenClawRLRecipe",
+}
+RECIPE_PARTS = (
+    "name",
+    "surface",
+    "Settings",
+    "intake",
+    "next_batch",
+    "resume",
+    "high_water",
+    "candidate",
+    "status",
+    "close",
+)
 
 
 def find_recipe(name: str) -> Any:
@@ -26,8 +38,9 @@ def find_recipe(name: str) -> Any:
     `package.module:Class` (imported now, so a bad name fails when the config loads)."""
     path = RECIPES.get(name, name)
     if ":" not in path:
-        raise InvalidInput(f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}, "
-                           "or a dotted path package.module:Class")
+        raise InvalidInput(
+            f"unknown recipe {name!r}; known recipes: {', '.join(RECIPES)}, or a dotted path package.module:Class"
+        )
     recipe = load_dotted(path, "recipe", "package.module:Class")
     if not isinstance(recipe, type):
         raise InvalidInput(f"recipe {name!r} names a {type(recipe).__name__}, not a recipe class (see docs/recipes.md)")
@@ -37,8 +50,10 @@ def find_recipe(name: str) -> Any:
     if recipe.surface not in ("weights", "harness"):
         raise InvalidInput(f"recipe {name!r}: surface must be 'weights' or 'harness', not {recipe.surface!r}")
     if recipe.surface == "harness" and not hasattr(recipe, "harness_gate"):
-        raise InvalidInput(f"recipe {name!r} is a harness recipe without harness_gate, the settings its candidates "
-                           "are judged by (see docs/recipes.md)")
+        raise InvalidInput(
+            f"recipe {name!r} is a harness recipe without harness_gate, the settings its candidates "
+            "are judged by (see docs/recipes.md)"
+        )
     return recipe
 
 
@@ -78,38 +93,67 @@ class GateConfig(Strict):
     """How a weights candidate is judged against the serving release."""
 
     tasks: Path | None = Field(None, description="JSONL of evaluation tasks: {prompt | messages, ...scorer fields}")
-    scorer: str | None = Field(None, description="module:function(task, text) -> float for the tasks, imported (and the "
-                               "tasks read) before reef serve starts")
+    scorer: str | None = Field(
+        None,
+        description="module:function(task, text) -> float for the tasks, imported (and the "
+        "tasks read) before reef serve starts",
+    )
     max_tokens: int = Field(48, ge=1, description="Tokens of one evaluation answer")
     temperature: float = Field(0.0, ge=0, description="0: greedy, the same answer every time")
     margin: float = Field(0.0, ge=0, description="Mean score gain the candidate must show")
     confidence: float = Field(0.8, gt=0, lt=1, description="One-sided confidence of the paired sign test")
-    looks: int = Field(3, ge=1, description="Parts the tasks are answered in, with an early decision possible "
-                                            "after each (1: all tasks, then decide)")
-    halves: bool | Literal["after_first"] = Field(False, description="Judge each candidate on the fixed half of the "
-        "tasks its serving release was not selected on (after_first: the base's candidates on every task)")
-    concurrency: int | None = Field(None, ge=1, description="The gate's requests in flight at once (null: a look's "
-                                    "tasks all at once); fewer leave more of the serving runtime to live traffic")
+    looks: int = Field(
+        3,
+        ge=1,
+        description="Parts the tasks are answered in, with an early decision possible "
+        "after each (1: all tasks, then decide)",
+    )
+    halves: bool | Literal["after_first"] = Field(
+        False,
+        description="Judge each candidate on the fixed half of the "
+        "tasks its serving release was not selected on (after_first: the base's candidates on every task)",
+    )
+    concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="The gate's requests in flight at once (null: a look's "
+        "tasks all at once); fewer leave more of the serving runtime to live traffic",
+    )
     concurrency_when: Literal["always", "starved"] = Field(
-        "always", description="When `concurrency` bounds the gate: always, or only while the learner waits for "
-        "samples (a fifth of its time or more: live traffic is what it lacks); otherwise a look's tasks at once")
-    after_batches: int = Field(1, ge=1, description="A candidate goes to the gate once its line of training has taken "
-                               "this many batches past the release it would replace (1: every candidate); until "
-                               "then each waits for the next, which takes its place")
-    live_split: float | None = Field(None, gt=0, lt=1, description="With a canary, once three verdicts in a row end "
-                                     "undecided, it serves this fraction and the line's live scores join the gate's "
-                                     "test (docs/learning.md; null: off)")
+        "always",
+        description="When `concurrency` bounds the gate: always, or only while the learner waits for "
+        "samples (a fifth of its time or more: live traffic is what it lacks); otherwise a look's tasks at once",
+    )
+    after_batches: int = Field(
+        1,
+        ge=1,
+        description="A candidate goes to the gate once its line of training has taken "
+        "this many batches past the release it would replace (1: every candidate); until "
+        "then each waits for the next, which takes its place",
+    )
+    live_split: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="With a canary, once three verdicts in a row end "
+        "undecided, it serves this fraction and the line's live scores join the gate's "
+        "test (docs/learning.md; null: off)",
+    )
     answer_on: Literal["runtime", "trainer"] = Field(
-        "runtime", description="Where the tasks are answered: the serving runtime, beside live traffic, or greedily in "
-        "the training process while it waits for samples (docs/learning.md)")
+        "runtime",
+        description="Where the tasks are answered: the serving runtime, beside live traffic, or greedily in "
+        "the training process while it waits for samples (docs/learning.md)",
+    )
     holdout_fraction: float = Field(0.2, ge=0, lt=1, description="Offline check: reported records kept out of training")
     offline_bound: float = Field(0.05, ge=0, description="Offline check: allowed drift of mean log-prob per token")
 
     @model_validator(mode="after")
     def _starved_needs_a_bound(self) -> GateConfig:
         if self.concurrency_when == "starved" and self.concurrency is None:
-            raise ValueError("concurrency_when: starved needs concurrency (the bound it applies while the "
-                             "learner waits for samples); set both, or neither")
+            raise ValueError(
+                "concurrency_when: starved needs concurrency (the bound it applies while the "
+                "learner waits for samples); set both, or neither"
+            )
         if self.answer_on == "trainer" and self.temperature != 0:
             raise ValueError("answer_on: trainer answers greedily; set temperature: 0, or answer_on: runtime")
         return self
@@ -153,21 +197,32 @@ class LearnerConfig(Strict):
 
     enabled: bool = Field(True, description="Train scenarios whose recipe learns weights")
     poll_interval: float = Field(0.5, gt=0, description="Seconds between looks at new reports when idle")
-    train_threads: int | None = Field(None, ge=1, description="Torch threads of the training process; default: half "
-                                      "the cores")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the training process trains: auto "
-                                                  "takes a CUDA GPU when torch sees one")
+    train_threads: int | None = Field(
+        None, ge=1, description="Torch threads of the training process; default: half the cores"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the training process trains: auto takes a CUDA GPU when torch sees one"
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="The trainer's weights: auto is float32 on the CPU, the engine's dtype on a GPU")
+        "auto", description="The trainer's weights: auto is float32 on the CPU, the engine's dtype on a GPU"
+    )
     gate: GateConfig = Field(default_factory=GateConfig)
-    canary: dict[str, float] = Field(default_factory=dict, description="Scenarios that opt in to a canary: the "
-                                     "fraction of their requests served by the candidate under test, which the gate "
-                                     "has not selected")
+    canary: dict[str, float] = Field(
+        default_factory=dict,
+        description="Scenarios that opt in to a canary: the "
+        "fraction of their requests served by the candidate under test, which the gate "
+        "has not selected",
+    )
     # 0.1: a candidate the gate has not judged (a sabotaged one too, until its verdict or withdrawal)
     # reaches at most one request in ten, while a canary still brings its line on-policy samples
-    canary_max_fraction: float = Field(CANARY_MAX_FRACTION, gt=0, le=1, description="The largest fraction a canary "
-                                       "or gate.live_split may serve, a larger one refused at start; raise it only "
-                                       "knowingly")
+    canary_max_fraction: float = Field(
+        CANARY_MAX_FRACTION,
+        gt=0,
+        le=1,
+        description="The largest fraction a canary "
+        "or gate.live_split may serve, a larger one refused at start; raise it only "
+        "knowingly",
+    )
 
     @field_validator("canary")
     @classmethod
@@ -185,9 +240,11 @@ class LearnerConfig(Strict):
             asked["learner.gate.live_split"] = self.gate.live_split
         for name, fraction in asked.items():
             if fraction > bound:
-                raise ValueError(f"{name} is {fraction}, above learner.canary_max_fraction ({bound}): a canary's "
-                                 "requests are served by a candidate the gate has not selected; lower it, or raise "
-                                 "learner.canary_max_fraction knowingly")
+                raise ValueError(
+                    f"{name} is {fraction}, above learner.canary_max_fraction ({bound}): a canary's "
+                    "requests are served by a candidate the gate has not selected; lower it, or raise "
+                    "learner.canary_max_fraction knowingly"
+                )
         return self
 
     @model_validator(mode="after")
@@ -199,8 +256,10 @@ class LearnerConfig(Strict):
             except InvalidInput as exc:
                 raise ValueError(f"unknown key 'learner.{name}' (not a learner setting: {exc})") from None
             if recipe in named:
-                raise ValueError(f"learner.{named[recipe]} and learner.{name} are both the settings of recipe "
-                                 f"{recipe.name!r}; keep one")
+                raise ValueError(
+                    f"learner.{named[recipe]} and learner.{name} are both the settings of recipe "
+                    f"{recipe.name!r}; keep one"
+                )
             named[recipe] = name
             settings = recipe.Settings
             if isinstance(section, settings):

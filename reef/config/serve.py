@@ -25,7 +25,9 @@ class HarnessScenarioConfig(Strict):
 class HarnessConfig(Strict):
     """How a scenario's harness is applied and what a new scenario starts with (docs/harness.md)."""
 
-    mode: Literal["inject", "pull"] = Field("inject", description="inject: added to each request; pull: clients fetch it")
+    mode: Literal["inject", "pull"] = Field(
+        "inject", description="inject: added to each request; pull: clients fetch it"
+    )
     seed_dir: Path | None = Field(None, description="A harness directory every new scenario starts with")
     scenarios: dict[str, HarnessScenarioConfig] = Field(default_factory=dict, description="Per-scenario overrides")
 
@@ -53,8 +55,11 @@ class TracesConfig(Strict):
 class ArtifactsConfig(Strict):
     """Where release contents are shared between front ends (docs/deploy.md)."""
 
-    remote: str | None = Field(None, description="A git URL or the path of a bare repository every front end "
-                                                 "publishes to and fetches from; default: none (one node)")
+    remote: str | None = Field(
+        None,
+        description="A git URL or the path of a bare repository every front end "
+        "publishes to and fetches from; default: none (one node)",
+    )
 
 
 class RequestLimits(Strict):
@@ -65,33 +70,48 @@ class RequestLimits(Strict):
     max_tag_bytes: int = Field(1024, ge=1, description="One x-reef-tag-* value; past it, 400")
     max_json_depth: int = Field(64, ge=8, description="Nesting of arrays and objects in a body; past it, 400")
     max_report_references: int = Field(1000, ge=1, description="Receipts one report may name; past it, 400")
-    max_scenarios: int = Field(1000, ge=1, description="Scenarios the state may hold; creating one more "
-                                                       "answers 403 and creates nothing")
-    stream_send_timeout: float = Field(30.0, gt=0,
-                                       description="Seconds a streaming client may read nothing before its stream is dropped")
+    max_scenarios: int = Field(
+        1000, ge=1, description="Scenarios the state may hold; creating one more answers 403 and creates nothing"
+    )
+    stream_send_timeout: float = Field(
+        30.0, gt=0, description="Seconds a streaming client may read nothing before its stream is dropped"
+    )
 
 
 class ServeConfig(Strict):
     host: str = Field("127.0.0.1", description="Address to listen on; beyond loopback it needs a token, or insecure")
     port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="Port to listen on (0: any free port)")
     state_dir: Path = Field(Path(".reef"), description="Where records, reports, commit logs and artifacts live")
-    tokens: list[str] = Field(default_factory=list, description="Accepted bearer tokens, several at once for rotation; "
-                              "with none, only loopback Host values are served")
-    insecure: bool = Field(False, description="Allow a non-loopback address without a token (the Host check is then off)")
+    tokens: list[str] = Field(
+        default_factory=list,
+        description="Accepted bearer tokens, several at once for rotation; "
+        "with none, only loopback Host values are served",
+    )
+    insecure: bool = Field(
+        False, description="Allow a non-loopback address without a token (the Host check is then off)"
+    )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; past it, 413")
     limits: RequestLimits = Field(default_factory=RequestLimits)
     runtime: Literal["embedded", "upstream", "vllm", "sglang"] | None = Field(
-        None, description="The runtime that answers; default: upstream when upstream.url is set, else embedded")
-    store: str = Field("sqlite", description="sqlite (in state_dir) or a postgresql:// DSN shared by several front ends "
-                       "(docs/state.md)")
+        None, description="The runtime that answers; default: upstream when upstream.url is set, else embedded"
+    )
+    store: str = Field(
+        "sqlite",
+        description="sqlite (in state_dir) or a postgresql:// DSN shared by several front ends (docs/state.md)",
+    )
     artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
-    shared_state_dir: bool = Field(False, description="Several processes on this machine serve state_dir together, "
-                                                      "one learner a scenario by a file lock (--workers sets it; "
-                                                      "docs/deploy.md)")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Level of Reef's and uvicorn's "
-                                                                    "log lines (other libraries: warning and up)")
-    log_format: Literal["text", "json"] = Field("text", description="text: key=value lines; json: one object a line "
-                                                "(never a token, key, prompt or answer)")
+    shared_state_dir: bool = Field(
+        False,
+        description="Several processes on this machine serve state_dir together, "
+        "one learner a scenario by a file lock (--workers sets it; "
+        "docs/deploy.md)",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Level of Reef's and uvicorn's log lines (other libraries: warning and up)"
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: key=value lines; json: one object a line (never a token, key, prompt or answer)"
+    )
     public_url: str | None = Field(None, description="The URL the agent install script names; default: the Host asked")
     keep_alive_timeout: float = Field(5.0, gt=0, description="Seconds an idle connection stays open after an answer")
     header_timeout: float = Field(10.0, gt=0, description="Seconds a client has to send a whole request head")
@@ -130,6 +150,7 @@ class ServeConfig(Strict):
             f"refusing to listen on {self.host} without a token: set REEF_TOKEN (or tokens: in the config), "
             "or pass --insecure if this network is trusted"
         )
+
 
 def _is_loopback(host: str) -> bool:
     if host == "localhost":

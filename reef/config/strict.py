@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 # Settings Reef once had, by dotted key: a config that still names one is told what became of it.
 REMOVED_SETTINGS = {
     "learner.gate.overtake_after": "every verdict runs to its decision (one race, in which it fired once, "
-                                   "never made it a default)",
+    "never made it a default)",
 }
 
 

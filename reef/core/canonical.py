@@ -59,9 +59,7 @@ def check_id(value: object, what: str = "id") -> str:
 
 def check_scenario_name(value: object) -> str:
     if not isinstance(value, str) or not _SCENARIO_PATTERN.fullmatch(value) or ".." in value:
-        raise InvalidInput(
-            f"scenario name must be 1-128 characters of letters, digits, '.', '_' or '-', got {value!r}"
-        )
+        raise InvalidInput(f"scenario name must be 1-128 characters of letters, digits, '.', '_' or '-', got {value!r}")
     return value
 
 
@@ -81,7 +79,9 @@ def check_depth(value: Any, limit: int, what: str) -> Any:
         for child in children:
             if type(child) is dict or type(child) is list:
                 if depth + 1 > limit:
-                    raise InvalidInput(f"{what} nests arrays and objects more than {limit} deep (limits.max_json_depth)")
+                    raise InvalidInput(
+                        f"{what} nests arrays and objects more than {limit} deep (limits.max_json_depth)"
+                    )
                 stack.append((child, depth + 1))
     return value
 

@@ -16,13 +16,13 @@ from reef.core.types import JSON
 class LearnedCandidate:
     scenario: str
     batch_id: str
-    recipe: str                      # recorded with the artifact; nothing downstream branches on it
-    files: Mapping[str, bytes]       # weights: the checkpoint (adapter + optimiser); harness: the whole content
-    base_release_id: str             # the head it was made from (a harness is judged against exactly that)
+    recipe: str  # recorded with the artifact; nothing downstream branches on it
+    files: Mapping[str, bytes]  # weights: the checkpoint (adapter + optimiser); harness: the whole content
+    base_release_id: str  # the head it was made from (a harness is judged against exactly that)
     base_files: Mapping[str, bytes]  # that head's content
-    high_water: int                  # the report cursor its batch was logged at
-    metadata: JSON = field(default_factory=dict)         # stored in the artifact manifest (e.g. mutations)
-    metrics: JSON = field(default_factory=dict)          # stored in the chain entry (training or proposal notes)
+    high_water: int  # the report cursor its batch was logged at
+    metadata: JSON = field(default_factory=dict)  # stored in the artifact manifest (e.g. mutations)
+    metrics: JSON = field(default_factory=dict)  # stored in the chain entry (training or proposal notes)
     algorithm_state: JSON = field(default_factory=dict)  # the recipe's state after this batch (e.g. a baseline)
     # what the gate evaluates on when it has no task file: (score, Sample) pairs for weights,
     # task objects for a harness

@@ -53,8 +53,13 @@ class LiveEvidence:
         return two_sample_z(self.line, self.serving)
 
     def to_json(self) -> dict[str, Any]:
-        return {"line_n": self.line.n, "line_mean": self.line.mean, "serving_n": self.serving.n,
-                "serving_mean": self.serving.mean, "z": self.z()}
+        return {
+            "line_n": self.line.n,
+            "line_mean": self.line.mean,
+            "serving_n": self.serving.n,
+            "serving_mean": self.serving.mean,
+            "z": self.z(),
+        }
 
 
 def two_sample_z(a: ScoreSummary, b: ScoreSummary) -> float:

@@ -31,19 +31,21 @@ TRAINING_FOLDER = "training/"  # where a checkpoint keeps the optimiser beside i
 
 @dataclass(frozen=True)
 class Datum:
-    prompt_ids: list[int]            # the exact prompt the completion continued
-    completion_ids: list[int]        # the tokens learned from, EOS included when the model stopped
+    prompt_ids: list[int]  # the exact prompt the completion continued
+    completion_ids: list[int]  # the tokens learned from, EOS included when the model stopped
     behaviour_logprobs: list[float]  # per completion token, as sampled (may be empty for cross_entropy)
-    advantages: list[float]          # per completion token
-    mask: list[float]                # per completion token: its weight in the loss (0: not trained on)
-    temperature: float = 1.0         # the temperature it was sampled at (0 counts as 1)
+    advantages: list[float]  # per completion token
+    mask: list[float]  # per completion token: its weight in the loss (0: not trained on)
+    temperature: float = 1.0  # the temperature it was sampled at (0 counts as 1)
 
     def check(self, loss: str) -> None:
         n = len(self.completion_ids)
         if not self.prompt_ids:
             raise ValueError("empty prompt")
         if len(self.advantages) != n or len(self.mask) != n:
-            raise ValueError(f"{n} completion tokens but {len(self.advantages)} advantages and {len(self.mask)} mask weights")
+            raise ValueError(
+                f"{n} completion tokens but {len(self.advantages)} advantages and {len(self.mask)} mask weights"
+            )
         if loss != "cross_entropy" and len(self.behaviour_logprobs) != n:
             raise ValueError(f"{n} completion tokens but {len(self.behaviour_logprobs)} rollout log-probs")
         if not all(math.isfinite(x) for x in (*self.advantages, *self.mask, *self.behaviour_logprobs)):
@@ -62,22 +64,28 @@ class Sample:
 
     def datum(self) -> Datum:
         n = len(self.completion_ids)
-        return Datum(self.prompt_ids, self.completion_ids, self.rollout_logprobs, [self.advantage] * n, [1.0] * n,
-                     self.temperature)
+        return Datum(
+            self.prompt_ids,
+            self.completion_ids,
+            self.rollout_logprobs,
+            [self.advantage] * n,
+            [1.0] * n,
+            self.temperature,
+        )
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    eps_clip: float = 0.2       # ppo, clipped_is: the ratio's lower bound is 1 - eps_clip
+    eps_clip: float = 0.2  # ppo, clipped_is: the ratio's lower bound is 1 - eps_clip
     eps_clip_high: float = 0.28  # ppo, clipped_is: its upper bound is 1 + eps_clip_high (cispo: the weight's cap)
-    kl_coef: float = 0.0        # any loss: a KL penalty to the base model (adapter off), k3 estimator per token
-    micro_batch: int = 8        # sequences per forward pass (memory, not maths)
+    kl_coef: float = 0.0  # any loss: a KL penalty to the base model (adapter off), k3 estimator per token
+    micro_batch: int = 8  # sequences per forward pass (memory, not maths)
 
 
 @dataclass(frozen=True)
 class AdamParams:
     lr: float = 5e-4
-    warmup_steps: int = 0       # the optimiser's first steps ramp lr up linearly (0: none)
+    warmup_steps: int = 0  # the optimiser's first steps ramp lr up linearly (0: none)
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
 
@@ -142,12 +150,18 @@ def adapter_part(files: Mapping[str, bytes] | None) -> dict[str, bytes] | None:
     embedded runtime finds it; None (the base model) when the content holds no adapter."""
     if not files:
         return None
-    config = next((n for n in sorted(files) if n.rsplit("/", 1)[-1] == ADAPTER_CONFIG
-                   and not n.startswith(("harness/", TRAINING_FOLDER))), None)
+    config = next(
+        (
+            n
+            for n in sorted(files)
+            if n.rsplit("/", 1)[-1] == ADAPTER_CONFIG and not n.startswith(("harness/", TRAINING_FOLDER))
+        ),
+        None,
+    )
     if config is None:
         return None
     prefix = config[: -len(ADAPTER_CONFIG)]
-    return {n[len(prefix):]: data for n, data in files.items() if n.startswith(prefix) and "/" not in n[len(prefix):]}
+    return {n[len(prefix) :]: data for n, data in files.items() if n.startswith(prefix) and "/" not in n[len(prefix) :]}
 
 
 def checkpoint_part(files: Mapping[str, bytes] | None) -> dict[str, bytes] | None:

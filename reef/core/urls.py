@@ -9,8 +9,10 @@ import re
 from reef.core.errors import InvalidInput
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_URL = re.compile(rf"https?://(?P<host>{_LABEL}(?:\.{_LABEL})*|\[(?P<ipv6>[0-9A-Fa-f:.]+)\])"
-                  r"(?::(?P<port>[0-9]{1,5}))?(?P<path>/[A-Za-z0-9._~/-]*)?")
+_URL = re.compile(
+    rf"https?://(?P<host>{_LABEL}(?:\.{_LABEL})*|\[(?P<ipv6>[0-9A-Fa-f:.]+)\])"
+    r"(?::(?P<port>[0-9]{1,5}))?(?P<path>/[A-Za-z0-9._~/-]*)?"
+)
 
 
 def checked_url(url: str) -> str:
@@ -18,7 +20,9 @@ def checked_url(url: str) -> str:
     address), optional port and path of plain characters, nothing else."""
     m = _URL.fullmatch(url)
     if not m or not _plain_parts(m):
-        raise InvalidInput(f"the server URL must look like http://host[:port][/path] with plain characters, got {url!r}")
+        raise InvalidInput(
+            f"the server URL must look like http://host[:port][/path] with plain characters, got {url!r}"
+        )
     return url.rstrip("/")
 
 

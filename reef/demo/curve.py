@@ -53,18 +53,36 @@ def plot_learning_curve(curve: dict[str, Any], path: Path, window: int = ROLLING
             ys = [100 * p["success"] for p in heldout]
             end = max(_traffic_end(curve), _final_test_minute(curve), xs[-1])
             # A release serves until the next one replaces it: draw the held-out line as steps.
-            ax.step(xs + [end], ys + [ys[-1]], where="post", color="tab:blue", linewidth=2,
-                    label="held-out success of the serving release (gate, greedy)")
+            ax.step(
+                xs + [end],
+                ys + [ys[-1]],
+                where="post",
+                color="tab:blue",
+                linewidth=2,
+                label="held-out success of the serving release (gate, greedy)",
+            )
             ax.plot(xs, ys, "o", color="tab:blue")
         rejected = curve.get("rejected", [])
         if rejected:
-            ax.plot([p["minute"] for p in rejected], [100 * p["candidate_success"] for p in rejected], "x",
-                    color="tab:red", alpha=0.7, label="rejected candidate (held-out)")
+            ax.plot(
+                [p["minute"] for p in rejected],
+                [100 * p["candidate_success"] for p in rejected],
+                "x",
+                color="tab:red",
+                alpha=0.7,
+                label="rejected candidate (held-out)",
+            )
         rolling = rolling_success(curve.get("traffic", []), window)
         if rolling:
-            ax.plot([m for m, _ in rolling], [100 * r for _, r in rolling], color="tab:green", alpha=0.6,
-                    linewidth=1, label=f"live traffic success, last {window} requests "
-                    f"(temperature {curve.get('settings', {}).get('temperature', 1.0):g})")
+            ax.plot(
+                [m for m, _ in rolling],
+                [100 * r for _, r in rolling],
+                color="tab:green",
+                alpha=0.6,
+                linewidth=1,
+                label=f"live traffic success, last {window} requests "
+                f"(temperature {curve.get('settings', {}).get('temperature', 1.0):g})",
+            )
         _plot_test(ax, curve)
         ax.set_xlabel("minutes")
         ax.set_ylabel("exact answers (%)")
@@ -85,16 +103,25 @@ def plot_learning_curve(curve: dict[str, Any], path: Path, window: int = ROLLING
 def success_on_test(curve: dict[str, Any]) -> list[tuple[float, float]]:
     """(minute, success) of the test questions at the start and at the end, where measured."""
     test = curve.get("test") or {}
-    return [(minute, test[key]["success"]) for key, minute in (("start", 0.0), ("final", _final_test_minute(curve)))
-            if (test.get(key) or {}).get("success") is not None]
+    return [
+        (minute, test[key]["success"])
+        for key, minute in (("start", 0.0), ("final", _final_test_minute(curve)))
+        if (test.get(key) or {}).get("success") is not None
+    ]
 
 
 def _plot_test(ax: Any, curve: dict[str, Any]) -> None:
     """The test questions' success at the start and at the end, as two diamonds."""
     points = success_on_test(curve)
     if points:
-        ax.plot([m for m, _ in points], [100 * v for _, v in points], "D", color="tab:purple", markersize=7,
-                label="test success, start and end (greedy; nothing trained or selected on it)")
+        ax.plot(
+            [m for m, _ in points],
+            [100 * v for _, v in points],
+            "D",
+            color="tab:purple",
+            markersize=7,
+            label="test success, start and end (greedy; nothing trained or selected on it)",
+        )
 
 
 def _traffic_end(curve: dict[str, Any]) -> float:
@@ -128,16 +155,23 @@ def curve_table(curve: dict[str, Any]) -> Any:
     live = {r["release_id"]: r for r in curve.get("releases", [])}
     for point in sorted(curve.get("heldout", []), key=lambda p: p["minute"]):
         row = live.get(point["release_id"] or "", {})
-        table.add_row(f"{point['minute']:.1f}", f"{(point['release_id'] or '?')[:12]} ({point['kind']})",
-                      _pct(point.get("success")), _num(point.get("score")), str(row.get("requests", "-")),
-                      _pct(row.get("success_rate")))
+        table.add_row(
+            f"{point['minute']:.1f}",
+            f"{(point['release_id'] or '?')[:12]} ({point['kind']})",
+            _pct(point.get("success")),
+            _num(point.get("score")),
+            str(row.get("requests", "-")),
+            _pct(row.get("success_rate")),
+        )
     if not curve.get("heldout"):
         table.add_row("-", "no gate verdict yet", "-", "-", "-", "-")
     test = curve.get("test") or {}
     if test:
         start, final = (test.get(k) or {} for k in ("start", "final"))
-        table.caption = (f"test questions (never trained or selected on), greedy: {_pct(start.get('success'))} at the "
-                         f"start, {_pct(final.get('success'))} at the end ({(final.get('release_id') or '?')[:12]})")
+        table.caption = (
+            f"test questions (never trained or selected on), greedy: {_pct(start.get('success'))} at the "
+            f"start, {_pct(final.get('success'))} at the end ({(final.get('release_id') or '?')[:12]})"
+        )
     return table
 
 

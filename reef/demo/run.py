@@ -28,8 +28,18 @@ import yaml
 
 from reef.demo import tasks as demo_tasks
 from reef.demo.curve import curve_table, rolling_success, write_curve
-from reef.demo.server import (CANARY, GATE_MAX_TOKENS, LEARNING_RATE, LOSS, TRAFFIC_MAX_TOKENS, TRAFFIC_TEMPERATURE,
-                              DemoServer, DemoServerError, demo_settings, free_port)
+from reef.demo.server import (
+    CANARY,
+    GATE_MAX_TOKENS,
+    LEARNING_RATE,
+    LOSS,
+    TRAFFIC_MAX_TOKENS,
+    TRAFFIC_TEMPERATURE,
+    DemoServer,
+    DemoServerError,
+    demo_settings,
+    free_port,
+)
 
 SCENARIO = "demo"
 HEADERS = {"x-reef-scenario": SCENARIO}
@@ -88,14 +98,18 @@ class DemoStats:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     decisions_route: bool = True
     learning: dict[str, Any] = field(default_factory=dict)
-    test: dict[str, dict[str, Any]] = field(default_factory=dict)  # "start" / "final": {release_id, n, success[, minute]}
+    test: dict[str, dict[str, Any]] = field(
+        default_factory=dict
+    )  # "start" / "final": {release_id, n, success[, minute]}
 
     def elapsed(self) -> float:
         return (time.monotonic() - self.started) / 60
 
     def record(self, release_id: str, value: float, ok: bool) -> None:
         self.starting_release = self.starting_release or release_id
-        self.traffic.append({"minute": round(self.elapsed(), 4), "score": value, "success": ok, "release_id": release_id})
+        self.traffic.append(
+            {"minute": round(self.elapsed(), 4), "score": value, "success": ok, "release_id": release_id}
+        )
         row = self.per_release.setdefault(release_id, {"requests": 0, "score_sum": 0.0, "successes": 0})
         row["requests"] += 1
         row["score_sum"] += value
@@ -110,37 +124,79 @@ class DemoStats:
             m = verdict.get("metrics") or {}
             minute = max(0.0, (float(d.get("recorded_at") or self.started_wall) - self.started_wall) / 60)
             if not heldout and m.get("current_success") is not None:
-                heldout.append({"minute": 0.0, "success": m["current_success"], "score": m.get("current_score"),
-                                "release_id": self.starting_release, "kind": "start"})
-            if verdict.get("decision") == "select" and d.get("operation") == "training" \
-                    and m.get("candidate_success") is not None:
-                heldout.append({"minute": round(minute, 4), "success": m["candidate_success"],
-                                "score": m.get("candidate_score"), "release_id": d.get("release_id"),
-                                "kind": "published"})
+                heldout.append(
+                    {
+                        "minute": 0.0,
+                        "success": m["current_success"],
+                        "score": m.get("current_score"),
+                        "release_id": self.starting_release,
+                        "kind": "start",
+                    }
+                )
+            if (
+                verdict.get("decision") == "select"
+                and d.get("operation") == "training"
+                and m.get("candidate_success") is not None
+            ):
+                heldout.append(
+                    {
+                        "minute": round(minute, 4),
+                        "success": m["candidate_success"],
+                        "score": m.get("candidate_score"),
+                        "release_id": d.get("release_id"),
+                        "kind": "published",
+                    }
+                )
             elif verdict.get("decision") == "reject" and m.get("candidate_success") is not None:
-                rejected.append({"minute": round(minute, 4), "candidate_success": m["candidate_success"],
-                                 "current_success": m.get("current_success"), "p_value": m.get("p_value")})
+                rejected.append(
+                    {
+                        "minute": round(minute, 4),
+                        "candidate_success": m["candidate_success"],
+                        "current_success": m.get("current_success"),
+                        "p_value": m.get("p_value"),
+                    }
+                )
         return heldout, rejected
 
     def counts(self) -> tuple[int, int]:
-        published = sum(1 for d in self.decisions if d.get("operation") == "training"
-                        and (d.get("verdict") or {}).get("decision") == "select")
+        published = sum(
+            1
+            for d in self.decisions
+            if d.get("operation") == "training" and (d.get("verdict") or {}).get("decision") == "select"
+        )
         rejected = sum(1 for d in self.decisions if (d.get("verdict") or {}).get("decision") == "reject")
         return published, rejected
 
     def releases(self) -> list[dict[str, Any]]:
-        return [{"release_id": rid, "requests": int(r["requests"]), "mean_score": r["score_sum"] / r["requests"],
-                 "success_rate": r["successes"] / r["requests"]} for rid, r in self.per_release.items()]
+        return [
+            {
+                "release_id": rid,
+                "requests": int(r["requests"]),
+                "mean_score": r["score_sum"] / r["requests"],
+                "success_rate": r["successes"] / r["requests"],
+            }
+            for rid, r in self.per_release.items()
+        ]
 
 
 # -- traffic -------------------------------------------------------------------------------------
 
 
-async def _ask(client: httpx.AsyncClient, task: dict[str, Any], examples: int, temperature: float,
-               max_tokens: int, tasks: Any = demo_tasks) -> tuple[httpx.Response, str, str]:
+async def _ask(
+    client: httpx.AsyncClient,
+    task: dict[str, Any],
+    examples: int,
+    temperature: float,
+    max_tokens: int,
+    tasks: Any = demo_tasks,
+) -> tuple[httpx.Response, str, str]:
     """One demo question as a chat request: (the response, the answer's text, its finish reason)."""
-    body = {"model": "smollm2", "messages": tasks.messages(task, examples), "temperature": temperature,
-            "max_tokens": max_tokens}
+    body = {
+        "model": "smollm2",
+        "messages": tasks.messages(task, examples),
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+    }
     response = await client.post("/v1/chat/completions", json=body, headers=HEADERS)
     response.raise_for_status()
     choice = response.json()["choices"][0]
@@ -157,8 +213,14 @@ async def _one_request(client: httpx.AsyncClient, task: dict[str, Any], stats: D
     stats.reports += 1
 
 
-async def _worker(client: httpx.AsyncClient, stats: DemoStats, rng: random.Random, stop: asyncio.Event,
-                  server: DemoServer, pause: float = 0.0) -> None:
+async def _worker(
+    client: httpx.AsyncClient,
+    stats: DemoStats,
+    rng: random.Random,
+    stop: asyncio.Event,
+    server: DemoServer,
+    pause: float = 0.0,
+) -> None:
     """One client: a question, its score reported, the next (after `pause` seconds: an agent's turns)."""
     train = stats.tasks.train_tasks()
     while not stop.is_set():
@@ -209,8 +271,9 @@ async def _poller(client: httpx.AsyncClient, stats: DemoStats, stop: asyncio.Eve
 TEST_ATTEMPTS = 3
 
 
-async def _ask_test(client: httpx.AsyncClient, task: dict[str, Any], examples: int,
-                    limit: asyncio.Semaphore) -> tuple[str, float]:
+async def _ask_test(
+    client: httpx.AsyncClient, task: dict[str, Any], examples: int, limit: asyncio.Semaphore
+) -> tuple[str, float]:
     async with limit:
         response, text, _ = await _ask(client, task, examples, 0, GATE_MAX_TOKENS)
     return response.headers.get("x-reef-release-id", "?"), demo_tasks.gate_score(task, text)
@@ -228,8 +291,11 @@ async def measure_test(client: httpx.AsyncClient, examples: int, concurrency: in
         if len({release for release, _ in answers}) == 1:
             break
     releases = {release for release, _ in answers}
-    return {"release_id": releases.pop() if len(releases) == 1 else None, "n": len(answers),
-            "success": sum(value for _, value in answers) / len(answers) if answers else None}
+    return {
+        "release_id": releases.pop() if len(releases) == 1 else None,
+        "n": len(answers),
+        "success": sum(value for _, value in answers) / len(answers) if answers else None,
+    }
 
 
 async def canary_settled(client: httpx.AsyncClient, timeout: float = 240.0) -> bool:
@@ -239,8 +305,9 @@ async def canary_settled(client: httpx.AsyncClient, timeout: float = 240.0) -> b
     while time.monotonic() < deadline:
         response = await client.get("/reef/status", timeout=30.0)
         learners = response.json().get("learning", {}).get("learners", []) if response.status_code == 200 else []
-        if not any((learner.get("canary") or {}).get("running") for learner in learners
-                   if learner.get("scenario") == SCENARIO):
+        if not any(
+            (learner.get("canary") or {}).get("running") for learner in learners if learner.get("scenario") == SCENARIO
+        ):
             return True
         await asyncio.sleep(1.0)
     return False
@@ -286,11 +353,20 @@ async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer
 # -- the demo ------------------------------------------------------------------------------------
 
 
-def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path | None = None, concurrency: int = 8,
-             out_dir: Path = Path("reef-demo"), console: Any = None,
-             examples: int = demo_tasks.SHOWN_EXAMPLES, temperature: float = TRAFFIC_TEMPERATURE,
-             lr: float = LEARNING_RATE, runtime: str = "embedded", canary: float = CANARY,
-             loss: str = LOSS) -> DemoResult:
+def run_demo(
+    minutes: float = 15,
+    workdir: Path | None = None,
+    model_dir: Path | None = None,
+    concurrency: int = 8,
+    out_dir: Path = Path("reef-demo"),
+    console: Any = None,
+    examples: int = demo_tasks.SHOWN_EXAMPLES,
+    temperature: float = TRAFFIC_TEMPERATURE,
+    lr: float = LEARNING_RATE,
+    runtime: str = "embedded",
+    canary: float = CANARY,
+    loss: str = LOSS,
+) -> DemoResult:
     from rich.console import Console
 
     console = console or Console()
@@ -305,14 +381,22 @@ def run_demo(minutes: float = 15, workdir: Path | None = None, model_dir: Path |
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     server = DemoServer(config, port, (out_dir / "serve.log").resolve())
     console.print(f"reef demo: starting reef serve on {server.url} (state in {workdir}, log {server.log_path})")
-    stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr, runtime=runtime,
-                      canary=canary, loss=loss)
+    stats = DemoStats(
+        minutes=minutes, examples=examples, temperature=temperature, lr=lr, runtime=runtime, canary=canary, loss=loss
+    )
     interrupted = False
     with _sigterm_as_interrupt():
         try:
             server.start()
-            stats = DemoStats(minutes=minutes, examples=examples, temperature=temperature, lr=lr,
-                              runtime=runtime, canary=canary, loss=loss)  # a fresh clock
+            stats = DemoStats(
+                minutes=minutes,
+                examples=examples,
+                temperature=temperature,
+                lr=lr,
+                runtime=runtime,
+                canary=canary,
+                loss=loss,
+            )  # a fresh clock
             asyncio.run(drive(server.url, stats, concurrency, server, console))
         except KeyboardInterrupt:
             interrupted = True
@@ -364,20 +448,42 @@ def _finish(stats: DemoStats, out_dir: Path, server: DemoServer, interrupted: bo
         best_heldout_success=max((p["success"] for p in heldout), default=None),
         final_heldout_success=final,
         improvement_points=None if start is None or final is None else round(100 * (final - start), 2),
-        releases_published=published, releases_rejected=rejected_count, requests=stats.requests,
-        reports=stats.reports, errors=stats.errors, minutes=round(min(stats.elapsed(), stats.minutes), 3),
+        releases_published=published,
+        releases_rejected=rejected_count,
+        requests=stats.requests,
+        reports=stats.reports,
+        errors=stats.errors,
+        minutes=round(min(stats.elapsed(), stats.minutes), 3),
         live_success_first=sum(successes[:window]) / window if window else None,
         live_success_last=sum(successes[-window:]) / window if window else None,
         start_test_success=stats.test.get("start", {}).get("success"),
         final_test_success=stats.test.get("final", {}).get("success"),
         final_test_release=stats.test.get("final", {}).get("release_id"),
-        interrupted=interrupted, png=str(out_dir / "learning_curve.png"), json=str(out_dir / "learning_curve.json"),
+        interrupted=interrupted,
+        png=str(out_dir / "learning_curve.png"),
+        json=str(out_dir / "learning_curve.json"),
         server_log=str(server.log_path),
     )
-    settings = {"examples": stats.examples, "temperature": stats.temperature, "lr": stats.lr,
-                "minutes": stats.minutes, "runtime": stats.runtime, "canary": stats.canary, "loss": stats.loss}
-    curve = {"scenario": SCENARIO, "settings": settings, "heldout": heldout, "rejected": rejected, "traffic": stats.traffic,
-             "releases": stats.releases(), "test": stats.test, "decisions": stats.decisions, "summary": result.to_json()}
+    settings = {
+        "examples": stats.examples,
+        "temperature": stats.temperature,
+        "lr": stats.lr,
+        "minutes": stats.minutes,
+        "runtime": stats.runtime,
+        "canary": stats.canary,
+        "loss": stats.loss,
+    }
+    curve = {
+        "scenario": SCENARIO,
+        "settings": settings,
+        "heldout": heldout,
+        "rejected": rejected,
+        "traffic": stats.traffic,
+        "releases": stats.releases(),
+        "test": stats.test,
+        "decisions": stats.decisions,
+        "summary": result.to_json(),
+    }
     write_curve(curve, out_dir)
     console.print(curve_table(curve))
     console.print(_summary_line(result))
@@ -389,10 +495,12 @@ def _summary_line(r: DemoResult) -> str:
         return "-" if v is None else f"{100 * v:.1f}%"
 
     gain = "-" if r.improvement_points is None else f"{r.improvement_points:+.1f} points"
-    return (f"reef demo: {r.minutes:.1f} min, {r.requests} requests ({r.requests / max(r.minutes, 1e-9):.0f} a minute), {r.reports} reports, {r.releases_published} "
-            f"releases published, {r.releases_rejected} rejected; held-out success {pct(r.start_heldout_success)} -> "
-            f"{pct(r.final_heldout_success)} (best {pct(r.best_heldout_success)}, {gain}); test success (nothing "
-            f"selected on it) {pct(r.start_test_success)} -> {pct(r.final_test_success)}; curve: {r.png}")
+    return (
+        f"reef demo: {r.minutes:.1f} min, {r.requests} requests ({r.requests / max(r.minutes, 1e-9):.0f} a minute), {r.reports} reports, {r.releases_published} "
+        f"releases published, {r.releases_rejected} rejected; held-out success {pct(r.start_heldout_success)} -> "
+        f"{pct(r.final_heldout_success)} (best {pct(r.best_heldout_success)}, {gain}); test success (nothing "
+        f"selected on it) {pct(r.start_test_success)} -> {pct(r.final_test_success)}; curve: {r.png}"
+    )
 
 
 __all__ = ["DemoResult", "DemoServerError", "DemoStats", "run_demo"]

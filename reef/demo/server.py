@@ -65,14 +65,24 @@ LIVE_SPLIT = CANARY_MAX_FRACTION
 GATE_HALVES = "after_first"
 
 
-def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | None,
-                  lr: float = LEARNING_RATE, runtime: str = "embedded", scorer: str = "reef.demo.tasks:gate_score",
-                  traffic_max_tokens: int = TRAFFIC_MAX_TOKENS,
-                  gate_max_tokens: int = GATE_MAX_TOKENS, canary: float | None = None,
-                  loss: str = LOSS, gate_concurrency: int | None = GATE_CONCURRENCY,
-                  gate_concurrency_when: str = GATE_CONCURRENCY_WHEN,
-                  gate_after_batches: int = GATE_AFTER_BATCHES,
-                  live_split: float | None = LIVE_SPLIT, gate_halves: bool | str = GATE_HALVES) -> dict[str, Any]:
+def demo_settings(
+    workdir: Path,
+    heldout: Path,
+    port: int,
+    model_dir: Path | None,
+    lr: float = LEARNING_RATE,
+    runtime: str = "embedded",
+    scorer: str = "reef.demo.tasks:gate_score",
+    traffic_max_tokens: int = TRAFFIC_MAX_TOKENS,
+    gate_max_tokens: int = GATE_MAX_TOKENS,
+    canary: float | None = None,
+    loss: str = LOSS,
+    gate_concurrency: int | None = GATE_CONCURRENCY,
+    gate_concurrency_when: str = GATE_CONCURRENCY_WHEN,
+    gate_after_batches: int = GATE_AFTER_BATCHES,
+    live_split: float | None = LIVE_SPLIT,
+    gate_halves: bool | str = GATE_HALVES,
+) -> dict[str, Any]:
     """serve.yaml for the demo: the embedded model (or vLLM, serving the same model folder the
     trainer trains), short answers, and a learner whose gate runs the held-out tasks through the
     strict verifier (or another task's `scorer`, as bench/learning_race.py does)."""
@@ -90,12 +100,20 @@ def demo_settings(workdir: Path, heldout: Path, port: int, model_dir: Path | Non
         **engine,
         "learner": {
             "sao": {"batch_size": 8, "steps_per_candidate": STEPS_PER_CANDIDATE, "lr": lr, "loss": loss},
-            "gate": {"tasks": str(heldout.resolve()), "scorer": scorer,
-                     "max_tokens": gate_max_tokens, "temperature": 0, "after_batches": gate_after_batches,
-                     "halves": gate_halves,
-                     **({"concurrency": gate_concurrency, "concurrency_when": gate_concurrency_when}
-                        if gate_concurrency else {}),
-                     **({"live_split": live_split} if canary and live_split else {})},
+            "gate": {
+                "tasks": str(heldout.resolve()),
+                "scorer": scorer,
+                "max_tokens": gate_max_tokens,
+                "temperature": 0,
+                "after_batches": gate_after_batches,
+                "halves": gate_halves,
+                **(
+                    {"concurrency": gate_concurrency, "concurrency_when": gate_concurrency_when}
+                    if gate_concurrency
+                    else {}
+                ),
+                **({"live_split": live_split} if canary and live_split else {}),
+            },
             **({"canary": {"demo": canary}} if canary else {}),
             **canary_bound(canary, live_split),
         },
@@ -110,8 +128,9 @@ def canary_bound(canary: float | None, live_split: float | None) -> dict[str, fl
 
 
 class DemoServer:
-    def __init__(self, config_path: Path, port: int, log_path: Path, pythonpath: Sequence[str] = (),
-                 checkout: Path | None = None) -> None:
+    def __init__(
+        self, config_path: Path, port: int, log_path: Path, pythonpath: Sequence[str] = (), checkout: Path | None = None
+    ) -> None:
         self.config_path = config_path
         self.port = port
         self.log_path = log_path
@@ -132,9 +151,14 @@ class DemoServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "reef", "serve", "-c", str(self.config_path)], stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.config_path.parent,
-                start_new_session=True)
+                [sys.executable, "-m", "reef", "serve", "-c", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self.config_path.parent,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.check_alive()

@@ -48,7 +48,11 @@ INSTRUCTION = "Answer with one word."
 PARTIAL_CREDIT = 0.25
 MAX_PARTIAL_WORDS = 12
 # Worked examples shown before each question; none of them is a task.
-EXAMPLES = (("What colour is the sky?", "Blue"), ("What is the opposite of wide?", "Narrow"), ("What is 2 plus 2?", "4"))
+EXAMPLES = (
+    ("What colour is the sky?", "Blue"),
+    ("What is the opposite of wide?", "Narrow"),
+    ("What is 2 plus 2?", "4"),
+)
 SHOWN_EXAMPLES = 1  # one example shows the form and leaves room to learn it; with none it is never learned
 HELDOUT_EVERY = 5  # of each family, one question in five (by hash) is held out for the gate, one for the test
 
@@ -246,8 +250,12 @@ def feedback(task: dict[str, Any]) -> str:
 
 
 def heldout_record(task: dict[str, Any], examples: int = SHOWN_EXAMPLES) -> dict[str, Any]:
-    return {"messages": messages(task, examples), "answers": list(task["answers"]), "question": task["question"],
-            "category": task["category"]}
+    return {
+        "messages": messages(task, examples),
+        "answers": list(task["answers"]),
+        "question": task["question"],
+        "category": task["category"],
+    }
 
 
 def write_heldout_jsonl(path: Path, examples: int = SHOWN_EXAMPLES) -> Path:

@@ -13,7 +13,8 @@ import json
 from typing import Any
 
 import torch
-from safetensors.torch import load as load_safetensors, save as save_safetensors
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
 
 from reef.core.training import TRAINING_FOLDER
 
@@ -26,10 +27,16 @@ MOMENTS = ("exp_avg", "exp_avg_sq", "step")
 def optimizer_files(optimizer: torch.optim.Optimizer, names: list[str], steps: int) -> dict[str, bytes]:
     """The optimiser's moments per named parameter (none before its first step)."""
     state = optimizer.state_dict()["state"]
-    tensors = {f"{names[index]}.{moment}": value.detach().cpu().clone().contiguous()
-               for index, entry in state.items() for moment, value in entry.items() if moment in MOMENTS}
-    return {OPTIMIZER_FILE: save_safetensors(tensors),
-            STATE_FILE: json.dumps({"format": FORMAT, "steps": steps}, sort_keys=True).encode()}
+    tensors = {
+        f"{names[index]}.{moment}": value.detach().cpu().clone().contiguous()
+        for index, entry in state.items()
+        for moment, value in entry.items()
+        if moment in MOMENTS
+    }
+    return {
+        OPTIMIZER_FILE: save_safetensors(tensors),
+        STATE_FILE: json.dumps({"format": FORMAT, "steps": steps}, sort_keys=True).encode(),
+    }
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, names: list[str], files: dict[str, bytes]) -> int:

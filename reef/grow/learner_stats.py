@@ -27,8 +27,10 @@ class LearnerStats:
     last_error: str | None = None
 
     def count(self, verdict: Verdict) -> None:
-        self.last_verdict = {"decision": verdict.decision,
-                             **{k: v for k, v in verdict.metrics.items() if k != "per_task"}}
+        self.last_verdict = {
+            "decision": verdict.decision,
+            **{k: v for k, v in verdict.metrics.items() if k != "per_task"},
+        }
         if verdict.decision == "select":
             self.published += 1
         elif verdict.decision == "review":

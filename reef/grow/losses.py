@@ -53,18 +53,25 @@ def cispo(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor, config: Lo
     return -weight * new * advantages, live
 
 
-def importance_sampling(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor,
-                        config: LossConfig) -> tuple[Tensor, Tensor]:
+def importance_sampling(
+    new: Tensor, old: Tensor, advantages: Tensor, live: Tensor, config: LossConfig
+) -> tuple[Tensor, Tensor]:
     return -log_ratio(new, old, live).exp() * advantages, live
 
 
-def cross_entropy(new: Tensor, old: Tensor, advantages: Tensor, live: Tensor, config: LossConfig) -> tuple[Tensor, Tensor]:
+def cross_entropy(
+    new: Tensor, old: Tensor, advantages: Tensor, live: Tensor, config: LossConfig
+) -> tuple[Tensor, Tensor]:
     return -new, live
 
 
-LOSS_FUNCTIONS: dict[str, LossFn] = {"ppo": ppo, "clipped_is": clipped_is, "cispo": cispo,
-                                     "importance_sampling": importance_sampling,
-                                     "cross_entropy": cross_entropy}
+LOSS_FUNCTIONS: dict[str, LossFn] = {
+    "ppo": ppo,
+    "clipped_is": clipped_is,
+    "cispo": cispo,
+    "importance_sampling": importance_sampling,
+    "cross_entropy": cross_entropy,
+}
 
 
 def kl_to_base(new: Tensor, base: Tensor, live: Tensor) -> Tensor:

@@ -58,8 +58,8 @@ class Abandon(Exception):
 class RecipeContext:
     """What a recipe may use beyond its own settings."""
 
-    runtime: Runtime    # the scenario's runtime (a proposer or judge may call it)
-    gate: GateConfig    # the weights gate's settings (with tasks, every record may train)
+    runtime: Runtime  # the scenario's runtime (a proposer or judge may call it)
+    gate: GateConfig  # the weights gate's settings (with tasks, every record may train)
 
 
 @dataclass
@@ -86,12 +86,12 @@ class Job:
 
     scenario: str
     batch_id: str
-    start: dict[str, bytes] | None   # weights: the checkpoint to train on from (the last candidate's, or the head's)
-    head: Release                    # the head now: a harness candidate is made from and judged against it
+    start: dict[str, bytes] | None  # weights: the checkpoint to train on from (the last candidate's, or the head's)
+    head: Release  # the head now: a harness candidate is made from and judged against it
     head_files: dict[str, bytes]
-    serving: ReleaseRef              # what serves now (a proposer may ask the scenario's own runtime)
-    trainer: TrainingClient | None   # the training primitives (weights surface only)
-    algorithm_state: JSON            # the recipe's state so far; update it as the batch is used
+    serving: ReleaseRef  # what serves now (a proposer may ask the scenario's own runtime)
+    trainer: TrainingClient | None  # the training primitives (weights surface only)
+    algorithm_state: JSON  # the recipe's state so far; update it as the batch is used
 
 
 @dataclass

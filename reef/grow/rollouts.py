@@ -45,6 +45,10 @@ def sample_of(record: Record, advantage: float = 0.0) -> Sample:
     """The rollout a record holds, as the trainer takes it."""
     response = record.response or {}
     temperature = record.request.get("temperature")
-    return Sample(prompt_ids=list(response["prompt_token_ids"]), completion_ids=list(record.token_ids or []),
-                  rollout_logprobs=list(record.logprobs or []), advantage=advantage,
-                  temperature=1.0 if temperature in (None, 0) else float(temperature))
+    return Sample(
+        prompt_ids=list(response["prompt_token_ids"]),
+        completion_ids=list(record.token_ids or []),
+        rollout_logprobs=list(record.logprobs or []),
+        advantage=advantage,
+        temperature=1.0 if temperature in (None, 0) else float(temperature),
+    )

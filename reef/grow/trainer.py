@@ -41,9 +41,19 @@ from typing import Any, Iterator
 import torch
 
 from reef.core.chat import ChatRequest
-from reef.core.training import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, AdamParams, Datum, LoraShape, LossConfig, Sample,
-                                TrainConfig, adapter_part, checkpoint_part)
 from reef.core.prefix import MIN_SHARED_PREFIX, shared_prefix_length
+from reef.core.training import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    AdamParams,
+    Datum,
+    LoraShape,
+    LossConfig,
+    Sample,
+    TrainConfig,
+    adapter_part,
+    checkpoint_part,
+)
 from reef.grow.checkpoint import optimizer_files, restore_optimizer
 from reef.grow.losses import kl_to_base, log_ratio, loss_function
 from reef.runtimes.chatml import MAX_CONTEXT, TextStream, prompt_ids, stop_token_ids
@@ -92,8 +102,15 @@ class _Slot:
 
 
 class LoRATrainer:
-    def __init__(self, model_dir: Path, threads: int | None = None, device: str = "auto", dtype: str = "auto",
-                 engine_dtype: str | None = None, min_shared_prefix: int = MIN_SHARED_PREFIX) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        threads: int | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        engine_dtype: str | None = None,
+        min_shared_prefix: int = MIN_SHARED_PREFIX,
+    ) -> None:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
@@ -103,7 +120,9 @@ class LoRATrainer:
         self.model_dir = Path(model_dir)
         self.device = torch.device(resolve_device(device))
         self.dtype = resolve_dtype(dtype, self.device.type, engine_dtype)
-        self.base: Any = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=self.dtype).to(self.device).eval()
+        self.base: Any = (
+            AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=self.dtype).to(self.device).eval()
+        )
         self.base.requires_grad_(False)
         self.pad_id = int(self.base.config.pad_token_id or 0)  # any id will do: pads are masked out
         self.peft: Any = None  # the PeftModel wrapping `base`, made with the first adapter
@@ -131,8 +150,15 @@ class LoRATrainer:
         named = [(n, p) for n, p in self.peft.named_parameters() if name in n.split(".")]
         names = [".".join(part for part in n.split(".") if part != name) for n, _ in named]
         params = [p for _, p in named]
-        slot = _Slot(name, names, params, torch.optim.AdamW(params), lora.seed, checkpoint_hash=wanted,
-                     adapter_hash=adapter_hash(checkpoint) if checkpoint is not None else "")
+        slot = _Slot(
+            name,
+            names,
+            params,
+            torch.optim.AdamW(params),
+            lora.seed,
+            checkpoint_hash=wanted,
+            adapter_hash=adapter_hash(checkpoint) if checkpoint is not None else "",
+        )
         slot.steps = restore_optimizer(slot.optimizer, names, checkpoint or {})
         self._slots[key] = slot
         return {"steps": float(slot.steps), "resumed": 0.0}
@@ -161,7 +187,7 @@ class LoRATrainer:
             try:
                 size = max(1, config.micro_batch)
                 for start in range(0, len(rows), size):
-                    self._accumulate(rows[start:start + size], loss, loss_fn, config, sums)
+                    self._accumulate(rows[start : start + size], loss, loss_fn, config, sums)
             finally:
                 self.peft.eval()
         kept = int(sums["kept"])
@@ -206,8 +232,9 @@ class LoRATrainer:
         slot.checkpoint_hash, slot.adapter_hash = files_hash(files), adapter_hash(files)
         return files
 
-    def step(self, key: str, checkpoint: dict[str, bytes] | None, samples: list[Sample],
-             config: TrainConfig) -> tuple[dict[str, bytes], dict[str, float]]:
+    def step(
+        self, key: str, checkpoint: dict[str, bytes] | None, samples: list[Sample], config: TrainConfig
+    ) -> tuple[dict[str, bytes], dict[str, float]]:
         """One SAO step, the primitives in order: load, clipped-IS forward-backward, AdamW, save."""
         started = time.monotonic()
         self.load_state(key, checkpoint, config.lora)
@@ -223,8 +250,9 @@ class LoRATrainer:
             raise ValueError(f"no training state for {key!r}: load_state it first")
         return slot
 
-    def _accumulate(self, rows: list[Datum], loss: str, loss_fn: Any, config: LossConfig,
-                    sums: dict[str, float]) -> None:
+    def _accumulate(
+        self, rows: list[Datum], loss: str, loss_fn: Any, config: LossConfig, sums: dict[str, float]
+    ) -> None:
         """Forward and backward one micro-batch, adding the summed (not averaged) loss's grads."""
         seqs = [(d.prompt_ids, d.completion_ids) for d in rows]
         temps = [d.temperature for d in rows]
@@ -234,6 +262,7 @@ class LoRATrainer:
                 base_lp, _ = self._completion_logprobs(seqs, temps)
         new_lp, real = self._completion_logprobs(seqs, temps)
         width = new_lp.shape[1]
+
         def aligned(rows_: list[list[float]]) -> torch.Tensor:
             return _right_aligned(rows_, width).to(self.device)
 
@@ -259,8 +288,12 @@ class LoRATrainer:
 
     # -- log-probs ----------------------------------------------------------------------------
 
-    def logprobs(self, adapter_files: dict[str, bytes] | None, sequences: list[tuple[list[int], list[int]]],
-                 temperature: float = 1.0) -> list[list[float]]:
+    def logprobs(
+        self,
+        adapter_files: dict[str, bytes] | None,
+        sequences: list[tuple[list[int], list[int]]],
+        temperature: float = 1.0,
+    ) -> list[list[float]]:
         """Per-token log-probs of each completion given its prompt, under the base model (None)
         or an adapter: the gate's offline check, and the tests' on-policy check."""
         for prompt, _ in sequences:
@@ -270,17 +303,18 @@ class LoRATrainer:
         todo = [i for i, (_, completion) in enumerate(sequences) if completion]
         with torch.no_grad(), self._adapter_only(adapter_part(adapter_files)):
             for start in range(0, len(todo), 8):
-                chunk = todo[start:start + 8]
+                chunk = todo[start : start + 8]
                 lp, _ = self._completion_logprobs([sequences[i] for i in chunk], [temperature] * len(chunk))
                 for row, i in enumerate(chunk):
                     n = len(sequences[i][1])
-                    out[i] = lp[row, lp.shape[1] - n:].tolist()
+                    out[i] = lp[row, lp.shape[1] - n :].tolist()
         return out
 
     # -- greedy answers -------------------------------------------------------------------------
 
-    def generate(self, adapter_files: dict[str, bytes] | None, requests: list[ChatRequest],
-                 max_tokens: int) -> list[str]:
+    def generate(
+        self, adapter_files: dict[str, bytes] | None, requests: list[ChatRequest], max_tokens: int
+    ) -> list[str]:
         """Each request's greedy answer under the base model (None) or an adapter, as the embedded
         runtime would write it (the same prompt ids, stop tokens and text decoding): the gate's
         tasks answered here while the learner waits for samples (`gate.answer_on: trainer`). As
@@ -292,7 +326,7 @@ class LoRATrainer:
         answers: list[str] = []
         with torch.no_grad(), self._adapter_only(adapter_part(adapter_files)):
             for start in range(0, len(requests), GENERATE_BATCH):
-                chunk = requests[start:start + GENERATE_BATCH]
+                chunk = requests[start : start + GENERATE_BATCH]
                 prompts = [prompt_ids(tokenizer, r) for r in chunk]
                 for request, ids in zip(chunk, self._greedy(prompts, answer_room(prompts, max_tokens), stops)):
                     answers.append(TextStream(decode, request.stop, watch_tools=False).finish(ids)[0])
@@ -307,8 +341,14 @@ class LoRATrainer:
         ids, attention, positions, cache = self._after_prefix(prompts[0][:shared], [p[shared:] for p in prompts])
         out: list[list[int]] = [[] for _ in prompts]
         live = list(range(len(prompts)))
-        step = self.base(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1)
+        step = self.base(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         for _ in range(max(max_tokens)):
             chosen = step.logits[:, -1, :].float().argmax(-1)
             for row in list(live):
@@ -321,8 +361,14 @@ class LoRATrainer:
                 break
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
             positions = positions[:, -1:] + 1
-            step = self.base(input_ids=chosen.unsqueeze(-1), attention_mask=attention, position_ids=positions,
-                             past_key_values=step.past_key_values, use_cache=True, logits_to_keep=1)
+            step = self.base(
+                input_ids=chosen.unsqueeze(-1),
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=step.past_key_values,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         return out
 
     def _tokenizer(self) -> Any:
@@ -332,8 +378,9 @@ class LoRATrainer:
             self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         return self.tokenizer
 
-    def _completion_logprobs(self, seqs: list[tuple[list[int], list[int]]],
-                             temps: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _completion_logprobs(
+        self, seqs: list[tuple[list[int], list[int]]], temps: list[float]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, C] of the completions, right-aligned (C = the longest completion), and the
         mask of real completion positions. Left padding and `cumsum(mask) - 1` positions, as in
         generation; logits only for the last C + 1 positions (the 49k vocabulary is the cost).
@@ -346,17 +393,31 @@ class LoRATrainer:
         longest = max(len(c) for _, c in seqs)
         ids, attention, positions, cache = self._after_prefix(seqs[0][0][:shared], [p[shared:] + c for p, c in seqs])
         width = ids.shape[1]
-        logits = self.base(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
-                           use_cache=cache is not None, logits_to_keep=longest + 1).logits[:, :-1, :].float()
-        scale = torch.tensor([t if t > 0 else 1.0 for t in temps], dtype=torch.float32, device=self.device).view(-1, 1, 1)
+        logits = (
+            self.base(
+                input_ids=ids,
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=cache is not None,
+                logits_to_keep=longest + 1,
+            )
+            .logits[:, :-1, :]
+            .float()
+        )
+        scale = torch.tensor([t if t > 0 else 1.0 for t in temps], dtype=torch.float32, device=self.device).view(
+            -1, 1, 1
+        )
         logprobs = torch.log_softmax(logits / scale, dim=-1)
-        targets = ids[:, width - longest:]
+        targets = ids[:, width - longest :]
         picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         lengths = torch.tensor([len(c) for _, c in seqs], device=self.device).unsqueeze(1)
         mask = torch.arange(longest, device=self.device).unsqueeze(0) >= (longest - lengths)
         return picked, mask
 
-    def _after_prefix(self, prefix: list[int], rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+    def _after_prefix(
+        self, prefix: list[int], rows: list[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
         """Rows that all follow `prefix` (empty: none shared), as one batch: the rows' ids left
         padded, the attention mask over prefix and row, the rows' position ids counting on from the
         prefix, and the prefix's key/value cache repeated to the batch (None without a prefix)."""
@@ -391,8 +452,9 @@ class LoRATrainer:
 
         name = f"a{next(self._names)}"
         if files is None:
-            config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                target_modules=list(lora.target_modules))
+            config = LoraConfig(
+                r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules)
+            )
         else:
             if ADAPTER_CONFIG not in files or ADAPTER_WEIGHTS not in files:
                 raise ValueError(f"adapter files need {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}, got {sorted(files)}")
@@ -408,11 +470,14 @@ class LoRATrainer:
                 self.peft.add_adapter(name, config)
         if files is not None:
             try:
-                result = set_peft_model_state_dict(self.peft, load_safetensors(files[ADAPTER_WEIGHTS]), adapter_name=name)
+                result = set_peft_model_state_dict(
+                    self.peft, load_safetensors(files[ADAPTER_WEIGHTS]), adapter_name=name
+                )
                 missing = [k for k in result.missing_keys if f".{name}." in k]
                 if result.unexpected_keys or missing:
-                    raise ValueError(f"adapter weights do not fit: unexpected {result.unexpected_keys[:3]}, "
-                                     f"missing {missing[:3]}")
+                    raise ValueError(
+                        f"adapter weights do not fit: unexpected {result.unexpected_keys[:3]}, missing {missing[:3]}"
+                    )
             except Exception:
                 self.peft.delete_adapter(name)
                 raise
@@ -467,8 +532,10 @@ def resolve_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-        raise RuntimeError(f"learner.device is {device!r} but torch {torch.__version__} ({build}) sees no CUDA "
-                           "device; use learner.device: cpu or auto")
+        raise RuntimeError(
+            f"learner.device is {device!r} but torch {torch.__version__} ({build}) sees no CUDA "
+            "device; use learner.device: cpu or auto"
+        )
     return device
 
 

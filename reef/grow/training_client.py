@@ -27,11 +27,17 @@ class TrainingClient:
         """Train from `checkpoint` (a release's content: adapter + optimiser), or a fresh adapter."""
         return await self._call("load_state", checkpoint, lora)  # type: ignore[no-any-return]
 
-    async def forward_backward(self, data: list[Datum], loss: str = "clipped_is",
-                               config: LossConfig = LossConfig()) -> dict[str, float]:
+    async def forward_backward(
+        self, data: list[Datum], loss: str = "clipped_is", config: LossConfig = LossConfig()
+    ) -> dict[str, float]:
         """Add the gradient of the named loss's mean over `data`'s kept tokens; its metrics."""
-        return await self._call("forward_backward", data, loss, config,  # type: ignore[no-any-return]
-                                attributes={"reef.train.samples": len(data), "reef.train.loss_fn": loss})
+        return await self._call(
+            "forward_backward",
+            data,
+            loss,
+            config,  # type: ignore[no-any-return]
+            attributes={"reef.train.samples": len(data), "reef.train.loss_fn": loss},
+        )
 
     async def optim_step(self, adam: AdamParams) -> dict[str, float]:
         """One AdamW step on the gradient accumulated since the last one."""
@@ -41,8 +47,9 @@ class TrainingClient:
         """The checkpoint: the adapter files and, under `training/`, the optimiser's state."""
         return await self._call("save_state")  # type: ignore[no-any-return]
 
-    async def logprobs(self, sequences: list[tuple[list[int], list[int]]], adapter: Checkpoint | None = None,
-                       temperature: float = 1.0) -> list[list[float]]:
+    async def logprobs(
+        self, sequences: list[tuple[list[int], list[int]]], adapter: Checkpoint | None = None, temperature: float = 1.0
+    ) -> list[list[float]]:
         """Per-token log-probs of each (prompt, completion) under `adapter` (None: the base model)."""
         return await self.worker.logprobs(adapter, sequences, temperature, key=self.key)
 

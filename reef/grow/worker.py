@@ -71,9 +71,17 @@ class _Job:
 
 
 class TrainingWorker:
-    def __init__(self, model_dir: Path, threads: int | None = None, *, device: str = "auto", dtype: str = "auto",
-                 engine_dtype: str | None = None, close_timeout: float = 30.0,
-                 background_share: float = BACKGROUND_SHARE) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        threads: int | None = None,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        engine_dtype: str | None = None,
+        close_timeout: float = 30.0,
+        background_share: float = BACKGROUND_SHARE,
+    ) -> None:
         self.model_dir = Path(model_dir)
         self.threads = threads
         self.placement = (device, dtype, engine_dtype)  # LoRATrainer's device, dtype and the engine's dtype
@@ -107,8 +115,12 @@ class TrainingWorker:
     async def _spawn(self) -> None:
         context = multiprocessing.get_context("spawn")
         parent, child = context.Pipe()
-        process = context.Process(target=_child_main, args=(child, str(self.model_dir), self.threads, self.placement),
-                                  name="reef-trainer", daemon=True)
+        process = context.Process(
+            target=_child_main,
+            args=(child, str(self.model_dir), self.threads, self.placement),
+            name="reef-trainer",
+            daemon=True,
+        )
         process.start()
         child.close()  # the child holds the only other end, so its death reads as EOF here
         try:
@@ -164,8 +176,13 @@ class TrainingWorker:
             self._conn = None
 
     def running(self) -> bool:
-        return self._process is not None and self._process.is_alive() and not self._closing \
-            and self._dispatcher is not None and not self._dispatcher.done()
+        return (
+            self._process is not None
+            and self._process.is_alive()
+            and not self._closing
+            and self._dispatcher is not None
+            and not self._dispatcher.done()
+        )
 
     @property
     def pid(self) -> int | None:
@@ -185,18 +202,31 @@ class TrainingWorker:
         `key` (`reef.grow.training_client.TrainingClient` names them)."""
         return await self._submit(key, method, (key, *args))
 
-    async def train(self, key: str, checkpoint: dict[str, bytes] | None, samples: list[Sample],
-                    config: TrainConfig) -> tuple[dict[str, bytes], dict[str, float]]:
+    async def train(
+        self, key: str, checkpoint: dict[str, bytes] | None, samples: list[Sample], config: TrainConfig
+    ) -> tuple[dict[str, bytes], dict[str, float]]:
         """`LoRATrainer.step` (load, forward-backward, AdamW, save) in the child, as one job."""
         return await self.call(key, "step", checkpoint, samples, config)  # type: ignore[no-any-return]
 
-    async def logprobs(self, adapter_files: dict[str, bytes] | None, sequences: list[tuple[list[int], list[int]]],
-                       temperature: float = 1.0, *, key: str = LOGPROBS_KEY) -> list[list[float]]:
+    async def logprobs(
+        self,
+        adapter_files: dict[str, bytes] | None,
+        sequences: list[tuple[list[int], list[int]]],
+        temperature: float = 1.0,
+        *,
+        key: str = LOGPROBS_KEY,
+    ) -> list[list[float]]:
         """`LoRATrainer.logprobs` in the child; `key` chooses the queue it waits in."""
         return await self._submit(key, "logprobs", (adapter_files, sequences, temperature))  # type: ignore[no-any-return]
 
-    async def generate(self, adapter_files: dict[str, bytes] | None, requests: list[ChatRequest], max_tokens: int,
-                       *, key: str = GENERATE_KEY) -> list[str]:
+    async def generate(
+        self,
+        adapter_files: dict[str, bytes] | None,
+        requests: list[ChatRequest],
+        max_tokens: int,
+        *,
+        key: str = GENERATE_KEY,
+    ) -> list[str]:
         """`LoRATrainer.generate` in the child: greedy answers, taking turns with training jobs."""
         return await self._submit(key, "generate", (adapter_files, requests, max_tokens))  # type: ignore[no-any-return]
 
@@ -296,8 +326,10 @@ class TrainingWorker:
                 self._inflight = None
                 ended_at = time.monotonic()
                 self._account(job.key, ended_at - sent_at, ended_at)
-            _settle(job.future, value if kind == "ok" else TrainingFailed(f"training job {job.method} for "
-                                                                          f"{job.key!r} failed: {value}"))
+            _settle(
+                job.future,
+                value if kind == "ok" else TrainingFailed(f"training job {job.method} for {job.key!r} failed: {value}"),
+            )
 
     async def _stop_child(self, conn: Connection) -> None:
         try:
@@ -322,8 +354,12 @@ def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
         future.set_result(outcome)
 
 
-def _child_main(conn: Connection, model_dir: str, threads: int | None,
-                placement: tuple[str, str, str | None] = ("auto", "auto", None)) -> None:
+def _child_main(
+    conn: Connection,
+    model_dir: str,
+    threads: int | None,
+    placement: tuple[str, str, str | None] = ("auto", "auto", None),
+) -> None:
     """The child: load the trainer, then answer jobs until told to stop or the parent goes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
     os.environ["HF_HUB_OFFLINE"] = "1"

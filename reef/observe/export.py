@@ -58,13 +58,23 @@ class RecordFilters:
             raise InvalidInput(f"min_score {self.min_score} is above max_score {self.max_score}")
 
 
-def examples(store: ExperienceStore, scenario: str, filters: RecordFilters = RecordFilters(),
-             request_of: RequestOf | None = None, page_size: int = 500) -> Iterator[JSON]:
+def examples(
+    store: ExperienceStore,
+    scenario: str,
+    filters: RecordFilters = RecordFilters(),
+    request_of: RequestOf | None = None,
+    page_size: int = 500,
+) -> Iterator[JSON]:
     """The chat examples of a scenario's records that pass `filters`, in record order, streamed."""
     scored = filters.min_score is not None or filters.max_score is not None
     items = store.iter_records(
-        scenario, release_id=filters.release_id, statuses=filters.statuses, since=filters.since,
-        until=filters.until, reported_only=filters.reported_only or scored, page_size=page_size,
+        scenario,
+        release_id=filters.release_id,
+        statuses=filters.statuses,
+        since=filters.since,
+        until=filters.until,
+        reported_only=filters.reported_only or scored,
+        page_size=page_size,
     )
     for item in items:
         example = chat_example(item, request_of)
@@ -85,12 +95,16 @@ def refuse_link_or_special(path: Path, what: str = "a regular file") -> None:
     except FileNotFoundError:
         return
     if stat.S_ISLNK(mode):
-        raise InvalidInput(f"{path} is a symbolic link; name {what} itself (an export never replaces a link)"
-                           + (", or '-' for standard output" if what == "a regular file" else ""))
+        raise InvalidInput(
+            f"{path} is a symbolic link; name {what} itself (an export never replaces a link)"
+            + (", or '-' for standard output" if what == "a regular file" else "")
+        )
     wanted = stat.S_ISDIR if what == "a directory" else stat.S_ISREG
     if not wanted(mode):
-        raise InvalidInput(f"{path} is not {what} (a device, pipe or socket is never replaced)"
-                           + ("; use '-' for standard output" if what == "a regular file" else ""))
+        raise InvalidInput(
+            f"{path} is not {what} (a device, pipe or socket is never replaced)"
+            + ("; use '-' for standard output" if what == "a regular file" else "")
+        )
 
 
 def write_jsonl_file(path: Path, rows: Iterator[JSON]) -> int:
@@ -131,20 +145,22 @@ def chat_example(item: StoredRecord, request_of: RequestOf | None = None) -> JSO
     tools = [_openai_tool(t) for t in request.get("tools") or []]
     if tools:
         row["tools"] = tools
-    row.update({
-        "score": sum(scores) / len(scores) if scores else None,
-        "scores": scores,
-        "feedback": [_feedback_text(r.feedback) for r in item.reports if r.feedback is not None],
-        "metadata": {
-            "record_id": record.id,
-            "scenario": record.scenario,
-            "release_id": record.release.release_id if record.release else None,
-            "session": record.session,
-            "tags": dict(record.tags),
-            "created_at": iso_time(item.created_at),
-            "status": record.status.value,
-        },
-    })
+    row.update(
+        {
+            "score": sum(scores) / len(scores) if scores else None,
+            "scores": scores,
+            "feedback": [_feedback_text(r.feedback) for r in item.reports if r.feedback is not None],
+            "metadata": {
+                "record_id": record.id,
+                "scenario": record.scenario,
+                "release_id": record.release.release_id if record.release else None,
+                "session": record.session,
+                "tags": dict(record.tags),
+                "created_at": iso_time(item.created_at),
+                "status": record.status.value,
+            },
+        }
+    )
     return row
 
 
@@ -167,7 +183,9 @@ def parse_time(text: str) -> float:
     try:
         moment = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value)
     except ValueError:
-        raise InvalidInput(f"not a time: {text!r} (give ISO 8601, e.g. 2026-01-31T12:00:00Z, or epoch seconds)") from None
+        raise InvalidInput(
+            f"not a time: {text!r} (give ISO 8601, e.g. 2026-01-31T12:00:00Z, or epoch seconds)"
+        ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.timestamp()
@@ -198,8 +216,11 @@ def _answer(response: JSON | None) -> JSON | None:
 
 
 def _openai_call(call: JSON) -> JSON:
-    return {"id": call.get("id"), "type": "function",
-            "function": {"name": call.get("name"), "arguments": call.get("arguments") or "{}"}}
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": call.get("name"), "arguments": call.get("arguments") or "{}"},
+    }
 
 
 def _openai_tool(tool: JSON) -> JSON:

@@ -55,8 +55,9 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def span(name: str, attributes: Mapping[str, Any] | None = None,
-         ok: tuple[type[BaseException], ...] = ()) -> Iterator[Any]:
+def span(
+    name: str, attributes: Mapping[str, Any] | None = None, ok: tuple[type[BaseException], ...] = ()
+) -> Iterator[Any]:
     """A span around the block (the current one's child), with the scope's attributes plus
     `attributes` (None values left out). An exception escaping the block marks it an error
     (`error.type`, never its message), unless it is one of `ok` (an expected way out, such as an abandoned batch): then the span
@@ -69,8 +70,9 @@ def span(name: str, attributes: Mapping[str, Any] | None = None,
     merged = {**inherited, **{k: v for k, v in (attributes or {}).items() if v is not None}}
     token = _scope.set({k: merged[k] for k in SCOPE if k in merged})
     try:
-        with current.start_as_current_span(name, attributes=merged, record_exception=False,
-                                           set_status_on_exception=False) as opened:
+        with current.start_as_current_span(
+            name, attributes=merged, record_exception=False, set_status_on_exception=False
+        ) as opened:
             try:
                 yield opened
             except ok as exc:

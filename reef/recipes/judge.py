@@ -43,7 +43,6 @@ Then one line `HINT: <one short sentence>`: what the assistant should have known
 answered, as the next state reveals it (`HINT: none` if it reveals nothing)."""
 
 
-
 class JudgeConfig(ModelEndpointConfig):
     """The judge: any OpenAI- or Anthropic-compatible model (no `url`: the scenario's runtime)."""
 
@@ -53,7 +52,6 @@ class JudgeConfig(ModelEndpointConfig):
     context_messages: int = Field(4, ge=0, description="Messages before the answer the judge is shown")
     excerpt_chars: int = Field(1500, ge=100, description="Most characters of one message shown to the judge")
     concurrency: int = Field(8, ge=1, description="Judge calls in flight at once")
-
 
 
 def majority(votes: Sequence[int]) -> int:
@@ -90,18 +88,27 @@ def _as_text(message: JSON, limit: int) -> str:
     return f"{role}: {text[:limit]}{' …' if len(text) > limit else ''}"
 
 
-def judge_messages(record: Record, next_state: Sequence[JSON], j: JudgeConfig, fence: Fence,
-                   hints: bool = False) -> list[Message]:
+def judge_messages(
+    record: Record, next_state: Sequence[JSON], j: JudgeConfig, fence: Fence, hints: bool = False
+) -> list[Message]:
     """The judge's prompt: the instructions, and the client's text only inside fenced data blocks."""
     system = INSTRUCTIONS.format(fence_rule=fence.rule(), hint_rule=HINT_RULE if hints else "")
     before = client_messages(record)
-    context = [_as_text(m, j.excerpt_chars) for m in before[len(before) - j.context_messages:]] \
-        if j.context_messages else []
+    context = (
+        [_as_text(m, j.excerpt_chars) for m in before[len(before) - j.context_messages :]] if j.context_messages else []
+    )
     response = record.response or {}
-    answer = _as_text({"role": "assistant", "content": response.get("text") or "",
-                       "tool_calls": response.get("tool_calls") or []}, j.excerpt_chars)
-    parts = ["# Context", fence.block("context", "\n\n".join(context) or "(none)"),
-             "# The answer to rate", fence.block("answer", answer),
-             "# Next state", fence.block("next state", "\n\n".join(_as_text(m, j.excerpt_chars) for m in next_state)),
-             "Now give your verdict."]
+    answer = _as_text(
+        {"role": "assistant", "content": response.get("text") or "", "tool_calls": response.get("tool_calls") or []},
+        j.excerpt_chars,
+    )
+    parts = [
+        "# Context",
+        fence.block("context", "\n\n".join(context) or "(none)"),
+        "# The answer to rate",
+        fence.block("answer", answer),
+        "# Next state",
+        fence.block("next state", "\n\n".join(_as_text(m, j.excerpt_chars) for m in next_state)),
+        "Now give your verdict.",
+    ]
     return [Message("system", system), Message("user", "\n\n".join(parts))]

@@ -61,7 +61,9 @@ class HintConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(False, description="Ask the judge for a hint; add teacher - student log-probs")
-    teacher: Literal["base", "serving"] = Field("base", description="base: the frozen model; serving: the head's adapter")
+    teacher: Literal["base", "serving"] = Field(
+        "base", description="base: the frozen model; serving: the head's adapter"
+    )
     weight: float = Field(1.0, ge=0, description="Weight of the per-token teacher - student advantage")
     max_chars: int = Field(300, ge=10, description="Longest hint used")
 
@@ -88,8 +90,8 @@ class Turn:
     record: Record
     session: str
     explicit: bool  # its session was named by a header
-    at: float       # when it was stored (epoch seconds)
-    key: str        # the hash of its messages plus its answer: what its next turn's messages start with
+    at: float  # when it was stored (epoch seconds)
+    key: str  # the hash of its messages plus its answer: what its next turn's messages start with
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,9 @@ class OpenClawRLRecipe:
     harness_gate = None  # judged by the weights gate (learner.gate)
     Settings = OpenClawRLConfig
 
-    def __init__(self, config: OpenClawRLConfig, context: RecipeContext | None = None,
-                 judge: ModelEndpoint | None = None) -> None:
+    def __init__(
+        self, config: OpenClawRLConfig, context: RecipeContext | None = None, judge: ModelEndpoint | None = None
+    ) -> None:
         self.config = config
         gate = context.gate if context is not None else None
         self.holdout_fraction = gate.holdout_fraction if gate is not None and not gate.tasks else 0.0
@@ -144,11 +147,11 @@ class OpenClawRLRecipe:
             judge = ModelEndpoint(config.judge, self.runtime)
         self.judge = judge
         self.clock: Callable[[], float] = time.time
-        self.seq = 0                                   # the last record read
+        self.seq = 0  # the last record read
         self.started = False
-        self.open: dict[str, Turn] = {}                # record id -> turn, in arrival order
-        self.by_key: dict[str, list[str]] = {}         # prefix hash -> open turns it continues
-        self.latest: dict[str, str] = {}               # named session -> its latest open turn
+        self.open: dict[str, Turn] = {}  # record id -> turn, in arrival order
+        self.by_key: dict[str, list[str]] = {}  # prefix hash -> open turns it continues
+        self.latest: dict[str, str] = {}  # named session -> its latest open turn
         self.unfinished: dict[str, tuple[float, str]] = {}  # in_progress record -> (stored at, session)
         self.ready: deque[Ready] = deque()
         self.holdout_waiting: deque[Ready] = deque(maxlen=HOLDOUT_KEEP)
@@ -181,8 +184,9 @@ class OpenClawRLRecipe:
         now = self.clock()
         since = None if self.started else now - self.config.session_idle_s
         self.started = True
-        for stored in islice(store.iter_records(view.scenario, after_seq=self.seq, since=since, page_size=256),
-                             SCAN_LIMIT):
+        for stored in islice(
+            store.iter_records(view.scenario, after_seq=self.seq, since=since, page_size=256), SCAN_LIMIT
+        ):
             self.seq = max(self.seq, stored.record.seq or 0)
             self.arrive(stored.record, stored.created_at, view)
         for record_id, (at, session) in list(self.unfinished.items()):
@@ -216,18 +220,22 @@ class OpenClawRLRecipe:
         """The open turn `record` continues and the messages that followed its answer."""
         for index, digest in reversed(prefix_digests(messages)):
             turns = [self.open[i] for i in self.by_key.get(digest, ()) if i in self.open]
-            turns = [t for t in turns if (t.record.seq or 0) < (record.seq or 0)
-                     and not (record.session and t.explicit and t.session != record.session)]
+            turns = [
+                t
+                for t in turns
+                if (t.record.seq or 0) < (record.seq or 0)
+                and not (record.session and t.explicit and t.session != record.session)
+            ]
             if not turns:
                 continue
             same = [t for t in turns if record.session and t.session == record.session]
-            next_state = until_assistant(messages[index + 1:])
+            next_state = until_assistant(messages[index + 1 :])
             if next_state:
                 return (same or turns)[0], next_state
         if record.session and record.session in self.latest:
             turn = self.open.get(self.latest[record.session])
             last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
-            trailing = tuple(messages[last + 1:])
+            trailing = tuple(messages[last + 1 :])
             if turn is not None and (turn.record.seq or 0) < (record.seq or 0) and trailing:
                 return turn, trailing
         return None, ()
@@ -301,8 +309,10 @@ class OpenClawRLRecipe:
         states were in memory; a batch with unreported turns is abandoned by the learner)."""
         for item in items:
             self.reported[item.records[0].id] = (item.report.id, float(item.report.score))
-        return TurnBatch([Ready(item.records[0], "resumed", None, ()) for item in items],
-                         tuple(sorted({item.report.id for item in items})))
+        return TurnBatch(
+            [Ready(item.records[0], "resumed", None, ()) for item in items],
+            tuple(sorted({item.report.id for item in items})),
+        )
 
     def high_water(self, cursor: int) -> int:
         return cursor  # reports only add to turns already waiting here
@@ -316,9 +326,9 @@ class OpenClawRLRecipe:
         holdout = list(self.holdout_waiting)
         self.holdout_waiting.clear()
         judged = await asyncio.gather(*(self.judgement(t, job) for t in [*batch.turns, *holdout]))
-        for turn, j in zip(holdout, judged[len(batch.turns):]):
+        for turn, j in zip(holdout, judged[len(batch.turns) :]):
             self.holdout.append((j.reward, sample_of(turn.record)))
-        hints = await self._hint_advantages(batch.turns, judged[:len(batch.turns)], job) if c.hints.enabled else {}
+        hints = await self._hint_advantages(batch.turns, judged[: len(batch.turns)], job) if c.hints.enabled else {}
         data, rewards = [], []
         for turn, j in zip(batch.turns, judged):
             datum = self._datum(turn, j.reward, hints.get(turn.record_id))
@@ -335,18 +345,26 @@ class OpenClawRLRecipe:
         await job.trainer.load_state(job.start, c.lora)
         metrics: dict[str, float] = {}
         for _ in range(c.steps_per_candidate):
-            metrics = await job.trainer.forward_backward(data, "clipped_is", LossConfig(c.eps_clip, c.eps_clip_high,
-                                                                                        c.kl_coef))
+            metrics = await job.trainer.forward_backward(
+                data, "clipped_is", LossConfig(c.eps_clip, c.eps_clip_high, c.kl_coef)
+            )
             metrics.update(await job.trainer.optim_step(c.adam))
         state["turns_trained"] = int(state.get("turns_trained", 0)) + len(data)
         self.counts["turns_trained"] += len(data)
         self.counts["last_candidate_ms"] = int((time.monotonic() - started) * 1000)
-        votes = Counter(v for j in judged[:len(batch.turns)] for v in j.votes)
-        return Made(await job.trainer.save_state(),
-                    metrics={"training": metrics, "turns": len(data), "judge_calls": calls,
-                             "rewards": rewards, "votes": {str(k): n for k, n in sorted(votes.items())},
-                             "hinted": len(hints)},
-                    held_out=list(self.holdout))
+        votes = Counter(v for j in judged[: len(batch.turns)] for v in j.votes)
+        return Made(
+            await job.trainer.save_state(),
+            metrics={
+                "training": metrics,
+                "turns": len(data),
+                "judge_calls": calls,
+                "rewards": rewards,
+                "votes": {str(k): n for k, n in sorted(votes.items())},
+                "hinted": len(hints),
+            },
+            held_out=list(self.holdout),
+        )
 
     def _datum(self, turn: Ready, reward: float, distill: list[float] | None) -> Datum | None:
         sample = sample_of(turn.record)
@@ -356,8 +374,9 @@ class OpenClawRLRecipe:
             advantages = [a + self.config.hints.weight * d for a, d in zip(advantages, distill)]
         if not any(advantages):
             return None
-        return Datum(sample.prompt_ids, sample.completion_ids, sample.rollout_logprobs, advantages, [1.0] * n,
-                     sample.temperature)
+        return Datum(
+            sample.prompt_ids, sample.completion_ids, sample.rollout_logprobs, advantages, [1.0] * n, sample.temperature
+        )
 
     async def judgement(self, turn: Ready, job: Job) -> Judgement:
         """The turn's reward: the judge's majority vote, mixed with a reported score if any."""
@@ -405,7 +424,9 @@ class OpenClawRLRecipe:
             vote = 0  # an answer without a verdict abstains
         return vote, (hint[: self.config.hints.max_chars] if hint and self.config.hints.enabled else None)
 
-    async def _hint_advantages(self, turns: list[Ready], judged: Sequence[Judgement], job: Job) -> dict[str, list[float]]:
+    async def _hint_advantages(
+        self, turns: list[Ready], judged: Sequence[Judgement], job: Job
+    ) -> dict[str, list[float]]:
         """Per hinted turn: teacher (hinted prompt) minus student (as sampled) log-prob per token."""
         prompt_ids = getattr(self.runtime, "prompt_ids", None)
         hinted = [(t, j.hint) for t, j in zip(turns, judged) if j.hint]
@@ -430,9 +451,14 @@ class OpenClawRLRecipe:
         return self.view if self.view is not None else _Drops(self.counts)
 
     def status(self) -> JSON:
-        return {"open_turns": len(self.open), "waiting_turns": len(self.ready), "held_out": len(self.holdout),
-                "judge_calls": self.counts["judge_calls"], "judge_failures": self.counts["judge_failures"],
-                "turns_trained": self.counts["turns_trained"]}
+        return {
+            "open_turns": len(self.open),
+            "waiting_turns": len(self.ready),
+            "held_out": len(self.holdout),
+            "judge_calls": self.counts["judge_calls"],
+            "judge_failures": self.counts["judge_failures"],
+            "turns_trained": self.counts["turns_trained"],
+        }
 
     async def close(self) -> None:
         if self.judge is not None:
@@ -454,10 +480,16 @@ def hinted_request(record: Record, hint: str) -> ChatRequest:
     """The request the record's answer continued (as sent, harness included), the hint appended
     to its last user or tool message: the teacher's prompt."""
     request = record.request or {}
-    messages = [Message(m.get("role", "user"), m.get("content") or "",
-                        tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in m.get("tool_calls") or ()),
-                        m.get("tool_call_id"), m.get("name"))
-                for m in request.get("messages") or ()]
+    messages = [
+        Message(
+            m.get("role", "user"),
+            m.get("content") or "",
+            tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in m.get("tool_calls") or ()),
+            m.get("tool_call_id"),
+            m.get("name"),
+        )
+        for m in request.get("messages") or ()
+    ]
     note = f"\n\n(Hint, in hindsight: {hint})"
     if messages and messages[-1].role in ("user", "tool"):
         last = messages[-1]
@@ -465,6 +497,10 @@ def hinted_request(record: Record, hint: str) -> ChatRequest:
     else:
         messages.append(Message("user", note.strip()))
     tools = tuple(Tool(t["name"], t.get("description"), t.get("parameters") or {}) for t in request.get("tools") or ())
-    return ChatRequest(model=str(request.get("model") or ""), messages=tuple(messages),
-                       dialect=request.get("dialect") or "openai", tools=tools, tool_choice=request.get("tool_choice"))
-
+    return ChatRequest(
+        model=str(request.get("model") or ""),
+        messages=tuple(messages),
+        dialect=request.get("dialect") or "openai",
+        tools=tools,
+        tool_choice=request.get("tool_choice"),
+    )

@@ -44,11 +44,17 @@ class SAOConfig(ClippedLossConfig):
     optimiser and clip range are every weights recipe's (reef/config/training.py)."""
 
     batch_size: int = Field(8, ge=1, description="Scored samples per optimiser step")
-    steps_per_candidate: int = Field(2, ge=1, description="Optimiser steps before the gate judges the adapter "
-                                     "(and the canary serves it): fewer keep samples closer to the weights")
+    steps_per_candidate: int = Field(
+        2,
+        ge=1,
+        description="Optimiser steps before the gate judges the adapter "
+        "(and the canary serves it): fewer keep samples closer to the weights",
+    )
     loss: Literal["cispo", "ppo", "clipped_is"] = Field(
-        "cispo", description="cispo: every token's gradient, weighted by its ratio truncated at 1 + eps_clip_high; "
-        "ppo: PPO's clipped surrogate over every token; clipped_is: tokens whose ratio left the clip range are masked out")
+        "cispo",
+        description="cispo: every token's gradient, weighted by its ratio truncated at 1 + eps_clip_high; "
+        "ppo: PPO's clipped surrogate over every token; clipped_is: tokens whose ratio left the clip range are masked out",
+    )
     baseline_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of the running score baseline")
 
 
@@ -93,9 +99,17 @@ class SAORecipe:
 
     def train_config(self) -> TrainConfig:
         c = self.config
-        return TrainConfig(lora_r=c.lora_r, lora_alpha=c.lora_alpha, lr=c.lr, warmup_steps=c.warmup_steps,
-                           eps_clip=c.eps_clip, eps_clip_high=c.eps_clip_high, kl_coef=c.kl_coef, micro_batch=c.batch_size,
-                           loss=c.loss)
+        return TrainConfig(
+            lora_r=c.lora_r,
+            lora_alpha=c.lora_alpha,
+            lr=c.lr,
+            warmup_steps=c.warmup_steps,
+            eps_clip=c.eps_clip,
+            eps_clip_high=c.eps_clip_high,
+            kl_coef=c.kl_coef,
+            micro_batch=c.batch_size,
+            loss=c.loss,
+        )
 
     @property
     def candidate_size(self) -> int:
@@ -118,7 +132,9 @@ class SAORecipe:
                 waiting.append(scored)
 
     @staticmethod
-    def _replace_earlier_report(waiting: list[ScoredSample] | deque[ScoredSample], record_id: str, view: LearnerView) -> None:
+    def _replace_earlier_report(
+        waiting: list[ScoredSample] | deque[ScoredSample], record_id: str, view: LearnerView
+    ) -> None:
         """Two reports on one record (a client retrying without a report_id) make one sample, scored
         by the later report: a batch never trains on one record twice."""
         for i, sample in enumerate(waiting):
@@ -146,8 +162,14 @@ class SAORecipe:
         return SAOBatch(batch)
 
     def resume(self, items: Sequence[ReportedRecords]) -> SAOBatch:
-        return SAOBatch([ScoredSample(item.records[0].id, item.report.id, item.cursor, item.report.score,
-                                      sample_of(item.records[0])) for item in items])
+        return SAOBatch(
+            [
+                ScoredSample(
+                    item.records[0].id, item.report.id, item.cursor, item.report.score, sample_of(item.records[0])
+                )
+                for item in items
+            ]
+        )
 
     def high_water(self, cursor: int) -> int:
         return cursor  # nothing waits here past a batch: the rest was superseded
@@ -162,14 +184,16 @@ class SAORecipe:
         await job.trainer.load_state(job.start, c.lora)
         metrics: dict[str, float] = {}
         for start in range(0, len(samples), self.config.batch_size):
-            chunk = [s.datum() for s in samples[start:start + self.config.batch_size]]
+            chunk = [s.datum() for s in samples[start : start + self.config.batch_size]]
             metrics = await job.trainer.forward_backward(chunk, c.loss, c.loss_config)
             metrics.update(await job.trainer.optim_step(c.adam))
         files = await job.trainer.save_state()
         self.last_train_seconds = round(time.monotonic() - started, 3)
         return Made(files, metrics={"training": metrics}, held_out=[(s.score, s.sample) for s in self.holdout])
 
-    def with_advantages(self, batch: list[ScoredSample], state: dict[str, Any] | None) -> tuple[list[Sample], dict[str, Any]]:
+    def with_advantages(
+        self, batch: list[ScoredSample], state: dict[str, Any] | None
+    ) -> tuple[list[Sample], dict[str, Any]]:
         """Advantage = score - running baseline, the baseline updated sample by sample."""
         state = dict(state or {})
         baseline = state.get("baseline")
@@ -178,17 +202,29 @@ class SAORecipe:
         decay = self.config.baseline_decay
         samples = []
         for item in batch:
-            samples.append(Sample(item.sample.prompt_ids, item.sample.completion_ids, item.sample.rollout_logprobs,
-                                  advantage=item.score - baseline, temperature=item.sample.temperature))
+            samples.append(
+                Sample(
+                    item.sample.prompt_ids,
+                    item.sample.completion_ids,
+                    item.sample.rollout_logprobs,
+                    advantage=item.score - baseline,
+                    temperature=item.sample.temperature,
+                )
+            )
             baseline = decay * baseline + (1 - decay) * item.score
-        state.update(baseline=baseline, samples_seen=int(state.get("samples_seen", 0)) + len(batch),
-                     candidates=int(state.get("candidates", 0)) + 1)
+        state.update(
+            baseline=baseline,
+            samples_seen=int(state.get("samples_seen", 0)) + len(batch),
+            candidates=int(state.get("candidates", 0)) + 1,
+        )
         return samples, state
 
     def status(self) -> JSON:
-        return {"pending_samples": len(self.pending), "held_out": len(self.holdout),
-                "last_train_seconds": self.last_train_seconds}
+        return {
+            "pending_samples": len(self.pending),
+            "held_out": len(self.holdout),
+            "last_train_seconds": self.last_train_seconds,
+        }
 
     async def close(self) -> None:
         return None
-

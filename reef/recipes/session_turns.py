@@ -55,8 +55,11 @@ def turn_key(messages: Sequence[JSON], response: JSON) -> str:
     running = hashlib.sha256()
     for message in messages:
         running.update(_canon(message))
-    running.update(_canon({"role": "assistant", "content": response.get("text") or "",
-                           "tool_calls": response.get("tool_calls") or []}))
+    running.update(
+        _canon(
+            {"role": "assistant", "content": response.get("text") or "", "tool_calls": response.get("tool_calls") or []}
+        )
+    )
     return running.hexdigest()
 
 

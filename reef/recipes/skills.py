@@ -67,8 +67,12 @@ class Observation:
 
     def as_task(self) -> dict[str, Any]:
         """A held-out record as a gate task (a scorer sees the report too)."""
-        return {"messages": [dict(m) for m in self.messages], "reported_score": self.score,
-                "feedback": self.feedback, "record_id": self.record_id}
+        return {
+            "messages": [dict(m) for m in self.messages],
+            "reported_score": self.score,
+            "feedback": self.feedback,
+            "record_id": self.record_id,
+        }
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,9 @@ class SkillsRecipe:
         """The Recipe protocol's gate settings of a harness recipe: `learner.skills.gate`."""
         return self.config.gate
 
-    def __init__(self, config: SkillsConfig, context: RecipeContext | None = None, proposer: Proposer | None = None) -> None:
+    def __init__(
+        self, config: SkillsConfig, context: RecipeContext | None = None, proposer: Proposer | None = None
+    ) -> None:
         self.config = config
         if proposer is None:
             from reef.recipes.proposers import build_proposer  # the proposers import this module
@@ -172,8 +178,12 @@ class SkillsRecipe:
         if record.status is not RecordStatus.COMPLETE:
             return "not_complete"
         failure = score < self.config.failure_below
-        if failure and self.proposer.needs_feedback and not feedback and \
-                not held_out(record.id, self.holdout_fraction, HOLDOUT_SALT):
+        if (
+            failure
+            and self.proposer.needs_feedback
+            and not feedback
+            and not held_out(record.id, self.holdout_fraction, HOLDOUT_SALT)
+        ):
             return "no_feedback"  # a failure the model-free proposer cannot read
         return None
 
@@ -186,15 +196,17 @@ class SkillsRecipe:
             return None
         taken = {o.record_id for o in chosen}
         self.failures = [o for o in self.failures if o.record_id not in taken]
-        successes = tuple(self.successes)[-self.config.successes:] if self.config.successes else ()
+        successes = tuple(self.successes)[-self.config.successes :] if self.config.successes else ()
         for obs in successes:
             self.successes.remove(obs)
         return Batch(tuple(chosen), successes)
 
     def resume(self, items: Sequence[ReportedRecords]) -> Batch:
         observations = [observation_of(item.records[0], item, feedback_text(item.report.feedback)) for item in items]
-        return Batch(tuple(o for o in observations if o.score < self.config.failure_below),
-                     tuple(o for o in observations if o.score >= self.config.failure_below))
+        return Batch(
+            tuple(o for o in observations if o.score < self.config.failure_below),
+            tuple(o for o in observations if o.score >= self.config.failure_below),
+        )
 
     def high_water(self, cursor: int) -> int:
         """Below the lowest report sequence still waiting, so a restart reads those again."""
@@ -217,9 +229,12 @@ class SkillsRecipe:
             raise self._failed(exc) from None
         job.algorithm_state["candidates"] = int(job.algorithm_state.get("candidates", 0)) + 1
         mutations = [m.to_json() for m in proposal.mutations]
-        return Made(merge_files(job.head_files, changed), metadata={"mutations": mutations},
-                    metrics={"proposal": {**proposal.notes, "mutations": mutations}},
-                    held_out=[o.as_task() for o in self.held_out])
+        return Made(
+            merge_files(job.head_files, changed),
+            metadata={"mutations": mutations},
+            metrics={"proposal": {**proposal.notes, "mutations": mutations}},
+            held_out=[o.as_task() for o in self.held_out],
+        )
 
     def _failed(self, exc: Abandon) -> Abandon:
         self.proposer_failures[exc.kind] += 1
@@ -232,10 +247,14 @@ class SkillsRecipe:
         return self._tree[1]
 
     def status(self) -> JSON:
-        return {"proposer": self.proposer.name, "waiting_failures": len(self.failures),
-                "waiting_successes": len(self.successes), "held_out": len(self.held_out),
-                "proposer_failures": dict(self.proposer_failures),
-                "last_proposer_failures": list(self.last_proposer_failures)}
+        return {
+            "proposer": self.proposer.name,
+            "waiting_failures": len(self.failures),
+            "waiting_successes": len(self.successes),
+            "held_out": len(self.held_out),
+            "proposer_failures": dict(self.proposer_failures),
+            "last_proposer_failures": list(self.last_proposer_failures),
+        }
 
     async def close(self) -> None:
         await self.proposer.close()
@@ -245,8 +264,9 @@ def observation_of(record: Record, item: ReportedRecords, feedback: str) -> Obse
     messages = client_messages(record)
     prompt = "\n\n".join(f"[{m['role']}] {m.get('content') or ''}" for m in messages if m["role"] != "system")
     response = str((record.response or {}).get("text") or "")
-    return Observation(record.id, item.report.id, item.cursor, float(item.report.score), feedback, prompt, response,
-                       tuple(messages))
+    return Observation(
+        record.id, item.report.id, item.cursor, float(item.report.score), feedback, prompt, response, tuple(messages)
+    )
 
 
 def client_messages(record: Record) -> list[dict[str, Any]]:

@@ -119,8 +119,18 @@ class TTTDiscoverRecipe:
                     view.drop(problem)
                     continue
                 assert at is not None and record.release is not None
-                self._place(Rollout(record.id, item.report.id, item.cursor, float(item.report.score),
-                                    record.release.release_id, sample_of(record)), at, view)
+                self._place(
+                    Rollout(
+                        record.id,
+                        item.report.id,
+                        item.cursor,
+                        float(item.report.score),
+                        record.release.release_id,
+                        sample_of(record),
+                    ),
+                    at,
+                    view,
+                )
         self._expire(view)
 
     def _place(self, rollout: Rollout, at: tuple[int, int, int, int], view: LearnerView) -> None:
@@ -156,7 +166,10 @@ class TTTDiscoverRecipe:
         if len(releases) > 1:
             return "mixed_releases", f"{group.name} spans {len(releases)} releases ({', '.join(releases)})"
         problem = staleness_problem(releases[0], view, self.config.max_staleness)
-        why = {"stale": f"more than {self.config.max_staleness} publications old", "unknown_release": "unknown to the chain"}
+        why = {
+            "stale": f"more than {self.config.max_staleness} publications old",
+            "unknown_release": "unknown to the chain",
+        }
         return None if problem is None else (problem, f"{group.name} came from release {releases[0]}, {why[problem]}")
 
     def resume(self, items: Sequence[ReportedRecords]) -> GroupBatch:
@@ -167,8 +180,13 @@ class TTTDiscoverRecipe:
             if at is None or record.release is None:
                 raise NotFound(f"record {record.id} names no group")
             groups.setdefault(at[:2], Group(*at[:2])).rollouts[at[2]] = Rollout(
-                record.id, item.report.id, item.cursor, float(item.report.score), record.release.release_id,
-                sample_of(record))
+                record.id,
+                item.report.id,
+                item.cursor,
+                float(item.report.score),
+                record.release.release_id,
+                sample_of(record),
+            )
         return GroupBatch([groups[key] for key in sorted(groups)])
 
     def high_water(self, cursor: int) -> int:
@@ -178,8 +196,14 @@ class TTTDiscoverRecipe:
     # -- the candidate --------------------------------------------------------------------------
 
     async def candidate(self, batch: GroupBatch, job: Job) -> Made:
-        refusal = batch.refusal or next((("mixed_releases", f"{g.name} spans several releases") for g in batch.groups
-                                         if len({r.release_id for r in g.rollouts.values()}) > 1), None)
+        refusal = batch.refusal or next(
+            (
+                ("mixed_releases", f"{g.name} spans several releases")
+                for g in batch.groups
+                if len({r.release_id for r in g.rollouts.values()}) > 1
+            ),
+            None,
+        )
         if refusal is not None:
             raise Abandon(*refusal)
         data = [datum for g in batch.groups for datum in self._data(g)]
@@ -195,18 +219,31 @@ class TTTDiscoverRecipe:
         state = job.algorithm_state
         state["groups_trained"] = int(state.get("groups_trained", 0)) + len(batch.groups)
         state["last_step"] = max(g.step for g in batch.groups)
-        return Made(await job.trainer.save_state(),
-                    metrics={"training": metrics, "groups": [g.name for g in batch.groups]},
-                    held_out=[(r.score, r.sample) for r in self.holdout])
+        return Made(
+            await job.trainer.save_state(),
+            metrics={"training": metrics, "groups": [g.name for g in batch.groups]},
+            held_out=[(r.score, r.sample) for r in self.holdout],
+        )
 
     def _data(self, group: Group) -> list[Datum]:
         rollouts = group.ordered()
         scores = [r.score for r in rollouts]
-        advantages = entropic_advantages(scores, self.config.entropic_kl) if self.config.advantage == "entropic" \
+        advantages = (
+            entropic_advantages(scores, self.config.entropic_kl)
+            if self.config.advantage == "entropic"
             else leave_one_out(scores)
-        return [Datum(r.sample.prompt_ids, r.sample.completion_ids, r.sample.rollout_logprobs,
-                      [a] * len(r.sample.completion_ids), [1.0] * len(r.sample.completion_ids), r.sample.temperature)
-                for r, a in zip(rollouts, advantages)]
+        )
+        return [
+            Datum(
+                r.sample.prompt_ids,
+                r.sample.completion_ids,
+                r.sample.rollout_logprobs,
+                [a] * len(r.sample.completion_ids),
+                [1.0] * len(r.sample.completion_ids),
+                r.sample.temperature,
+            )
+            for r, a in zip(rollouts, advantages)
+        ]
 
     def status(self) -> JSON:
         return {"open_groups": len(self.groups), "held_out": len(self.holdout)}

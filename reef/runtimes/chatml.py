@@ -67,10 +67,18 @@ def _json_or_text(text: str) -> Any:
 
 
 def _tool_instruction(tools: tuple[Tool, ...], tool_choice: Any) -> str:
-    listing = json.dumps([{"name": t.name, "description": t.description or "", "parameters": t.parameters} for t in tools])
-    text = (f"You can call these tools:\n{listing}\nTo call a tool, answer with "
-            f'{TOOL_OPEN}{{"name": "<tool name>", "arguments": {{<arguments as JSON>}}}}{TOOL_CLOSE}')
-    forced = tool_choice.get("name") or (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
+    listing = json.dumps(
+        [{"name": t.name, "description": t.description or "", "parameters": t.parameters} for t in tools]
+    )
+    text = (
+        f"You can call these tools:\n{listing}\nTo call a tool, answer with "
+        f'{TOOL_OPEN}{{"name": "<tool name>", "arguments": {{<arguments as JSON>}}}}{TOOL_CLOSE}'
+    )
+    forced = (
+        tool_choice.get("name") or (tool_choice.get("function") or {}).get("name")
+        if isinstance(tool_choice, dict)
+        else None
+    )
     if forced:
         text += f"\nYou must call the tool {forced}."
     elif tool_choice == "required":
@@ -90,7 +98,9 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return []
         args = obj.get("arguments", obj.get("parameters", {}))
-        calls.append(ToolCall(f"call_{secrets.token_hex(12)}", obj["name"], args if isinstance(args, str) else json.dumps(args)))
+        calls.append(
+            ToolCall(f"call_{secrets.token_hex(12)}", obj["name"], args if isinstance(args, str) else json.dumps(args))
+        )
     return calls
 
 
@@ -127,7 +137,7 @@ class TextStream:
         if not self.stopped:
             self._update(self.decode(ids))
         if self.tool_at is not None:
-            calls = parse_tool_calls(self.text[self.tool_at:])
+            calls = parse_tool_calls(self.text[self.tool_at :])
             if calls:
                 return "", calls
         return self._release(len(self.text)), []
@@ -155,5 +165,3 @@ def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
                 best = k
                 break
     return best
-
-

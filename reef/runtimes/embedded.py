@@ -49,9 +49,19 @@ class EmbeddedRuntime(Runtime):
     name = "embedded"
     verifies_tokens = True
 
-    def __init__(self, model_dir: Path, *, model_name: str = "smollm2-135m-instruct", threads: int | None = None,
-                 max_batch: int = 8, default_max_tokens: int = 256, max_context: int = MAX_CONTEXT,
-                 min_shared_prefix: int = MIN_SHARED_PREFIX, continuous: bool = False, turn_steps: int = 16) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        model_name: str = "smollm2-135m-instruct",
+        threads: int | None = None,
+        max_batch: int = 8,
+        default_max_tokens: int = 256,
+        max_context: int = MAX_CONTEXT,
+        min_shared_prefix: int = MIN_SHARED_PREFIX,
+        continuous: bool = False,
+        turn_steps: int = 16,
+    ) -> None:
         self.model_dir = Path(model_dir)
         self.model_name = model_name
         self.threads = threads
@@ -221,7 +231,9 @@ class EmbeddedRuntime(Runtime):
 
     async def generate(self, request: ChatRequest, release: ReleaseRef) -> AsyncIterator[Delta]:
         queue: asyncio.Queue[object] = asyncio.Queue()
-        job = self._make_job(request, release, partial(asyncio.get_running_loop().call_soon_threadsafe, queue.put_nowait))
+        job = self._make_job(
+            request, release, partial(asyncio.get_running_loop().call_soon_threadsafe, queue.put_nowait)
+        )
         job.queued_at = time.monotonic()
         with self._cond:
             self._queue.append(job)
@@ -246,18 +258,23 @@ class EmbeddedRuntime(Runtime):
         prompt = self.prompt_ids(request)
         room = self.max_context - len(prompt)
         if room < 1:
-            raise RuntimeFailure(f"the prompt has {len(prompt)} tokens; the model's context is {self.max_context}",
-                                 status=400, error_type="invalid_request_error")
+            raise RuntimeFailure(
+                f"the prompt has {len(prompt)} tokens; the model's context is {self.max_context}",
+                status=400,
+                error_type="invalid_request_error",
+            )
         watch_tools = bool(request.tools) and request.tool_choice != "none"
         decode = partial(self.tokenizer.decode, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         return Job(
-            prompt_ids=prompt, load_id=load_id,
+            prompt_ids=prompt,
+            load_id=load_id,
             max_tokens=max(1, min(request.max_tokens or self.default_max_tokens, room)),
             temperature=1.0 if request.temperature is None else float(request.temperature),
             top_p=1.0 if request.top_p is None else float(request.top_p),
             generator=torch.Generator().manual_seed(seed % 2**64),  # any integer a client sends is a valid seed
-            text=TextStream(decode, request.stop, watch_tools), emit=emit,
+            text=TextStream(decode, request.stop, watch_tools),
+            emit=emit,
         )
 
     # -- generation: the worker ----------------------------------------------------------------
@@ -337,7 +354,8 @@ class EmbeddedRuntime(Runtime):
     def _others_waiting(self, load_id: str) -> bool:
         with self._cond:
             return any(job.load_id != load_id for job in self._queue) or any(
-                other != load_id and b.jobs for other, b in self._batches.items())
+                other != load_id and b.jobs for other, b in self._batches.items()
+            )
 
     def _run_calls(self) -> None:
         with self._cond:
@@ -455,8 +473,14 @@ class EmbeddedRuntime(Runtime):
             self._prefixes[load_id] = Prefix(list(ids), [(layer.keys, layer.values) for layer in cache.layers])
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         return out.logits[:, -1, :].float()
 
     def _advance(self, job: Job, logits: torch.Tensor) -> bool:
@@ -490,20 +514,32 @@ class EmbeddedRuntime(Runtime):
         for index, call in enumerate(calls):
             job.send(ToolCallDelta(call, index))
         usage = Usage(prompt_tokens=len(job.prompt_ids), completion_tokens=len(job.ids))
-        job.send(Finish("tool_calls" if calls else reason, usage, model=self.model_name,
-                        prompt_token_ids=tuple(job.prompt_ids)))
+        job.send(
+            Finish(
+                "tool_calls" if calls else reason, usage, model=self.model_name, prompt_token_ids=tuple(job.prompt_ids)
+            )
+        )
 
 
 def _adapter_files(files: Mapping[str, bytes]) -> dict[str, bytes] | None:
     """The peft adapter inside a release's content (at its root or in a sub-folder), or None
     when the content carries no weights (a harness-only release serves the base model)."""
-    config = next((name for name in sorted(files) if name.rsplit("/", 1)[-1] == "adapter_config.json"
-                   and not name.startswith("harness/")), None)  # the harness is never weights
+    config = next(
+        (
+            name
+            for name in sorted(files)
+            if name.rsplit("/", 1)[-1] == "adapter_config.json" and not name.startswith("harness/")
+        ),
+        None,
+    )  # the harness is never weights
     if config is None:
         return None
     prefix = config[: -len("adapter_config.json")]
-    return {name[len(prefix):]: data for name, data in files.items()
-            if name.startswith(prefix) and "/" not in name[len(prefix):]}
+    return {
+        name[len(prefix) :]: data
+        for name, data in files.items()
+        if name.startswith(prefix) and "/" not in name[len(prefix) :]
+    }
 
 
 @contextlib.contextmanager

@@ -12,7 +12,6 @@ import torch
 
 from reef.runtimes.chatml import TextStream
 
-
 # -- one request on the worker -------------------------------------------------------------------
 
 
@@ -43,6 +42,7 @@ class Batch:
     """One load's rows decoding together: their KV cache, attention mask and next position ids,
     and the logits each row samples its next token from. Rows of different prompt lengths are
     left-padded to one width; a row that joins later is padded on the left as well."""
+
     load_id: str
     adapter: str | None  # peft adapter name; None: the base model
     jobs: list[Job] = field(default_factory=list)
@@ -89,6 +89,7 @@ class Prefix:
     """A prompt start prefilled on its own for one load: its token ids and each layer's (keys,
     values), batch size one. Keys depend only on the tokens before them (and the load's adapter),
     so any prompt starting with the same tokens can copy them instead of prefilling them."""
+
     ids: list[int]
     layers: list[tuple[torch.Tensor, torch.Tensor]]
 

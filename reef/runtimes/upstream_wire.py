@@ -15,10 +15,21 @@ ANTHROPIC_VERSION = "2023-06-01"
 ANTHROPIC_DEFAULT_MAX_TOKENS = 1024
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # upstream.max_response_bytes
 _OPENAI_FINISH: dict[str, FinishReason] = {
-    "stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls", "content_filter": "stop"}
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "content_filter": "stop",
+}
 _ANTHROPIC_FINISH: dict[str, FinishReason] = {
-    "end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "refusal": "stop",
-    "max_tokens": "length", "model_context_window_exceeded": "length", "tool_use": "tool_calls"}
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "refusal": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+}
 
 
 # -- requests: one function per upstream dialect --
@@ -48,9 +59,16 @@ def to_openai_body(request: ChatRequest, model: str) -> JSON:
         if m.role == "tool":
             messages.append({"role": "tool", "tool_call_id": m.tool_call_id or "", "content": m.content})
         elif m.role == "assistant" and m.tool_calls:
-            messages.append({"role": "assistant", "content": m.content or None, "tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments or "{}"}}
-                for c in m.tool_calls]})
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": m.content or None,
+                    "tool_calls": [
+                        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments or "{}"}}
+                        for c in m.tool_calls
+                    ],
+                }
+            )
         else:
             msg: JSON = {"role": m.role, "content": m.content}
             if m.name and m.role != "assistant":
@@ -58,9 +76,17 @@ def to_openai_body(request: ChatRequest, model: str) -> JSON:
             messages.append(msg)
     body: JSON = {"model": model, "messages": messages, "stream": request.stream}
     if request.tools:
-        body["tools"] = [{"type": "function", "function": {
-            "name": t.name, **({"description": t.description} if t.description else {}), "parameters": t.parameters}}
-            for t in request.tools]
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    **({"description": t.description} if t.description else {}),
+                    "parameters": t.parameters,
+                },
+            }
+            for t in request.tools
+        ]
         choice = _tool_choice(request.tool_choice)
         if choice is not None:
             kind, name = choice
@@ -99,8 +125,9 @@ def to_anthropic_body(request: ChatRequest, model: str) -> JSON:
         elif m.role == "assistant":
             role = "assistant"
             blocks = [{"type": "text", "text": m.content}] if m.content or not m.tool_calls else []
-            blocks += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _arguments_object(c)}
-                       for c in m.tool_calls]
+            blocks += [
+                {"type": "tool_use", "id": c.id, "name": c.name, "input": _arguments_object(c)} for c in m.tool_calls
+            ]
         else:
             role, blocks = "user", [{"type": "text", "text": m.content}]
         if turns and turns[-1]["role"] == role:
@@ -111,19 +138,25 @@ def to_anthropic_body(request: ChatRequest, model: str) -> JSON:
         content = turn["content"]
         if len(content) == 1 and content[0]["type"] == "text":
             turn["content"] = content[0]["text"]
-    body: JSON = {"model": model, "messages": turns,
-                  "max_tokens": request.max_tokens if request.max_tokens is not None else ANTHROPIC_DEFAULT_MAX_TOKENS,
-                  "stream": request.stream}
+    body: JSON = {
+        "model": model,
+        "messages": turns,
+        "max_tokens": request.max_tokens if request.max_tokens is not None else ANTHROPIC_DEFAULT_MAX_TOKENS,
+        "stream": request.stream,
+    }
     if system:
         body["system"] = "\n\n".join(system)
     if request.tools:
-        body["tools"] = [{"name": t.name, **({"description": t.description} if t.description else {}),
-                          "input_schema": t.parameters} for t in request.tools]
+        body["tools"] = [
+            {"name": t.name, **({"description": t.description} if t.description else {}), "input_schema": t.parameters}
+            for t in request.tools
+        ]
         choice = _tool_choice(request.tool_choice)
         if choice is not None:
             kind, name = choice
-            body["tool_choice"] = {"type": "tool", "name": name} if kind == "tool" else {
-                "type": {"required": "any"}.get(kind, kind)}
+            body["tool_choice"] = (
+                {"type": "tool", "name": name} if kind == "tool" else {"type": {"required": "any"}.get(kind, kind)}
+            )
     _put(body, temperature=request.temperature, top_p=request.top_p)
     if request.stop:
         body["stop_sequences"] = list(request.stop)
@@ -141,8 +174,10 @@ class AnswerTooLarge(UpstreamProblem):
     """An answer, or one event of a stream, passed the configured byte limit."""
 
     def __init__(self, what: str, limit: int) -> None:
-        super().__init__(f"sent {what} larger than upstream.max_response_bytes ({limit} bytes); raise that "
-                         "setting if this provider's answers are legitimately this large")
+        super().__init__(
+            f"sent {what} larger than upstream.max_response_bytes ({limit} bytes); raise that "
+            "setting if this provider's answers are legitimately this large"
+        )
 
 
 def loads_json(text: str | bytes) -> Any:
@@ -236,8 +271,13 @@ def coalesce_text(deltas: list[Delta]) -> list[Delta]:
     out: list[Delta] = []
     for delta in deltas:
         last = out[-1] if out else None
-        if isinstance(delta, TextDelta) and isinstance(last, TextDelta) and not delta.token_ids \
-                and not last.token_ids and delta.runtime_load_id == last.runtime_load_id:
+        if (
+            isinstance(delta, TextDelta)
+            and isinstance(last, TextDelta)
+            and not delta.token_ids
+            and not last.token_ids
+            and delta.runtime_load_id == last.runtime_load_id
+        ):
             out[-1] = TextDelta(last.text + delta.text, runtime_load_id=last.runtime_load_id)
         else:
             out.append(delta)
@@ -259,8 +299,9 @@ class _Stream:
         return TextDelta(text, runtime_load_id=self.load_id)
 
     def call(self, call_id: str, name: str, arguments: str) -> ToolCallDelta:
-        delta = ToolCallDelta(ToolCall(call_id or f"call_{self.calls_emitted}", name, arguments or "{}"),
-                              index=self.calls_emitted)
+        delta = ToolCallDelta(
+            ToolCall(call_id or f"call_{self.calls_emitted}", name, arguments or "{}"), index=self.calls_emitted
+        )
         self.calls_emitted += 1
         return delta
 
@@ -354,8 +395,10 @@ class AnthropicStream(_Stream):
             return
         prompt, completion = self.usage.prompt_tokens, self.usage.completion_tokens
         if usage.get("input_tokens") is not None:
-            prompt = sum(int(usage.get(k) or 0) for k in (
-                "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+            prompt = sum(
+                int(usage.get(k) or 0)
+                for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+            )
         if usage.get("output_tokens") is not None:
             completion = int(usage["output_tokens"])
         self.usage = Usage(prompt, completion)
@@ -375,7 +418,12 @@ class AnthropicStream(_Stream):
         elif kind == "content_block_start":
             block = message.get("content_block") or {}
             if block.get("type") == "tool_use":
-                self.blocks[message.get("index", 0)] = [block.get("id", ""), block.get("name", ""), [], block.get("input")]
+                self.blocks[message.get("index", 0)] = [
+                    block.get("id", ""),
+                    block.get("name", ""),
+                    [],
+                    block.get("input"),
+                ]
             elif block.get("type") == "text" and block.get("text"):
                 out.append(self.text(block["text"]))
         elif kind == "content_block_delta":

@@ -107,8 +107,17 @@ def free_port() -> int:
 class VLLMProcess:
     """One vLLM OpenAI server in its own process group, on a fresh free loopback port each start."""
 
-    def __init__(self, python: Path, model_dir: Path, served_name: str, *, args: Sequence[str] = (),
-                 env: dict[str, str] | None = None, log_path: Path, startup_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        python: Path,
+        model_dir: Path,
+        served_name: str,
+        *,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        log_path: Path,
+        startup_timeout: float = 600.0,
+    ) -> None:
         self.python = python
         self.model_dir = model_dir
         self.served_name = served_name
@@ -141,30 +150,45 @@ class VLLMProcess:
         takes longer than `startup_timeout`)."""
         self.port = free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        command = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-                   "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
-                   *self.args]
+        command = [
+            str(self.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **self.env}
         with open(self.log_path, "ab") as log:
             log.write(f"\n--- reef: starting {' '.join(command)}\n".encode())
             log.flush()
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         self.starts += 1
         deadline = time.monotonic() + self.startup_timeout
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as client:
             while time.monotonic() < deadline:
                 if not self.alive():
                     code = self.process.returncode
-                    raise RuntimeFailure(f"vLLM exited with {code} while starting (log {self.log_path}):\n{self.log_tail()}")
+                    raise RuntimeFailure(
+                        f"vLLM exited with {code} while starting (log {self.log_path}):\n{self.log_tail()}"
+                    )
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                     async with client.get(f"{self.url}/health") as response:
                         if response.status == 200:
                             return
                 await asyncio.sleep(0.5)
         await self.stop()
-        raise RuntimeFailure(f"vLLM did not become healthy in {self.startup_timeout:.0f}s (log {self.log_path}):\n"
-                             f"{self.log_tail()}")
+        raise RuntimeFailure(
+            f"vLLM did not become healthy in {self.startup_timeout:.0f}s (log {self.log_path}):\n{self.log_tail()}"
+        )
 
     async def stop(self, grace: float = 10.0) -> None:
         """SIGTERM the process group, SIGKILL it after `grace` seconds (the group outlives a
@@ -191,9 +215,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     rest = [a for a in args if a != "--check"]
     env_dir = Path(rest[0]) if rest else default_env_dir()
     if check:
-        ok = env_ready(env_dir) and subprocess.run(
-            [str(env_python(env_dir)), "-c", "import vllm.entrypoints.openai.api_server"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+        ok = (
+            env_ready(env_dir)
+            and subprocess.run(
+                [str(env_python(env_dir)), "-c", "import vllm.entrypoints.openai.api_server"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ).returncode
+            == 0
+        )
         print(f"vLLM environment {env_dir}: {'ready' if ok else 'absent or broken'}")
         return 0 if ok else 1
     python = ensure_vllm_env(env_dir, lambda message: print(message, flush=True))

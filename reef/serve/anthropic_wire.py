@@ -19,20 +19,45 @@ from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, Text
 from reef.core.errors import InvalidInput
 from reef.serve.wire_validation import check_body, validate_wire
 
-SUPPORTED = frozenset({
-    "model", "max_tokens", "messages", "system", "tools", "tool_choice", "stop_sequences",
-    "temperature", "top_p", "stream",
-})
-IGNORED = frozenset({
-    "metadata", "thinking", "cache_control", "diagnostics", "inference_geo", "service_tier",
-    "speed", "user_profile_id", "workspace_id", "context_management", "billing_policy",
-    "fallbacks", "fallback_credit_token", "betas",
-})
+SUPPORTED = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "stream",
+    }
+)
+IGNORED = frozenset(
+    {
+        "metadata",
+        "thinking",
+        "cache_control",
+        "diagnostics",
+        "inference_geo",
+        "service_tier",
+        "speed",
+        "user_profile_id",
+        "workspace_id",
+        "context_management",
+        "billing_policy",
+        "fallbacks",
+        "fallback_credit_token",
+        "betas",
+    }
+)
 # field -> (is the value neutral?, why anything else is refused)
 REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "top_k": (lambda v: v is None, "top-k sampling is not supported; use temperature or top_p"),
-    "output_config": (lambda v: not v or not (v.get("format") if isinstance(v, dict) else True),
-                      "a format is not supported; Reef does not constrain output to JSON (effort alone is ignored)"),
+    "output_config": (
+        lambda v: not v or not (v.get("format") if isinstance(v, dict) else True),
+        "a format is not supported; Reef does not constrain output to JSON (effort alone is ignored)",
+    ),
     "output_format": (lambda v: v is None, "structured output is not supported"),
     "container": (lambda v: v is None, "server-side containers are not supported"),
     "mcp_servers": (lambda v: not v, "MCP servers are not supported; send the tools themselves"),
@@ -307,8 +332,16 @@ class EventEncoder:
 
     def start(self) -> list[bytes]:
         usage = {"input_tokens": self.input_tokens, "output_tokens": 0}
-        message = {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
-                   "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
+        message = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage,
+        }
         return [event("message_start", {"type": "message_start", "message": message}), event("ping", {"type": "ping"})]
 
     def _close(self) -> list[bytes]:
@@ -347,8 +380,11 @@ class EventEncoder:
         usage: dict[str, int] = {"output_tokens": delta.usage.completion_tokens}
         if delta.usage.prompt_tokens:
             usage["input_tokens"] = delta.usage.prompt_tokens
-        body = {"type": "message_delta", "delta": {"stop_reason": _stop_reason(delta.reason), "stop_sequence": None},
-                "usage": usage}
+        body = {
+            "type": "message_delta",
+            "delta": {"stop_reason": _stop_reason(delta.reason), "stop_sequence": None},
+            "usage": usage,
+        }
         return self._close() + [event("message_delta", body)]
 
     def stop(self, reef: dict[str, Any] | None = None) -> bytes:

@@ -65,8 +65,12 @@ def open_store(config: ServeConfig) -> ExperienceStore | None:
 
 def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     tracing = build_tracing(config.traces, runtime)  # None when off: then opentelemetry is never imported
-    state = ReefState.open(config.state_dir, store=open_store(config), artifacts_remote=config.artifacts.remote,
-                           shared=config.shared_state_dir)
+    state = ReefState.open(
+        config.state_dir,
+        store=open_store(config),
+        artifacts_remote=config.artifacts.remote,
+        shared=config.shared_state_dir,
+    )
     metrics = Metrics()
     scenarios = ScenarioDirectory(state, runtime, config.recipes, config.harness, config.limits.max_scenarios)
     front_end = f"{socket.gethostname()}:{config.port} pid {os.getpid()}"  # how other front ends name this one
@@ -76,8 +80,16 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     metrics.watch_runtime(runtime)
     metrics.watch_learning(learning.status)
     metrics.watch_unreachable(scenarios.unreachable.count)
-    reef = ReefApp(config, state, state.store, runtime, scenarios,
-                   InferenceService(state.store, scenarios, runtime, metrics, config.limits, tracing), metrics, learning)
+    reef = ReefApp(
+        config,
+        state,
+        state.store,
+        runtime,
+        scenarios,
+        InferenceService(state.store, scenarios, runtime, metrics, config.limits, tracing),
+        metrics,
+        learning,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

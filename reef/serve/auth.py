@@ -30,7 +30,9 @@ class TokenAuth:
         presented = _presented_token(scope)
         if presented is None or not self._accepts(presented):
             reason = "missing token" if presented is None else "invalid token"
-            response = error_response(scope["path"], 401, f"{reason}: send 'Authorization: Bearer <token>' or 'x-api-key'")
+            response = error_response(
+                scope["path"], 401, f"{reason}: send 'Authorization: Bearer <token>' or 'x-api-key'"
+            )
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)

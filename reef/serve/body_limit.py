@@ -21,8 +21,10 @@ class BodyLimit:
             return
         header_bytes = sum(len(name) + len(value) for name, value in scope["headers"])
         if header_bytes > self.max_header_bytes:
-            message = (f"request headers are {header_bytes} bytes, larger than the limit of {self.max_header_bytes}"
-                       " (limits.max_header_bytes)")
+            message = (
+                f"request headers are {header_bytes} bytes, larger than the limit of {self.max_header_bytes}"
+                " (limits.max_header_bytes)"
+            )
             await error_response(scope["path"], 431, message)(scope, receive, send)
             return
         declared = _content_length(scope)

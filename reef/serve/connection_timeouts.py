@@ -83,10 +83,13 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         if not self._head_too_large:
             super().send_400_response(msg)
             return
-        body = (f"request headers are larger than the limit of {self.max_header_bytes} bytes "
-                "(limits.max_header_bytes)").encode("ascii")
-        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; "
-                             b"charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        body = (
+            f"request headers are larger than the limit of {self.max_header_bytes} bytes (limits.max_header_bytes)"
+        ).encode("ascii")
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; "
+            b"charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
         self.transport.close()
 
     def on_headers_complete(self) -> None:
@@ -116,8 +119,10 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
 
     def _send_408(self, message: str) -> None:
         body = message.encode("ascii")
-        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
 
     # -- the body ---------------------------------------------------------------------------
 
@@ -153,8 +158,11 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
 
-def timed_protocol(header_timeout: float, body_timeout: float,
-                   max_header_bytes: int = 64 * 1024) -> type[TimedHttpToolsProtocol]:
-    return type("TimedHttpToolsProtocol", (TimedHttpToolsProtocol,),
-                {"header_timeout": header_timeout, "body_timeout": body_timeout,
-                 "max_header_bytes": max_header_bytes})
+def timed_protocol(
+    header_timeout: float, body_timeout: float, max_header_bytes: int = 64 * 1024
+) -> type[TimedHttpToolsProtocol]:
+    return type(
+        "TimedHttpToolsProtocol",
+        (TimedHttpToolsProtocol,),
+        {"header_timeout": header_timeout, "body_timeout": body_timeout, "max_header_bytes": max_header_bytes},
+    )

@@ -40,8 +40,10 @@ class JsonBodies:
             await self.app(scope, receive, send)
             return
         given = _header(scope, b"content-type")
-        message = (f"a POST body must be JSON: send 'Content-Type: application/json' "
-                   f"(got {_shown(given) if given is not None else 'none'})")
+        message = (
+            f"a POST body must be JSON: send 'Content-Type: application/json' "
+            f"(got {_shown(given) if given is not None else 'none'})"
+        )
         await error_response(scope["path"], 415, message, "invalid_request_error")(scope, receive, send)
 
 
@@ -68,9 +70,11 @@ class LoopbackOnly:
         if problem is None:
             await self.app(scope, receive, send)
             return
-        message = (f"refused {problem}: this server has no token, so it answers only requests addressed "
-                   "to this machine's loopback from its own pages or from programs, not from other web sites; "
-                   "set a token (REEF_TOKEN) to serve other names or sites")
+        message = (
+            f"refused {problem}: this server has no token, so it answers only requests addressed "
+            "to this machine's loopback from its own pages or from programs, not from other web sites; "
+            "set a token (REEF_TOKEN) to serve other names or sites"
+        )
         await error_response(scope["path"], 403, message, "permission_error")(scope, receive, send)
 
     def _problem(self, scope: Scope) -> str | None:

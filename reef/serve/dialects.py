@@ -42,7 +42,9 @@ class OpenAIDialect:
         return openai_wire.parse_chat_request(body)
 
     def response(self, result: ChatResult, record_id: str, model: str) -> dict[str, Any]:
-        return openai_wire.chat_completion(result, completion_id=f"chatcmpl-{record_id}", created=int(time.time()), model=model)
+        return openai_wire.chat_completion(
+            result, completion_id=f"chatcmpl-{record_id}", created=int(time.time()), model=model
+        )
 
     def stream(self, body: Any, record_id: str, model: str, input_tokens: int) -> StreamEncoder:
         include_usage = isinstance(body, dict) and openai_wire.stream_include_usage(body)

@@ -48,8 +48,9 @@ class GuardedStream(Response):
 
     async def _pump(self, send: Send, scope: anyio.CancelScope) -> None:
         try:
-            await self._send(send, {"type": "http.response.start", "status": self.status_code,
-                                    "headers": self.raw_headers})
+            await self._send(
+                send, {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
             async for chunk in self.chunks:
                 await self._send(send, {"type": "http.response.body", "body": chunk, "more_body": True})
             await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})

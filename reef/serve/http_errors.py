@@ -34,12 +34,28 @@ _STATUS: list[tuple[type[ReefError], int]] = [
     (Corruption, 500),
 ]
 
-_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                 404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
-                 431: "invalid_request_error", 502: "upstream_error", 503: "service_unavailable"}
-_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                    404: "not_found_error", 409: "invalid_request_error", 413: "request_too_large",
-                    431: "invalid_request_error", 502: "api_error", 503: "overloaded_error"}
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    431: "invalid_request_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    431: "invalid_request_error",
+    502: "api_error",
+    503: "overloaded_error",
+}
 
 
 def status_of(exc: ReefError) -> int:
@@ -51,8 +67,9 @@ def status_of(exc: ReefError) -> int:
     return 500
 
 
-def error_response(path: str, status: int, message: str, kind: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    path: str, status: int, message: str, kind: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     if path.startswith("/v1/messages"):
         body = anthropic_wire.error_body(kind or _ANTHROPIC_TYPES.get(status, "api_error"), message)
     elif path.startswith("/v1/"):

@@ -93,7 +93,7 @@ def _session(headers: Mapping[str, str]) -> str | None:
 
 
 def _tags(headers: Mapping[str, str], limits: RequestLimits) -> dict[str, str]:
-    tags = {k[len(TAG_PREFIX):]: v for k, v in headers.items() if k.startswith(TAG_PREFIX)}
+    tags = {k[len(TAG_PREFIX) :]: v for k, v in headers.items() if k.startswith(TAG_PREFIX)}
     if not tags:
         return tags
     if len(tags) > limits.max_tags:
@@ -101,8 +101,9 @@ def _tags(headers: Mapping[str, str], limits: RequestLimits) -> dict[str, str]:
     for name, value in tags.items():
         check_id(name, "x-reef-tag-* name")
         if len(value) > limits.max_tag_bytes:
-            raise InvalidInput(f"x-reef-tag-{name} is {len(value)} bytes; at most {limits.max_tag_bytes} "
-                               "(limits.max_tag_bytes)")
+            raise InvalidInput(
+                f"x-reef-tag-{name} is {len(value)} bytes; at most {limits.max_tag_bytes} (limits.max_tag_bytes)"
+            )
     return tags
 
 
@@ -116,8 +117,15 @@ class _Call:
 
 
 class InferenceService:
-    def __init__(self, store: ExperienceStore, scenarios: ScenarioDirectory, runtime: Runtime, metrics: Metrics,
-                 limits: RequestLimits | None = None, tracing: Tracing | None = None) -> None:
+    def __init__(
+        self,
+        store: ExperienceStore,
+        scenarios: ScenarioDirectory,
+        runtime: Runtime,
+        metrics: Metrics,
+        limits: RequestLimits | None = None,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.limits = limits or RequestLimits()
         self.store = store
         self.scenarios = scenarios
@@ -174,8 +182,9 @@ class InferenceService:
 
     # -- plain responses ---------------------------------------------------------------------
 
-    async def _plain(self, call: _Call, request: ChatRequest, record: Record, release: ReleaseRef,
-                     retrying: bool) -> Response:
+    async def _plain(
+        self, call: _Call, request: ChatRequest, record: Record, release: ReleaseRef, retrying: bool
+    ) -> Response:
         started = time.monotonic()
         result = ChatResult()
         self.metrics.in_flight.inc()
@@ -195,8 +204,16 @@ class InferenceService:
 
     # -- streams -----------------------------------------------------------------------------
 
-    async def _stream(self, call: _Call, body: Any, request: ChatRequest, record: Record,
-                      release: ReleaseRef, admit: Any, retrying: bool) -> Response:
+    async def _stream(
+        self,
+        call: _Call,
+        body: Any,
+        request: ChatRequest,
+        record: Record,
+        release: ReleaseRef,
+        admit: Any,
+        retrying: bool,
+    ) -> Response:
         dialect = call.dialect
         started = time.monotonic()
         deltas = self.runtime.generate(request, release)
@@ -216,8 +233,9 @@ class InferenceService:
                     await deltas.aclose()
                     raise written
                 if isinstance(first, RuntimeFailure):  # nothing sent yet: the client gets a plain error
-                    await self._finish(_finished(record, ChatResult(), release, self.runtime, started,
-                                                 error=str(first)))
+                    await self._finish(
+                        _finished(record, ChatResult(), release, self.runtime, started, error=str(first))
+                    )
                     self._count(call, record, first.status, started, error=first.error_type)
         if isinstance(first, RuntimeFailure):
             raise first.with_headers(_receipt(record, release))
@@ -251,8 +269,13 @@ class InferenceService:
                     await self._finish(done)
                 finished = True
                 self._count(call, done, 200, started, result)
-                yield opening + held + encoder.end({"agent_record_id": record.id, "release_id": release.release_id,
-                                                    "verified": verified(done)})
+                yield (
+                    opening
+                    + held
+                    + encoder.end(
+                        {"agent_record_id": record.id, "release_id": release.release_id, "verified": verified(done)}
+                    )
+                )
             except RuntimeFailure as exc:
                 with anyio.CancelScope(shield=True):
                     await self._finish(_finished(record, result, release, self.runtime, started, error=str(exc)))
@@ -269,8 +292,7 @@ class InferenceService:
                     await deltas.aclose()
                     if not finished:
                         why = response.abandoned or "the stream was stopped before its end (server shutdown)"
-                        await self._finish_quietly(_finished(record, result, release, self.runtime, started,
-                                                             error=why))
+                        await self._finish_quietly(_finished(record, result, release, self.runtime, started, error=why))
                         self._log(call, record, 499, time.monotonic() - started, result, "abandoned")
                         if call.span is not None:
                             call.span.end(499, result, error="abandoned")
@@ -280,8 +302,9 @@ class InferenceService:
                 with anyio.CancelScope(shield=True):
                     await admit.__aexit__(None, None, None)
 
-        response = GuardedStream(chunks(), {**_receipt(record, release), "cache-control": "no-cache"},
-                                 self.limits.stream_send_timeout)
+        response = GuardedStream(
+            chunks(), {**_receipt(record, release), "cache-control": "no-cache"}, self.limits.stream_send_timeout
+        )
         return response
 
     async def _input_tokens(self, request: ChatRequest) -> int:
@@ -304,17 +327,27 @@ class InferenceService:
             stored = self.store.get_record(admission.record_id)
         except NotFound:
             return False
-        asked = {"scenario": admission.scenario, "request": request.to_json(), "session": admission.session,
-                 "tags": admission.tags}
-        had = {"scenario": stored.scenario, "request": client_request(stored.request, stored.harness),
-               "session": stored.session, "tags": stored.tags}
+        asked = {
+            "scenario": admission.scenario,
+            "request": request.to_json(),
+            "session": admission.session,
+            "tags": admission.tags,
+        }
+        had = {
+            "scenario": stored.scenario,
+            "request": client_request(stored.request, stored.harness),
+            "session": stored.session,
+            "tags": stored.tags,
+        }
         if asked != had:
             raise RecordConflict(f"record {stored.id} already exists with another request")
         if stored.status is RecordStatus.INCOMPLETE:
             return True
         if stored.status is not RecordStatus.COMPLETE or stored.release is None:
-            raise RecordConflict(f"record {stored.id} is still being answered ({stored.status.value}); retry once "
-                                 "that attempt ends, or with a new x-reef-agent-record-id")
+            raise RecordConflict(
+                f"record {stored.id} is still being answered ({stored.status.value}); retry once "
+                "that attempt ends, or with a new x-reef-agent-record-id"
+            )
         result = _result_from(stored)
         headers = _receipt(stored, stored.release)
         self._log(call, stored, 200, 0.0, result, replay=True)
@@ -324,11 +357,17 @@ class InferenceService:
         if not request.stream:
             return JSONResponse(_body(dialect, result, stored, request.model), headers=headers)
         encoder = dialect.stream({}, stored.id, request.model, result.usage.prompt_tokens)
-        events = [TextDelta(result.text), *(ToolCallDelta(c, i) for i, c in enumerate(result.tool_calls)),
-                  Finish(result.finish_reason, result.usage, result.model)]
-        payload = encoder.start() + b"".join(encoder.delta(d) for d in events if not (isinstance(d, TextDelta) and not d.text))
-        payload += encoder.end({"agent_record_id": stored.id, "release_id": stored.release.release_id,
-                                "verified": verified(stored)})
+        events = [
+            TextDelta(result.text),
+            *(ToolCallDelta(c, i) for i, c in enumerate(result.tool_calls)),
+            Finish(result.finish_reason, result.usage, result.model),
+        ]
+        payload = encoder.start() + b"".join(
+            encoder.delta(d) for d in events if not (isinstance(d, TextDelta) and not d.text)
+        )
+        payload += encoder.end(
+            {"agent_record_id": stored.id, "release_id": stored.release.release_id, "verified": verified(stored)}
+        )
         return Response(payload, media_type="text/event-stream", headers=headers)
 
     # -- bookkeeping -------------------------------------------------------------------------
@@ -354,9 +393,16 @@ class InferenceService:
             log.warning("record %s could not be finished: %s", record.id, exc)
 
     async def _finish(self, record: Record) -> None:
-        await self.store.afinish_record(record.id, record.status, response=record.response, token_ids=record.token_ids,
-                                        logprobs=record.logprobs, spans=record.spans, error=record.error,
-                                        timings=record.timings)
+        await self.store.afinish_record(
+            record.id,
+            record.status,
+            response=record.response,
+            token_ids=record.token_ids,
+            logprobs=record.logprobs,
+            spans=record.spans,
+            error=record.error,
+            timings=record.timings,
+        )
         self._count_record(record)
 
     def _count_record(self, record: Record) -> None:
@@ -364,8 +410,15 @@ class InferenceService:
         if record.release and record.status is RecordStatus.COMPLETE and not verified(record):
             self.metrics.unverified.labels(record.scenario).inc()
 
-    def _count(self, call: _Call, record: Record, status: int, started: float, result: ChatResult | None = None,
-               error: str | None = None) -> None:
+    def _count(
+        self,
+        call: _Call,
+        record: Record,
+        status: int,
+        started: float,
+        result: ChatResult | None = None,
+        error: str | None = None,
+    ) -> None:
         """A request ended (answered, or failed with its receipt): metrics, its log line, its span."""
         latency = time.monotonic() - started
         scenario = record.scenario
@@ -379,19 +432,31 @@ class InferenceService:
             call.span.end(status, result, verified(record) if status == 200 else None, error)
 
     @staticmethod
-    def _log(call: _Call, record: Record, status: int, latency: float, result: ChatResult | None,
-             error: str | None = None, replay: bool = False) -> None:
+    def _log(
+        call: _Call,
+        record: Record,
+        status: int,
+        latency: float,
+        result: ChatResult | None,
+        error: str | None = None,
+        replay: bool = False,
+    ) -> None:
         """The request's one line at info: ids, names and numbers, never a prompt or an answer."""
         if not REQUEST_LOG.isEnabledFor(logging.INFO):
             return
         usage = result.usage if result is not None else None
         fields: dict[str, Any] = {
-            "receipt": record.id, "scenario": record.scenario,
-            "release_id": record.release.release_id if record.release else None, "dialect": call.dialect.name,
-            "route": call.route, "status": status, "latency_ms": round(latency * 1000, 2),
+            "receipt": record.id,
+            "scenario": record.scenario,
+            "release_id": record.release.release_id if record.release else None,
+            "dialect": call.dialect.name,
+            "route": call.route,
+            "status": status,
+            "latency_ms": round(latency * 1000, 2),
             "prompt_tokens": usage.prompt_tokens if usage else 0,
             "completion_tokens": usage.completion_tokens if usage else 0,
-            "stream": bool(record.request.get("stream")) if record.request else False}
+            "stream": bool(record.request.get("stream")) if record.request else False,
+        }
         if error is not None:
             fields["error"] = error
         if replay:
@@ -420,8 +485,10 @@ async def _zero() -> int:
 
 
 def _cancelled(exc: BaseException) -> bool:
-    return isinstance(exc, (asyncio.CancelledError, anyio.get_cancelled_exc_class())) or \
-        type(exc).__name__ == "ClientDisconnect"
+    return (
+        isinstance(exc, (asyncio.CancelledError, anyio.get_cancelled_exc_class()))
+        or type(exc).__name__ == "ClientDisconnect"
+    )
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -442,15 +509,28 @@ def parse_json(raw: bytes) -> Any:
     return value
 
 
-def _new_record(record_id: str, admission: Admission, request: ChatRequest, release: ReleaseRef,
-                harness: dict[str, Any] | None = None) -> Record:
-    return Record(id=record_id, scenario=admission.scenario, release=release, request=request.to_json(),
-                  session=admission.session, tags=admission.tags, timings={"admitted_at": time.time()},
-                  harness=harness)
+def _new_record(
+    record_id: str,
+    admission: Admission,
+    request: ChatRequest,
+    release: ReleaseRef,
+    harness: dict[str, Any] | None = None,
+) -> Record:
+    return Record(
+        id=record_id,
+        scenario=admission.scenario,
+        release=release,
+        request=request.to_json(),
+        session=admission.session,
+        tags=admission.tags,
+        timings={"admitted_at": time.time()},
+        harness=harness,
+    )
 
 
-def _finished(record: Record, result: ChatResult, release: ReleaseRef, runtime: Runtime, started: float,
-              error: str | None = None) -> Record:
+def _finished(
+    record: Record, result: ChatResult, release: ReleaseRef, runtime: Runtime, started: float, error: str | None = None
+) -> Record:
     status = RecordStatus.INCOMPLETE if error else RecordStatus.COMPLETE
     return record.finished(
         status,
@@ -467,7 +547,11 @@ def _body(dialect: Dialect, result: ChatResult, record: Record, model: str) -> d
     """A plain response body, with the receipt under `reef` where the dialect carries one there."""
     body = dialect.response(result, record.id, model)
     if dialect.receipt_in_body and record.release is not None:
-        body["reef"] = {"agent_record_id": record.id, "release_id": record.release.release_id, "verified": verified(record)}
+        body["reef"] = {
+            "agent_record_id": record.id,
+            "release_id": record.release.release_id,
+            "verified": verified(record),
+        }
     return body
 
 

@@ -66,8 +66,10 @@ def announcer(fmt: str, handler: logging.Handler) -> Callable[[str], None]:
         return lambda line: print(f"reef: {line}", file=sys.stderr, flush=True)
 
     def say(line: str) -> None:
-        handler.handle(logging.makeLogRecord({"name": "reef", "levelno": logging.INFO, "levelname": "INFO",
-                                              "msg": line}))
+        handler.handle(
+            logging.makeLogRecord({"name": "reef", "levelno": logging.INFO, "levelname": "INFO", "msg": line})
+        )
+
     return say
 
 
@@ -117,8 +119,12 @@ class JsonFormatter(logging.Formatter):
     (`exception` holds a traceback, newlines escaped)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {"ts": _timestamp(record), "level": record.levelname.lower(), "logger": record.name,
-                               "message": record.getMessage()}
+        out: dict[str, Any] = {
+            "ts": _timestamp(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         fields = fields_of(record)
         if fields:
             out.update(fields)
@@ -162,12 +168,24 @@ class RequestLog:
     def _log(self, scope: Scope, status: int, started: float) -> None:
         path, method = scope["path"], scope["method"]
         hot = self.hot.get(path) if method == "POST" else None
-        fields: dict[str, Any] = {"method": method, "path": path, "status": status,
-                                  "latency_ms": round((time.perf_counter() - started) * 1000, 2)}
+        fields: dict[str, Any] = {
+            "method": method,
+            "path": path,
+            "status": status,
+            "latency_ms": round((time.perf_counter() - started) * 1000, 2),
+        }
         if hot is not None:  # refused before it was recorded: no receipt, no release
             scenario = next((v for k, v in scope["headers"] if k == b"x-reef-scenario"), b"default")
-            fields = {"receipt": None, "scenario": scenario.decode("latin-1"), "release_id": None,
-                      "dialect": hot[0].name, "route": hot[1], **fields, "prompt_tokens": 0, "completion_tokens": 0}
+            fields = {
+                "receipt": None,
+                "scenario": scenario.decode("latin-1"),
+                "release_id": None,
+                "dialect": hot[0].name,
+                "route": hot[1],
+                **fields,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+            }
         level = logging.INFO if _loud(scope) else logging.DEBUG
         emit(REQUEST_LOG, level, "request" if hot is not None else "http", fields)
 

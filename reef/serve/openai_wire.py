@@ -18,22 +18,47 @@ from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, Text
 from reef.core.errors import InvalidInput
 from reef.serve.wire_validation import check_body, validate_wire
 
-SUPPORTED = frozenset({
-    "model", "messages", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
-    "max_completion_tokens", "stop", "n", "stream", "stream_options", "seed",
-})
-IGNORED = frozenset({
-    "user", "metadata", "store", "parallel_tool_calls", "service_tier", "safety_identifier",
-    "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "reasoning_effort",
-    "verbosity",
-})
+SUPPORTED = frozenset(
+    {
+        "model",
+        "messages",
+        "tools",
+        "tool_choice",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "n",
+        "stream",
+        "stream_options",
+        "seed",
+    }
+)
+IGNORED = frozenset(
+    {
+        "user",
+        "metadata",
+        "store",
+        "parallel_tool_calls",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "reasoning_effort",
+        "verbosity",
+    }
+)
 # field -> (is the value neutral?, why anything else is refused)
 REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "logit_bias": (lambda v: not v, "token biasing is not supported"),
     "logprobs": (lambda v: v is None or v is False, "log-probabilities are not returned; send false or omit it"),
     "top_logprobs": (lambda v: v is None or v == 0, "log-probabilities are not returned"),
-    "response_format": (lambda v: v is None or v == {"type": "text"},
-                        "only {'type': 'text'} is supported; Reef does not constrain output to JSON"),
+    "response_format": (
+        lambda v: v is None or v == {"type": "text"},
+        "only {'type': 'text'} is supported; Reef does not constrain output to JSON",
+    ),
     "functions": (lambda v: v is None, "legacy functions are not supported; use tools"),
     "function_call": (lambda v: v is None, "legacy function_call is not supported; use tool_choice"),
     "frequency_penalty": (lambda v: v is None or v == 0, "penalties are not supported; send 0 or omit it"),
@@ -332,15 +357,22 @@ class ChunkEncoder:
         return out
 
     def reef_chunk(self, agent_record_id: str, release_id: str, verified: bool) -> dict[str, Any]:
-        chunk = reef_chunk(agent_record_id, release_id, verified,
-                           completion_id=self.completion_id, created=self.created, model=self.model)
+        chunk = reef_chunk(
+            agent_record_id,
+            release_id,
+            verified,
+            completion_id=self.completion_id,
+            created=self.created,
+            model=self.model,
+        )
         if self.include_usage:  # the SDK's accumulator keeps the usage of the last chunk
             chunk["usage"] = self._usage
         return chunk
 
 
-def reef_chunk(agent_record_id: str, release_id: str, verified: bool, *,
-               completion_id: str = "", created: int = 0, model: str = "") -> dict[str, Any]:
+def reef_chunk(
+    agent_record_id: str, release_id: str, verified: bool, *, completion_id: str = "", created: int = 0, model: str = ""
+) -> dict[str, Any]:
     """Reef's last chunk before DONE: no choices, the receipt under `reef`."""
     return {
         "id": completion_id,

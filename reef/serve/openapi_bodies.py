@@ -17,8 +17,13 @@ JSON = dict[str, Any]
 
 def json_body(schema: JSON, description: str) -> JSON:
     """`openapi_extra` for a route whose body is JSON of `schema`."""
-    return {"requestBody": {"required": True, "description": description,
-                            "content": {"application/json": {"schema": schema}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "description": description,
+            "content": {"application/json": {"schema": schema}},
+        }
+    }
 
 
 def model_body(model: type[BaseModel], description: str) -> JSON:
@@ -26,8 +31,11 @@ def model_body(model: type[BaseModel], description: str) -> JSON:
 
 
 _STRING = {"type": "string"}
-_TEXT_PART = {"type": "object", "required": ["type", "text"],
-              "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _STRING}}
+_TEXT_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _STRING},
+}
 _TEXT_OR_PARTS = {"anyOf": [_STRING, {"type": "array", "items": _TEXT_PART}]}
 _PARAMETERS = {"type": "object", "description": "a JSON schema of the tool's arguments"}
 
@@ -36,30 +44,64 @@ OPENAI_CHAT: JSON = {
     "required": ["model", "messages"],
     "properties": {
         "model": {"type": "string", "minLength": 1},
-        "messages": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "required": ["role"],
-            "properties": {
-                "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
-                "content": {"anyOf": [_STRING, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]},
-                "name": _STRING,
-                "tool_call_id": _STRING,
-                "tool_calls": {"type": "array", "items": {
-                    "type": "object", "required": ["id", "type", "function"],
-                    "properties": {"id": _STRING, "type": {"type": "string", "enum": ["function"]},
-                                   "function": {"type": "object", "required": ["name", "arguments"],
-                                                "properties": {"name": _STRING, "arguments": _STRING}}}}},
-            }}},
-        "tools": {"type": "array", "items": {
-            "type": "object", "required": ["type", "function"],
-            "properties": {"type": {"type": "string", "enum": ["function"]},
-                           "function": {"type": "object", "required": ["name"],
-                                        "properties": {"name": _STRING, "description": _STRING,
-                                                       "parameters": _PARAMETERS}}}}},
-        "tool_choice": {"anyOf": [
-            {"type": "string", "enum": ["none", "auto", "required"]},
-            {"type": "object", "required": ["type", "function"],
-             "properties": {"type": {"type": "string", "enum": ["function"]},
-                            "function": {"type": "object", "required": ["name"], "properties": {"name": _STRING}}}}]},
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role"],
+                "properties": {
+                    "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
+                    "content": {"anyOf": [_STRING, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]},
+                    "name": _STRING,
+                    "tool_call_id": _STRING,
+                    "tool_calls": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["id", "type", "function"],
+                            "properties": {
+                                "id": _STRING,
+                                "type": {"type": "string", "enum": ["function"]},
+                                "function": {
+                                    "type": "object",
+                                    "required": ["name", "arguments"],
+                                    "properties": {"name": _STRING, "arguments": _STRING},
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+        "tools": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "function"],
+                "properties": {
+                    "type": {"type": "string", "enum": ["function"]},
+                    "function": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {"name": _STRING, "description": _STRING, "parameters": _PARAMETERS},
+                    },
+                },
+            },
+        },
+        "tool_choice": {
+            "anyOf": [
+                {"type": "string", "enum": ["none", "auto", "required"]},
+                {
+                    "type": "object",
+                    "required": ["type", "function"],
+                    "properties": {
+                        "type": {"type": "string", "enum": ["function"]},
+                        "function": {"type": "object", "required": ["name"], "properties": {"name": _STRING}},
+                    },
+                },
+            ]
+        },
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "max_tokens": {"type": "integer", "minimum": 1},
@@ -73,20 +115,43 @@ OPENAI_CHAT: JSON = {
 }
 
 _NAME = {"type": "string", "minLength": 1}
-_RESPONSES_TEXT_PART = {"type": "object", "required": ["type", "text"],
-                        "properties": {"type": {"type": "string", "enum": ["input_text", "output_text"]}, "text": _STRING}}
-_RESPONSES_INPUT_ITEM = {"anyOf": [
-    {"type": "object", "required": ["role", "content"],
-     "properties": {"type": {"type": "string", "enum": ["message"]},
-                    "role": {"type": "string", "enum": ["user", "system", "developer", "assistant"]},
-                    "content": {"anyOf": [_STRING, {"type": "array", "items": _RESPONSES_TEXT_PART}]}}},
-    {"type": "object", "required": ["type", "call_id", "name", "arguments"],
-     "properties": {"type": {"type": "string", "enum": ["function_call"]}, "call_id": _NAME, "name": _NAME,
-                    "arguments": _STRING}},
-    {"type": "object", "required": ["type", "call_id", "output"],
-     "properties": {"type": {"type": "string", "enum": ["function_call_output"]}, "call_id": _NAME,
-                    "output": {"anyOf": [_STRING, {"type": "array", "items": _RESPONSES_TEXT_PART}]}}},
-]}
+_RESPONSES_TEXT_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"type": "string", "enum": ["input_text", "output_text"]}, "text": _STRING},
+}
+_RESPONSES_INPUT_ITEM = {
+    "anyOf": [
+        {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "type": {"type": "string", "enum": ["message"]},
+                "role": {"type": "string", "enum": ["user", "system", "developer", "assistant"]},
+                "content": {"anyOf": [_STRING, {"type": "array", "items": _RESPONSES_TEXT_PART}]},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type", "call_id", "name", "arguments"],
+            "properties": {
+                "type": {"type": "string", "enum": ["function_call"]},
+                "call_id": _NAME,
+                "name": _NAME,
+                "arguments": _STRING,
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type", "call_id", "output"],
+            "properties": {
+                "type": {"type": "string", "enum": ["function_call_output"]},
+                "call_id": _NAME,
+                "output": {"anyOf": [_STRING, {"type": "array", "items": _RESPONSES_TEXT_PART}]},
+            },
+        },
+    ]
+}
 
 OPENAI_RESPONSES: JSON = {
     "type": "object",
@@ -95,14 +160,30 @@ OPENAI_RESPONSES: JSON = {
         "model": {"type": "string", "minLength": 1},
         "input": {"anyOf": [_STRING, {"type": "array", "minItems": 1, "items": _RESPONSES_INPUT_ITEM}]},
         "instructions": _STRING,
-        "tools": {"type": "array", "items": {
-            "type": "object", "required": ["type", "name"],
-            "properties": {"type": {"type": "string", "enum": ["function"]}, "name": _NAME, "description": _STRING,
-                           "parameters": _PARAMETERS, "strict": {"type": "boolean"}}}},
-        "tool_choice": {"anyOf": [
-            {"type": "string", "enum": ["none", "auto", "required"]},
-            {"type": "object", "required": ["type", "name"],
-             "properties": {"type": {"type": "string", "enum": ["function"]}, "name": _NAME}}]},
+        "tools": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "name"],
+                "properties": {
+                    "type": {"type": "string", "enum": ["function"]},
+                    "name": _NAME,
+                    "description": _STRING,
+                    "parameters": _PARAMETERS,
+                    "strict": {"type": "boolean"},
+                },
+            },
+        },
+        "tool_choice": {
+            "anyOf": [
+                {"type": "string", "enum": ["none", "auto", "required"]},
+                {
+                    "type": "object",
+                    "required": ["type", "name"],
+                    "properties": {"type": {"type": "string", "enum": ["function"]}, "name": _NAME},
+                },
+            ]
+        },
         "max_output_tokens": {"type": "integer", "minimum": 1},
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
@@ -113,24 +194,43 @@ OPENAI_RESPONSES: JSON = {
 _ANTHROPIC_FIELDS: JSON = {
     "model": {"type": "string", "minLength": 1},
     "max_tokens": {"type": "integer", "minimum": 1},
-    "messages": {"type": "array", "minItems": 1, "items": {
-        "type": "object", "required": ["role", "content"],
-        "properties": {"role": {"type": "string", "enum": ["user", "assistant"]}, "content": _TEXT_OR_PARTS}}},
+    "messages": {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {"role": {"type": "string", "enum": ["user", "assistant"]}, "content": _TEXT_OR_PARTS},
+        },
+    },
     "system": _TEXT_OR_PARTS,
-    "tools": {"type": "array", "items": {
-        "type": "object", "required": ["name", "input_schema"],
-        "properties": {"name": _STRING, "description": _STRING, "input_schema": _PARAMETERS}}},
-    "tool_choice": {"type": "object", "required": ["type"],
-                    "properties": {"type": {"type": "string", "enum": ["auto", "none", "any", "tool"]}, "name": _STRING}},
+    "tools": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["name", "input_schema"],
+            "properties": {"name": _STRING, "description": _STRING, "input_schema": _PARAMETERS},
+        },
+    },
+    "tool_choice": {
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": {"type": "string", "enum": ["auto", "none", "any", "tool"]}, "name": _STRING},
+    },
     "stop_sequences": {"type": "array", "items": {"type": "string", "minLength": 1}},
     "temperature": {"type": "number", "minimum": 0, "maximum": 1},
     "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "stream": {"type": "boolean"},
 }
 
-ANTHROPIC_MESSAGES: JSON = {"type": "object", "required": ["model", "max_tokens", "messages"],
-                            "properties": _ANTHROPIC_FIELDS}
+ANTHROPIC_MESSAGES: JSON = {
+    "type": "object",
+    "required": ["model", "max_tokens", "messages"],
+    "properties": _ANTHROPIC_FIELDS,
+}
 
-ANTHROPIC_COUNT_TOKENS: JSON = {"type": "object", "required": ["model", "messages"],
-                                "properties": {k: v for k, v in _ANTHROPIC_FIELDS.items()
-                                               if k not in ("max_tokens", "stream")}}
+ANTHROPIC_COUNT_TOKENS: JSON = {
+    "type": "object",
+    "required": ["model", "messages"],
+    "properties": {k: v for k, v in _ANTHROPIC_FIELDS.items() if k not in ("max_tokens", "stream")},
+}

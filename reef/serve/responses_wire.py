@@ -26,20 +26,56 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta, Tool, ToolCall, ToolCallDelta, Usage
+from reef.core.chat import (
+    ChatRequest,
+    ChatResult,
+    Delta,
+    Finish,
+    Message,
+    TextDelta,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
 from reef.core.errors import InvalidInput
 from reef.serve.openai_wire import parse_tool_choice
 from reef.serve.wire_validation import check_body, validate_wire
 
-SUPPORTED = frozenset({
-    "model", "input", "instructions", "tools", "tool_choice", "max_output_tokens", "temperature", "top_p",
-    "stream",
-})
-IGNORED = frozenset({
-    "metadata", "user", "safety_identifier", "service_tier", "store", "parallel_tool_calls", "prompt_cache_key",
-    "prompt_cache_retention", "prompt_cache_options", "reasoning", "include", "truncation", "max_tool_calls",
-    "stream_options", "context_management", "access_programs", "image",
-})
+SUPPORTED = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "stream",
+    }
+)
+IGNORED = frozenset(
+    {
+        "metadata",
+        "user",
+        "safety_identifier",
+        "service_tier",
+        "store",
+        "parallel_tool_calls",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+        "reasoning",
+        "include",
+        "truncation",
+        "max_tool_calls",
+        "stream_options",
+        "context_management",
+        "access_programs",
+        "image",
+    }
+)
 
 
 def _plain_text_config(v: Any) -> bool:
@@ -53,14 +89,24 @@ def _plain_text_config(v: Any) -> bool:
 
 # field -> (is the value neutral?, why anything else is refused)
 REFUSED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "previous_response_id": (lambda v: v is None,
-                             "Reef is stateless here and keeps no responses to continue from; "
-                             "send the whole conversation in input"),
-    "conversation": (lambda v: v is None, "server-held conversations are not supported; send the whole conversation in input"),
-    "background": (lambda v: v is None or v is False, "background responses are not supported; Reef answers in the request"),
+    "previous_response_id": (
+        lambda v: v is None,
+        "Reef is stateless here and keeps no responses to continue from; send the whole conversation in input",
+    ),
+    "conversation": (
+        lambda v: v is None,
+        "server-held conversations are not supported; send the whole conversation in input",
+    ),
+    "background": (
+        lambda v: v is None or v is False,
+        "background responses are not supported; Reef answers in the request",
+    ),
     "prompt": (lambda v: v is None, "stored prompt templates are not supported; send instructions and input"),
-    "text": (_plain_text_config, "only the {'type': 'text'} format is supported; Reef does not constrain output "
-                                 "to JSON (verbosity alone is ignored)"),
+    "text": (
+        _plain_text_config,
+        "only the {'type': 'text'} format is supported; Reef does not constrain output "
+        "to JSON (verbosity alone is ignored)",
+    ),
     "top_logprobs": (lambda v: v is None or v == 0, "log-probabilities are not returned"),
     "moderation": (lambda v: v is None, "moderated responses are not supported"),
 }
@@ -70,8 +116,15 @@ _DROPPED_ITEMS = ("reasoning",)  # earlier reasoning: not part of the visible co
 _STATEFUL_ITEMS = ("item_reference",)
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
-_DEFAULT_ECHO: dict[str, Any] = {"instructions": None, "tools": [], "tool_choice": "auto", "parallel_tool_calls": True,
-                                 "max_output_tokens": None, "temperature": None, "top_p": None}
+_DEFAULT_ECHO: dict[str, Any] = {
+    "instructions": None,
+    "tools": [],
+    "tool_choice": "auto",
+    "parallel_tool_calls": True,
+    "max_output_tokens": None,
+    "temperature": None,
+    "top_p": None,
+}
 _ECHO: ContextVar[dict[str, Any]] = ContextVar("reef_responses_echo", default=_DEFAULT_ECHO)
 
 
@@ -148,10 +201,17 @@ def parse_responses_request(body: Any) -> ChatRequest:
     parsed = [_tool(raw, i) for i, raw in enumerate(b.tools or [])]
     tools = tuple(t for t, _ in parsed)
     tool_choice = parse_tool_choice(b.tool_choice, tools, nested=False)
-    _ECHO.set({"instructions": b.instructions, "tools": [echo for _, echo in parsed],
-               "tool_choice": "auto" if b.tool_choice is None else b.tool_choice,
-               "parallel_tool_calls": True if b.parallel_tool_calls is None else b.parallel_tool_calls,
-               "max_output_tokens": b.max_output_tokens, "temperature": b.temperature, "top_p": b.top_p})
+    _ECHO.set(
+        {
+            "instructions": b.instructions,
+            "tools": [echo for _, echo in parsed],
+            "tool_choice": "auto" if b.tool_choice is None else b.tool_choice,
+            "parallel_tool_calls": True if b.parallel_tool_calls is None else b.parallel_tool_calls,
+            "max_output_tokens": b.max_output_tokens,
+            "temperature": b.temperature,
+            "top_p": b.top_p,
+        }
+    )
     return ChatRequest(
         model=b.model,
         messages=tuple(messages),
@@ -192,7 +252,9 @@ def _item(raw: Any, path: str, out: list[Message]) -> None:
         call = ToolCall(id=c.call_id, name=c.name, arguments=c.arguments)
         last = out[-1] if out else None
         if last is not None and last.role == "assistant":
-            out[-1] = Message(role="assistant", content=last.content, tool_calls=(*last.tool_calls, call), name=last.name)
+            out[-1] = Message(
+                role="assistant", content=last.content, tool_calls=(*last.tool_calls, call), name=last.name
+            )
         else:
             out.append(Message(role="assistant", content="", tool_calls=(call,)))
     elif kind == "function_call_output":
@@ -201,11 +263,14 @@ def _item(raw: Any, path: str, out: list[Message]) -> None:
     elif kind in _DROPPED_ITEMS:
         return
     elif kind in _STATEFUL_ITEMS:
-        raise InvalidInput(f"{path}.type: {kind!r} items need server-held state; Reef is stateless here, "
-                           "send the item itself")
+        raise InvalidInput(
+            f"{path}.type: {kind!r} items need server-held state; Reef is stateless here, send the item itself"
+        )
     else:
-        raise InvalidInput(f"{path}.type: {kind!r} items are not supported; Reef takes messages, "
-                           "function_call and function_call_output items")
+        raise InvalidInput(
+            f"{path}.type: {kind!r} items are not supported; Reef takes messages, "
+            "function_call and function_call_output items"
+        )
 
 
 def _text(content: Any, path: str, *, assistant: bool = False) -> str:
@@ -237,10 +302,18 @@ def _tool(raw: Any, i: int) -> tuple[Tool, dict[str, Any]]:
     if raw.get("type") != "function":
         raise InvalidInput(f"{path}.type: {raw.get('type')!r} tools are not supported; Reef serves function tools only")
     t: _ToolIn = _validate(_ToolIn, raw, path)
-    tool = Tool(name=t.name, description=t.description) if t.parameters is None else \
-        Tool(name=t.name, description=t.description, parameters=t.parameters)
-    echo = {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
-            "strict": t.strict}
+    tool = (
+        Tool(name=t.name, description=t.description)
+        if t.parameters is None
+        else Tool(name=t.name, description=t.description, parameters=t.parameters)
+    )
+    echo = {
+        "type": "function",
+        "name": t.name,
+        "description": t.description,
+        "parameters": t.parameters,
+        "strict": t.strict,
+    }
     return tool, echo
 
 
@@ -268,14 +341,24 @@ def _message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> d
 
 
 def _call_item(item_id: str, call: ToolCall, status: str, arguments: str | None = None) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments if arguments is None else arguments}
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments if arguments is None else arguments,
+    }
 
 
 def _usage(usage: Usage) -> dict[str, Any]:
-    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
 
 
 def _status(finish_reason: str) -> str:
@@ -284,9 +367,16 @@ def _status(finish_reason: str) -> str:
     return "incomplete" if finish_reason == "length" else "completed"
 
 
-def response_object(record_id: str, created_at: int, model: str, status: str, output: list[dict[str, Any]],
-                    usage: dict[str, Any] | None = None, error: dict[str, Any] | None = None,
-                    echo: dict[str, Any] | None = None) -> dict[str, Any]:
+def response_object(
+    record_id: str,
+    created_at: int,
+    model: str,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None = None,
+    error: dict[str, Any] | None = None,
+    echo: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A `response` object; the request's settings come from `echo`, else from the parse of
     this task's request."""
     echo = echo or _ECHO.get()
@@ -364,24 +454,29 @@ class EventEncoder:
         self._seq += 1
         return frame
 
-    def _response(self, status: str, usage: dict[str, Any] | None = None,
-                  error: dict[str, Any] | None = None) -> dict[str, Any]:
-        return response_object(self.record_id, self.created_at, self.model, status, list(self._output), usage, error,
-                               self._echo)
+    def _response(
+        self, status: str, usage: dict[str, Any] | None = None, error: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return response_object(
+            self.record_id, self.created_at, self.model, status, list(self._output), usage, error, self._echo
+        )
 
     def start(self) -> bytes:
         snapshot = self._response("in_progress")
-        return (self._event("response.created", {"response": snapshot})
-                + self._event("response.in_progress", {"response": snapshot}))
+        return self._event("response.created", {"response": snapshot}) + self._event(
+            "response.in_progress", {"response": snapshot}
+        )
 
     def _open_message(self) -> bytes:
         self._text = []
         index = len(self._output)
         item_id = _message_id(self.record_id, index)
-        return (self._event("response.output_item.added",
-                            {"output_index": index, "item": _message_item(item_id, "in_progress", [])})
-                + self._event("response.content_part.added",
-                              {"item_id": item_id, "output_index": index, "content_index": 0, "part": _text_part("")}))
+        return self._event(
+            "response.output_item.added", {"output_index": index, "item": _message_item(item_id, "in_progress", [])}
+        ) + self._event(
+            "response.content_part.added",
+            {"item_id": item_id, "output_index": index, "content_index": 0, "part": _text_part("")},
+        )
 
     def _close_message(self, status: str = "completed") -> bytes:
         if self._text is None:
@@ -393,9 +488,11 @@ class EventEncoder:
         part = _text_part(text)
         item = _message_item(item_id, status, [part])
         self._output.append(item)
-        return (self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
-                + self._event("response.content_part.done", {**where, "part": part})
-                + self._event("response.output_item.done", {"output_index": index, "item": item}))
+        return (
+            self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
+            + self._event("response.content_part.done", {**where, "part": part})
+            + self._event("response.output_item.done", {"output_index": index, "item": item})
+        )
 
     def delta(self, delta: Delta) -> bytes:
         if isinstance(delta, TextDelta):
@@ -405,9 +502,16 @@ class EventEncoder:
             assert self._text is not None
             self._text.append(delta.text)
             index = len(self._output)
-            return out + self._event("response.output_text.delta", {
-                "item_id": _message_id(self.record_id, index), "output_index": index, "content_index": 0,
-                "delta": delta.text, "logprobs": []})
+            return out + self._event(
+                "response.output_text.delta",
+                {
+                    "item_id": _message_id(self.record_id, index),
+                    "output_index": index,
+                    "content_index": 0,
+                    "delta": delta.text,
+                    "logprobs": [],
+                },
+            )
         if isinstance(delta, ToolCallDelta):
             call = delta.call
             out = self._close_message()
@@ -416,12 +520,16 @@ class EventEncoder:
             where = {"item_id": item_id, "output_index": index}
             item = _call_item(item_id, call, "completed")
             self._output.append(item)
-            return (out
-                    + self._event("response.output_item.added",
-                                  {"output_index": index, "item": _call_item(item_id, call, "in_progress", "")})
-                    + self._event("response.function_call_arguments.delta", {**where, "delta": call.arguments})
-                    + self._event("response.function_call_arguments.done", {**where, "arguments": call.arguments})
-                    + self._event("response.output_item.done", {"output_index": index, "item": item}))
+            return (
+                out
+                + self._event(
+                    "response.output_item.added",
+                    {"output_index": index, "item": _call_item(item_id, call, "in_progress", "")},
+                )
+                + self._event("response.function_call_arguments.delta", {**where, "delta": call.arguments})
+                + self._event("response.function_call_arguments.done", {**where, "arguments": call.arguments})
+                + self._event("response.output_item.done", {"output_index": index, "item": item})
+            )
         if not isinstance(delta, Finish):
             raise TypeError(f"not a delta: {delta!r}")
         if delta.reason == "error":
@@ -454,5 +562,8 @@ class EventEncoder:
         self._failed = True
         out = self._close_message("incomplete")
         failed = self._response("failed", error={"code": "server_error", "message": message})
-        return (out + self._event("error", {"code": kind, "message": message, "param": None})
-                + self._event("response.failed", {"response": failed}))
+        return (
+            out
+            + self._event("error", {"code": kind, "message": message, "param": None})
+            + self._event("response.failed", {"response": failed})
+        )

@@ -1,8 +1,8 @@
 """Routes of the harness surface: the tree a client pulls, what a release changed, promote.
 
-    GET  /reef/harness                              the serving harness of a scenario (?release_id=)
-    GET  /reef/scenarios/{s}/releases/{id}/diff     a release against its parent
-    POST /reef/scenarios/{s}/promote                serve a release held for review
+GET  /reef/harness                              the serving harness of a scenario (?release_id=)
+GET  /reef/scenarios/{s}/releases/{id}/diff     a release against its parent
+POST /reef/scenarios/{s}/promote                serve a release held for review
 """
 
 from __future__ import annotations
@@ -40,9 +40,14 @@ def build_router() -> APIRouter:
             release = chain.release(check_id(release_id, "release_id"))
             content_id = release.content_id
         tree = await app.scenarios.harness.tree(release_id, content_id)
-        return {"scenario": name, "release_id": release_id, "content_id": content_id,
-                "harness_content_id": tree.content_id, "mode": app.config.harness.mode_for(name),
-                **tree_json(tree)}
+        return {
+            "scenario": name,
+            "release_id": release_id,
+            "content_id": content_id,
+            "harness_content_id": tree.content_id,
+            "mode": app.config.harness.mode_for(name),
+            **tree_json(tree),
+        }
 
     @router.get("/scenarios/{name}/releases/{release_id}/diff")
     async def diff(name: str, release_id: str, request: Request) -> dict[str, Any]:
@@ -52,8 +57,14 @@ def build_router() -> APIRouter:
         release = app.state.chain(check_scenario_name(name)).release(check_id(release_id, "release_id"))
         parent = release.parent_release_id
         changed, text = await asyncio.to_thread(app.state.artifacts.content_diff, parent, release.release_id)
-        return {"scenario": name, "release_id": release.release_id, "parent_release_id": parent,
-                "operation": release.operation.value, "changed": changed, "diff": text}
+        return {
+            "scenario": name,
+            "release_id": release.release_id,
+            "parent_release_id": parent,
+            "operation": release.operation.value,
+            "changed": changed,
+            "diff": text,
+        }
 
     @router.post("/scenarios/{name}/promote", openapi_extra=model_body(PromoteBody, "the pending release to publish"))
     async def promote(name: str, request: Request) -> dict[str, Any]:
@@ -76,7 +87,7 @@ def tree_json(tree: HarnessTree) -> dict[str, Any]:
     files: dict[str, str] = {}
     binary: dict[str, str] = {}
     for path, data in tree.to_files().items():
-        rel = path[len(PREFIX):]
+        rel = path[len(PREFIX) :]
         try:
             files[rel] = data.decode("utf-8")
         except UnicodeDecodeError:

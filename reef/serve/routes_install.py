@@ -26,17 +26,20 @@ def build_router() -> APIRouter:
     router = APIRouter(prefix="/reef/harness")
 
     @router.get("/install")
-    async def install(request: Request, adapter: str | None = None, scenario: str = "default",
-                      url: str | None = None) -> Response:
+    async def install(
+        request: Request, adapter: str | None = None, scenario: str = "default", url: str | None = None
+    ) -> Response:
         # the raw Host header, not request.base_url: Starlette swaps an invalid Host for the socket's address
-        base = server_url(url, request.app.state.reef.config.public_url, request.url.scheme,
-                          request.headers.get("host"))
+        base = server_url(
+            url, request.app.state.reef.config.public_url, request.url.scheme, request.headers.get("host")
+        )
         script = install_script(adapter_named(adapter), base, check_scenario_name(scenario))
         return Response(script, media_type="text/x-shellscript; charset=utf-8")
 
     @router.get("/files")
-    async def files(request: Request, adapter: str | None = None, scenario: str | None = None,
-                    release_id: str | None = None) -> Response:
+    async def files(
+        request: Request, adapter: str | None = None, scenario: str | None = None, release_id: str | None = None
+    ) -> Response:
         chosen = adapter_named(adapter)
         name = check_scenario_name(scenario or request.headers.get("x-reef-scenario") or "default")
         app = request.app.state.reef
@@ -44,10 +47,17 @@ def build_router() -> APIRouter:
         release = chain.release(check_id(release_id, "release_id")).ref if release_id else chain.serving()
         tree = await app.scenarios.harness.tree(release.release_id, release.content_id)
         mode = app.config.harness.mode_for(name)
-        files = layout(tree, chosen, name, release.release_id) if mode == "pull" \
-            else inject_note(name, release.release_id)
-        return Response(pack_tar(files), media_type="application/x-tar",
-                        headers={"x-reef-release-id": release.release_id, "x-reef-content-id": tree.content_id,
-                                 "x-reef-harness-mode": mode})
+        files = (
+            layout(tree, chosen, name, release.release_id) if mode == "pull" else inject_note(name, release.release_id)
+        )
+        return Response(
+            pack_tar(files),
+            media_type="application/x-tar",
+            headers={
+                "x-reef-release-id": release.release_id,
+                "x-reef-content-id": tree.content_id,
+                "x-reef-harness-mode": mode,
+            },
+        )
 
     return router

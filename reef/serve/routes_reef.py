@@ -69,23 +69,39 @@ def build_router() -> APIRouter:
         check_depth(body.metadata, limits.max_json_depth, "metadata")
         check_depth(body.feedback, limits.max_json_depth, "feedback")
         if body.references is not None and len(body.references) > limits.max_report_references:
-            raise InvalidInput(f"a report names at most {limits.max_report_references} receipts, this one "
-                               f"{len(body.references)} (limits.max_report_references)")
+            raise InvalidInput(
+                f"a report names at most {limits.max_report_references} receipts, this one "
+                f"{len(body.references)} (limits.max_report_references)"
+            )
         scenario, references = _report_target(app, body, request.headers.get("x-reef-scenario"))
         report_id = check_id(body.report_id, "report_id") if body.report_id else new_id()
-        stored = await app.store.aput_report(Report(id=report_id, scenario=scenario, references=tuple(references),
-                                                    score=body.score, feedback=body.feedback, metadata=body.metadata))
+        stored = await app.store.aput_report(
+            Report(
+                id=report_id,
+                scenario=scenario,
+                references=tuple(references),
+                score=body.score,
+                feedback=body.feedback,
+                metadata=body.metadata,
+            )
+        )
         app.metrics.reports.labels(scenario).inc()
-        return JSONResponse({"report_id": stored.id, "scenario": scenario, "references": list(stored.references),
-                             "score": stored.score})
+        return JSONResponse(
+            {"report_id": stored.id, "scenario": scenario, "references": list(stored.references), "score": stored.score}
+        )
 
     @router.get("/records/{record_id}")
     async def record(record_id: str, request: Request) -> JSONResponse:
         store = request.app.state.reef.store
         stored = store.get_record(check_id(record_id, "record id"))
         # JSONResponse, not a returned dict: FastAPI's encoder refuses JSON deeper than ~250 levels
-        return JSONResponse({"record": stored.to_json(), "reports": [r.to_json() for r in store.reports_for(stored.id)],
-                             "verified": verified(stored)})
+        return JSONResponse(
+            {
+                "record": stored.to_json(),
+                "reports": [r.to_json() for r in store.reports_for(stored.id)],
+                "verified": verified(stored),
+            }
+        )
 
     @router.get("/scenarios")
     async def scenarios(request: Request) -> dict[str, Any]:
@@ -107,23 +123,35 @@ def build_router() -> APIRouter:
     async def releases(name: str, request: Request) -> dict[str, Any]:
         chain = request.app.state.reef.state.chain(check_scenario_name(name))
         head = chain.head().release_id
-        return {"scenario": name, "head": head,
-                "releases": [{**r.to_json(), "current": r.release_id == head} for r in chain.releases()]}
+        return {
+            "scenario": name,
+            "head": head,
+            "releases": [{**r.to_json(), "current": r.release_id == head} for r in chain.releases()],
+        }
 
     @router.get("/scenarios/{name}/decisions")
     async def decisions(name: str, request: Request) -> dict[str, Any]:
         """Every gate verdict of the scenario: published candidates and rejected ones."""
         chain = request.app.state.reef.state.chain(check_scenario_name(name))
-        rows = [{"step": e.step, "operation": e.operation.value, "release_id": e.release.release_id,
-                 "content_id": e.metrics.get("candidate_content_id", e.release.content_id),
-                 "verdict": e.verdict.to_json() if e.verdict else None, "metrics": e.metrics,
-                 "recorded_at": e.recorded_at}
-                for e in chain.history() if e.operation.value in ("training", "rejection")]
+        rows = [
+            {
+                "step": e.step,
+                "operation": e.operation.value,
+                "release_id": e.release.release_id,
+                "content_id": e.metrics.get("candidate_content_id", e.release.content_id),
+                "verdict": e.verdict.to_json() if e.verdict else None,
+                "metrics": e.metrics,
+                "recorded_at": e.recorded_at,
+            }
+            for e in chain.history()
+            if e.operation.value in ("training", "rejection")
+        ]
         return {"scenario": name, "decisions": rows}
 
     @router.get("/scenarios/{name}/records")
-    async def recent_records(name: str, request: Request, limit: str = "50",
-                             release_id: str | None = None) -> dict[str, Any]:
+    async def recent_records(
+        name: str, request: Request, limit: str = "50", release_id: str | None = None
+    ) -> dict[str, Any]:
         """The scenario's newest records (newest first), each with its latest report."""
         app = request.app.state.reef
         app.state.chain(check_scenario_name(name))  # 404 for an unknown scenario
@@ -149,8 +177,14 @@ def build_router() -> APIRouter:
         chain = app.state.chain(check_scenario_name(name))
         old, new = chain.release(check_id(base, "base")), chain.release(check_id(target, "target"))
         changed, text = await asyncio.to_thread(app.state.artifacts.content_diff, old.release_id, new.release_id)
-        return {"scenario": name, "base": old.release_id, "target": new.release_id,
-                "same_content": old.content_id == new.content_id, "changed": changed, "diff": text}
+        return {
+            "scenario": name,
+            "base": old.release_id,
+            "target": new.release_id,
+            "same_content": old.content_id == new.content_id,
+            "changed": changed,
+            "diff": text,
+        }
 
     @router.post("/scenarios/{name}/rollback", openapi_extra=model_body(RollbackBody, "the release to republish"))
     async def rollback(name: str, request: Request) -> dict[str, Any]:
@@ -158,8 +192,9 @@ def build_router() -> APIRouter:
         app = request.app.state.reef
         chain = app.state.chain(check_scenario_name(name))
         # no expected_head: the chain stacks it on the head of the moment, read under the log's lock
-        release = await asyncio.to_thread(chain.rollback, check_id(body.release_id, "release_id"),
-                                          body.expected_head or None)
+        release = await asyncio.to_thread(
+            chain.rollback, check_id(body.release_id, "release_id"), body.expected_head or None
+        )
         await app.learning.head_moved(name)  # the canary stops before the answer (its line is not the head's)
         serving = await app.scenarios.serve_release(chain, release)
         return {"release": release.to_json(), "serving": serving.to_json()}
@@ -169,17 +204,26 @@ def build_router() -> APIRouter:
         app = request.app.state.reef
         return {
             "version": __version__,
-            "serving": {"runtime": app.runtime.name, "models": app.runtime.served_models(),
-                        "in_flight": int(app.metrics.in_flight._value.get()),  # noqa: SLF001
-                        # an engine's resident adapters (runtimes vllm, sglang); null where the runtime lists none
-                        "adapters": app.runtime.resident_adapters() if hasattr(app.runtime, "resident_adapters") else None,
-                        # heads this front end cannot read (reef/serve/unreachable.py): what it serves instead
-                        "unreachable": app.scenarios.unreachable.status()},
+            "serving": {
+                "runtime": app.runtime.name,
+                "models": app.runtime.served_models(),
+                "in_flight": int(app.metrics.in_flight._value.get()),  # noqa: SLF001
+                # an engine's resident adapters (runtimes vllm, sglang); null where the runtime lists none
+                "adapters": app.runtime.resident_adapters() if hasattr(app.runtime, "resident_adapters") else None,
+                # heads this front end cannot read (reef/serve/unreachable.py): what it serves instead
+                "unreachable": app.scenarios.unreachable.status(),
+            },
             "learning": app.learning.status(),
-            "provenance": {"runtime_verifies_tokens": app.runtime.verifies_tokens,
-                           "unverified_records": _counter_total(app.metrics.unverified)},
-            "storage": {"state_dir": str(app.state.root), "records": app.store.count_records(),
-                        "reports": app.store.count_reports(), "scenarios": len(app.state.scenarios())},
+            "provenance": {
+                "runtime_verifies_tokens": app.runtime.verifies_tokens,
+                "unverified_records": _counter_total(app.metrics.unverified),
+            },
+            "storage": {
+                "state_dir": str(app.state.root),
+                "records": app.store.count_records(),
+                "reports": app.store.count_reports(),
+                "scenarios": len(app.state.scenarios()),
+            },
         }
 
     return router
@@ -195,8 +239,11 @@ def scenario_summary(app: Any, name: str) -> dict[str, Any]:
         "head": head.to_json(),
         "serving": chain.serving().to_json(),
         "step": chain.last_step(),
-        "learner": {"high_water": chain.high_water(), "open_batch": chain.open_batch(),
-                    "open_batches": chain.open_batches()},
+        "learner": {
+            "high_water": chain.high_water(),
+            "open_batch": chain.open_batch(),
+            "open_batches": chain.open_batches(),
+        },
         "records": app.store.count_records(name),
         "reports": app.store.count_reports(name),
     }
@@ -213,7 +260,9 @@ def _report_target(app: Any, body: ReportBody, header_scenario: str | None) -> t
         return scenario, [r.id for r in records]
     if not body.references:
         raise InvalidInput("references must name at least one receipt")
-    refs = list(dict.fromkeys(check_id(r, "reference") for r in body.references))  # each receipt once, first-named order
+    refs = list(
+        dict.fromkeys(check_id(r, "reference") for r in body.references)
+    )  # each receipt once, first-named order
     if header_scenario:
         return check_scenario_name(header_scenario), refs
     try:
@@ -240,13 +289,23 @@ def _record_row(stored: Any) -> dict[str, Any]:
     duration = record.timings.get("duration_s")
     if duration is None and stored.finished_at is not None:
         duration = stored.finished_at - stored.created_at
-    return {"id": record.id, "seq": record.seq, "status": record.status.value,
-            "release_id": record.release.release_id if record.release else None,
-            "session": record.session, "tags": record.tags, "created_at": stored.created_at,
-            "latency_s": duration, "verified": verified(record), "reports": len(stored.reports),
-            "score": last.score if last else None, "feedback": last.feedback if last else None,
-            "prompt": _excerpt(_last_user_text(record.request)),
-            "answer": _excerpt((record.response or {}).get("text") or ""), "error": record.error}
+    return {
+        "id": record.id,
+        "seq": record.seq,
+        "status": record.status.value,
+        "release_id": record.release.release_id if record.release else None,
+        "session": record.session,
+        "tags": record.tags,
+        "created_at": stored.created_at,
+        "latency_s": duration,
+        "verified": verified(record),
+        "reports": len(stored.reports),
+        "score": last.score if last else None,
+        "feedback": last.feedback if last else None,
+        "prompt": _excerpt(_last_user_text(record.request)),
+        "answer": _excerpt((record.response or {}).get("text") or ""),
+        "error": record.error,
+    }
 
 
 def _last_user_text(request: dict[str, Any]) -> str:
@@ -258,7 +317,7 @@ def _last_user_text(request: dict[str, Any]) -> str:
 
 
 def _excerpt(text: str) -> str:
-    return text if len(text) <= _EXCERPT else text[:_EXCERPT - 1] + "…"
+    return text if len(text) <= _EXCERPT else text[: _EXCERPT - 1] + "…"
 
 
 _KINDS: dict[str, str | None] = {}  # release id -> artifact kind; a release never changes
@@ -337,15 +396,25 @@ def _curve(app: Any, chain: Any) -> list[dict[str, Any]]:
     for i, e in enumerate(published):
         rid = e.release.release_id
         own = e.verdict.metrics.get("candidate_score") if e.verdict else None
-        rows.append({"release_id": rid, "step": e.step, "operation": e.operation.value, "kind": _kind(app, rid),
-                     "content_id": e.release.content_id, "recorded_at": e.recorded_at,
-                     "served_until": published[i + 1].recorded_at if i + 1 < len(published) else None,
-                     "gate_score": own if own is not None else measured.get(e.release.content_id),
-                     "records": records.get(rid, 0), "reports": reports.get(rid, 0),
-                     "live_mean": sums[rid] / reports[rid] if reports.get(rid) else None})
+        rows.append(
+            {
+                "release_id": rid,
+                "step": e.step,
+                "operation": e.operation.value,
+                "kind": _kind(app, rid),
+                "content_id": e.release.content_id,
+                "recorded_at": e.recorded_at,
+                "served_until": published[i + 1].recorded_at if i + 1 < len(published) else None,
+                "gate_score": own if own is not None else measured.get(e.release.content_id),
+                "records": records.get(rid, 0),
+                "reports": reports.get(rid, 0),
+                "live_mean": sums[rid] / reports[rid] if reports.get(rid) else None,
+            }
+        )
     return rows
 
 
 def _counter_total(counter: Any) -> int:
-    return int(sum(sample.value for metric in counter.collect() for sample in metric.samples
-                   if sample.name.endswith("_total")))
+    return int(
+        sum(sample.value for metric in counter.collect() for sample in metric.samples if sample.name.endswith("_total"))
+    )

@@ -46,8 +46,14 @@ DEFAULT_MAX_SCENARIOS = 1000  # limits.max_scenarios
 
 
 class ScenarioDirectory:
-    def __init__(self, state: ReefState, runtime: Runtime, recipes: RecipeConfig,
-                 harness: HarnessConfig | None = None, max_scenarios: int = DEFAULT_MAX_SCENARIOS) -> None:
+    def __init__(
+        self,
+        state: ReefState,
+        runtime: Runtime,
+        recipes: RecipeConfig,
+        harness: HarnessConfig | None = None,
+        max_scenarios: int = DEFAULT_MAX_SCENARIOS,
+    ) -> None:
         self.state = state
         self.runtime = runtime
         self.recipes = recipes
@@ -74,7 +80,9 @@ class ScenarioDirectory:
     # -- admission ---------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def admit(self, name: str, recipe: str | None = None, release_id: str | None = None) -> AsyncIterator[ReleaseRef]:
+    async def admit(
+        self, name: str, recipe: str | None = None, release_id: str | None = None
+    ) -> AsyncIterator[ReleaseRef]:
         """Freeze the scenario's serving release for one request, pinned until it ends."""
         chain = await self.resolve(name, recipe, release_id)
         ref = chain.serving()
@@ -125,7 +133,9 @@ class ScenarioDirectory:
         check_scenario_name(name)
         bound_recipe = self.recipes.for_scenario(name)
         if recipe is not None and recipe != bound_recipe:
-            raise Conflict(f"scenario {name!r} binds recipe {bound_recipe!r} (from the config); x-reef-recipe says {recipe!r}")
+            raise Conflict(
+                f"scenario {name!r} binds recipe {bound_recipe!r} (from the config); x-reef-recipe says {recipe!r}"
+            )
         if not self._known(name):
             await self._check_room(name)  # before anything of the name is kept (its lock, below)
         async with self._lock(name):
@@ -156,9 +166,11 @@ class ScenarioDirectory:
         """`Forbidden` (403) when the state already holds `max_scenarios` scenarios."""
         count = await asyncio.to_thread(self.state.scenario_count)
         if count >= self.max_scenarios:
-            raise Forbidden(f"scenario {name!r} was not created: this server already holds {count} scenarios, "
-                            f"its limit (limits.max_scenarios: {self.max_scenarios}); use an existing scenario "
-                            "or raise the limit")
+            raise Forbidden(
+                f"scenario {name!r} was not created: this server already holds {count} scenarios, "
+                f"its limit (limits.max_scenarios: {self.max_scenarios}); use an existing scenario "
+                "or raise the limit"
+            )
 
     # -- swaps -------------------------------------------------------------------------------
 
@@ -169,7 +181,8 @@ class ScenarioDirectory:
         async with self._lock(chain.scenario):
             previous = await self._load_serving(chain)
             if previous.release_id == release.release_id or await asyncio.to_thread(
-                    lambda: chain.release(previous.release_id).step > release.step):
+                lambda: chain.release(previous.release_id).step > release.step
+            ):
                 return previous
             ref = await self._swap(chain, previous, release)
         self._retire(previous, ref)
@@ -188,8 +201,10 @@ class ScenarioDirectory:
                 ref = await self._swap(chain, previous, head)
             except MissingArtifact as exc:  # keep serving what is loaded; the follower tries again
                 self.unreachable.note(chain.scenario, head.release_id, previous.release_id, str(exc))
-                raise ReleaseUnreachable(f"scenario {chain.scenario!r}: cannot read release {head.release_id} "
-                                         f"({exc}); serving release {previous.release_id} meanwhile") from exc
+                raise ReleaseUnreachable(
+                    f"scenario {chain.scenario!r}: cannot read release {head.release_id} "
+                    f"({exc}); serving release {previous.release_id} meanwhile"
+                ) from exc
         self.unreachable.clear(chain.scenario)
         self._retire(previous, ref)
         return ref
@@ -322,8 +337,12 @@ class HeadFollower:
             self.seen[name] = step
             self._failing.pop(name, None)
             if ref is not None:
-                log.info("following the head", extra={"reef": {"event": "head_followed", "scenario": name,
-                                                                 "release_id": ref.release_id, "step": step}})
+                log.info(
+                    "following the head",
+                    extra={
+                        "reef": {"event": "head_followed", "scenario": name, "release_id": ref.release_id, "step": step}
+                    },
+                )
             if first_look:  # e.g. created by another front end, or found by `ReefState.chain`
                 for hook in self.scenarios.on_created:
                     await hook(name)
@@ -335,8 +354,10 @@ class HeadFollower:
 
 
 def _nothing_to_serve(scenario: str, release_id: str, reason: str) -> ReleaseUnreachable:
-    return ReleaseUnreachable(f"scenario {scenario!r} has no release this front end can serve: it cannot read "
-                              f"release {release_id} ({reason}); {FIX}")
+    return ReleaseUnreachable(
+        f"scenario {scenario!r} has no release this front end can serve: it cannot read "
+        f"release {release_id} ({reason}); {FIX}"
+    )
 
 
 def _check_request_binding(name: str, binding: dict, recipe: str | None, release_id: str | None) -> None:

@@ -59,9 +59,17 @@ class Tracing:
             kind, context = self._internal, None
         else:  # Reef's span is the server side of the agent's call
             kind, context = self._server, (self._extract(headers) if "traceparent" in headers else None)
-        span = self.tracer.start_span("chat", context=context, kind=kind, attributes={
-            "gen_ai.operation.name": "chat", "gen_ai.provider.name": self.provider_name,
-            "reef.route": route, "reef.dialect": dialect})
+        span = self.tracer.start_span(
+            "chat",
+            context=context,
+            kind=kind,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": self.provider_name,
+                "reef.route": route,
+                "reef.dialect": dialect,
+            },
+        )
         return RequestSpan(span, self._error)
 
     def close(self) -> None:
@@ -84,15 +92,22 @@ class RequestSpan:
     def admitted(self, request: Any, scenario: str, record_id: str, release: Any, session: str | None) -> None:
         span = self.span
         span.update_name(f"chat {request.model}")
-        attributes: dict[str, Any] = {"gen_ai.request.model": request.model, "reef.scenario": scenario,
-                                      "reef.record_id": record_id, "reef.release_id": release.release_id,
-                                      "reef.stream": bool(request.stream)}
+        attributes: dict[str, Any] = {
+            "gen_ai.request.model": request.model,
+            "reef.scenario": scenario,
+            "reef.record_id": record_id,
+            "reef.release_id": release.release_id,
+            "reef.stream": bool(request.stream),
+        }
         if release.runtime_load_id is not None:
             attributes["reef.runtime_load_id"] = release.runtime_load_id
-        for key, value in (("gen_ai.request.max_tokens", request.max_tokens),
-                           ("gen_ai.request.temperature", request.temperature),
-                           ("gen_ai.request.top_p", request.top_p), ("gen_ai.request.seed", request.seed),
-                           ("gen_ai.conversation.id", session)):
+        for key, value in (
+            ("gen_ai.request.max_tokens", request.max_tokens),
+            ("gen_ai.request.temperature", request.temperature),
+            ("gen_ai.request.top_p", request.top_p),
+            ("gen_ai.request.seed", request.seed),
+            ("gen_ai.conversation.id", session),
+        ):
             if value is not None:
                 attributes[key] = value
         span.set_attributes(attributes)
@@ -129,7 +144,9 @@ def build(settings: TracesConfig, runtime: Any) -> Tracing | None:
     try:
         from opentelemetry import trace
     except ImportError:
-        raise InvalidInput("traces are on, but OpenTelemetry is not installed: pip install 'reef-serve[traces]'") from None
+        raise InvalidInput(
+            "traces are on, but OpenTelemetry is not installed: pip install 'reef-serve[traces]'"
+        ) from None
     provider_name = _provider_name(runtime)
     endpoint = settings.otlp_endpoint or next((os.environ[k] for k in ENDPOINT_ENV if os.environ.get(k)), None)
     if endpoint is None:  # the embedding process's provider (a no-op one unless it set one)
@@ -137,8 +154,9 @@ def build(settings: TracesConfig, runtime: Any) -> Tracing | None:
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:
-        raise InvalidInput(f"traces go to {endpoint}, but the OTLP exporter is not installed: "
-                           "pip install 'reef-serve[traces]'") from None
+        raise InvalidInput(
+            f"traces go to {endpoint}, but the OTLP exporter is not installed: pip install 'reef-serve[traces]'"
+        ) from None
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor

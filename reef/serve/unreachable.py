@@ -27,8 +27,10 @@ from typing import Any
 from reef.core.errors import StorageUnavailable
 
 log = logging.getLogger("reef.follow")
-FIX = ("every front end on a shared commit log must reach every release's content: set artifacts.remote "
-       "to one git repository they all reach (docs/deploy.md)")
+FIX = (
+    "every front end on a shared commit log must reach every release's content: set artifacts.remote "
+    "to one git repository they all reach (docs/deploy.md)"
+)
 
 
 class ReleaseUnreachable(StorageUnavailable):
@@ -45,8 +47,13 @@ class Unreachable:
     tried: float  # monotonic clock of the last try
 
     def to_json(self) -> dict[str, Any]:
-        return {"scenario": self.scenario, "release_id": self.release_id,
-                "serving_release_id": self.serving_release_id, "reason": self.reason, "since": self.since}
+        return {
+            "scenario": self.scenario,
+            "release_id": self.release_id,
+            "serving_release_id": self.serving_release_id,
+            "reason": self.reason,
+            "since": self.since,
+        }
 
 
 class UnreachableReleases:
@@ -63,9 +70,16 @@ class UnreachableReleases:
             since = old.since if old is not None and old.release_id == release_id else time.time()
             new = Unreachable(scenario, release_id, serving_release_id, reason, since, time.monotonic())
             self._by_scenario[scenario] = new
-        if old is None or (old.release_id, old.serving_release_id, old.reason) != (release_id, serving_release_id, reason):
-            instead = (f"serving release {serving_release_id} meanwhile" if serving_release_id
-                       else "it has no release of it to serve: its requests get 503")
+        if old is None or (old.release_id, old.serving_release_id, old.reason) != (
+            release_id,
+            serving_release_id,
+            reason,
+        ):
+            instead = (
+                f"serving release {serving_release_id} meanwhile"
+                if serving_release_id
+                else "it has no release of it to serve: its requests get 503"
+            )
             log.warning("scenario %s: cannot read release %s (%s); %s; %s", scenario, release_id, reason, instead, FIX)
 
     def clear(self, scenario: str) -> None:
@@ -73,8 +87,12 @@ class UnreachableReleases:
         with self._lock:
             old = self._by_scenario.pop(scenario, None)
         if old is not None:  # at the level of the warning it ends, so whoever saw that sees this
-            log.warning("scenario %s: serving its head again (release %s was unreachable for %.0f s)",
-                        scenario, old.release_id, time.time() - old.since)
+            log.warning(
+                "scenario %s: serving its head again (release %s was unreachable for %.0f s)",
+                scenario,
+                old.release_id,
+                time.time() - old.since,
+            )
 
     def recent(self, scenario: str, release_id: str, within_s: float) -> Unreachable | None:
         """The record of a failed read of this release tried less than `within_s` ago."""
@@ -91,4 +109,6 @@ class UnreachableReleases:
     def count(self, serving: str) -> int:
         """Scenarios behind that serve an `older` release, or `none`."""
         with self._lock:
-            return sum((entry.serving_release_id is None) == (serving == "none") for entry in self._by_scenario.values())
+            return sum(
+                (entry.serving_release_id is None) == (serving == "none") for entry in self._by_scenario.values()
+            )

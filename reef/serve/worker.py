@@ -57,8 +57,9 @@ def become_worker(text: str) -> WorkerOf:
     worker = WorkerOf.parse(text)
     os.set_inheritable(worker.ready_fd, False)  # not for the worker's own children (git, an engine)
     if not set_parent_death_signal(signal.SIGTERM):
-        threading.Thread(target=_stop_when_orphaned, args=(worker.supervisor_pid,), daemon=True,
-                         name="reef-supervisor-watch").start()
+        threading.Thread(
+            target=_stop_when_orphaned, args=(worker.supervisor_pid,), daemon=True, name="reef-supervisor-watch"
+        ).start()
     if os.getppid() != worker.supervisor_pid:  # it died before the signal was set: nothing will send it
         sys.exit(f"reef: the supervisor (pid {worker.supervisor_pid}) is gone; worker {worker.index} stops")
     return worker

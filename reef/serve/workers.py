@@ -98,8 +98,9 @@ class Slot:
         os.set_blocking(read_end, False)
         worker = WorkerOf(self.index, sock.fileno(), write_end, os.getpid())
         try:
-            self.process = subprocess.Popen([*command, "--worker-of", worker.argument()],
-                                            pass_fds=(sock.fileno(), write_end))
+            self.process = subprocess.Popen(
+                [*command, "--worker-of", worker.argument()], pass_fds=(sock.fileno(), write_end)
+            )
         except BaseException:
             os.close(read_end)
             raise
@@ -199,8 +200,10 @@ def tend(slots: list[Slot], command: list[str], sock: socket.socket, say: Callab
         pid, code = slot.process.pid, slot.process.returncode
         delay = slot.ended(now)
         if all(s.failures >= GIVE_UP_AFTER for s in slots):
-            say(f"every worker exited {GIVE_UP_AFTER} times in a row before it was ready "
-                f"(worker {slot.index}'s last status {code}); stopping")
+            say(
+                f"every worker exited {GIVE_UP_AFTER} times in a row before it was ready "
+                f"(worker {slot.index}'s last status {code}); stopping"
+            )
             return True
         before = "" if slot.ready else f" before it was ready ({slot.failures} in a row)"
         say(f"worker {slot.index} (pid {pid}) exited with {code}{before}; starting it again in {delay:g} s")

@@ -34,8 +34,10 @@ def server_url(asked: str | None, public_url: str | None, scheme: str, host_head
     try:
         return checked_url(f"{scheme}://{host_header}")
     except InvalidInput:
-        raise InvalidInput(f"the request's Host header ({host_header!r}) is not a plain host[:port]; "
-                           "pass url=http://host[:port], or set public_url in Reef's settings") from None
+        raise InvalidInput(
+            f"the request's Host header ({host_header!r}) is not a plain host[:port]; "
+            "pass url=http://host[:port], or set public_url in Reef's settings"
+        ) from None
 
 
 def _quoted(value: str) -> str:
@@ -46,9 +48,15 @@ def _quoted(value: str) -> str:
 
 def wrapper_script(adapter: Adapter, url: str, scenario: str) -> str:
     values = {
-        "@ADAPTER@": adapter.name, "@URL@": checked_url(url), "@SCENARIO@": scenario,
-        "@MEMORY_FILE@": adapter.memory_file, "@SKILLS_DIR@": adapter.skills_dir, "@COMMAND@": adapter.command,
-        "@BLOCK_BEGIN@": BLOCK_BEGIN, "@BLOCK_END@": BLOCK_END, "@EXTENSIONS_DIR@": EXTENSIONS_DIR,
+        "@ADAPTER@": adapter.name,
+        "@URL@": checked_url(url),
+        "@SCENARIO@": scenario,
+        "@MEMORY_FILE@": adapter.memory_file,
+        "@SKILLS_DIR@": adapter.skills_dir,
+        "@COMMAND@": adapter.command,
+        "@BLOCK_BEGIN@": BLOCK_BEGIN,
+        "@BLOCK_END@": BLOCK_END,
+        "@EXTENSIONS_DIR@": EXTENSIONS_DIR,
     }
     text = resources.files("reef.surfaces").joinpath("agent_wrapper.sh").read_text(encoding="utf-8")
     for placeholder, value in values.items():
@@ -60,8 +68,10 @@ def wrapper_script(adapter: Adapter, url: str, scenario: str) -> str:
 def install_script(adapter: Adapter, url: str, scenario: str) -> str:
     wrapper = wrapper_script(adapter, url, scenario)
     base = checked_url(url)
-    writes = (f"{adapter.memory_file} (only the block between Reef's marker lines), "
-              f"{adapter.skills_dir}/reef-*/SKILL.md and {EXTENSIONS_DIR}/")
+    writes = (
+        f"{adapter.memory_file} (only the block between Reef's marker lines), "
+        f"{adapter.skills_dir}/reef-*/SKILL.md and {EXTENSIONS_DIR}/"
+    )
     return f"""#!/bin/sh
 # Reef agent installer: adapter {adapter.name}, Reef at {base}, default scenario {scenario}.
 #

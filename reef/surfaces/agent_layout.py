@@ -76,8 +76,7 @@ def skill_folder(name: str, taken: set[str]) -> str:
     return folder
 
 
-def render_block(tree: HarnessTree, scenario: str, release_id: str, folders: dict[str, str],
-                 adapter: Adapter) -> str:
+def render_block(tree: HarnessTree, scenario: str, release_id: str, folders: dict[str, str], adapter: Adapter) -> str:
     """The text between Reef's marker lines: system prompt, rules, where the skills are."""
     parts = [f"# Reef harness (scenario {scenario}, release {release_id})"]
     if tree.system.strip():
@@ -85,8 +84,10 @@ def render_block(tree: HarnessTree, scenario: str, release_id: str, folders: dic
     if tree.rules:
         parts.append("## Rules\n\n" + "\n\n".join(f"### {n}\n{t.strip()}" for n, t in sorted(tree.rules.items())))
     if tree.skills:
-        lines = [f"- {folders[n]} ({adapter.skills_dir}/{folders[n]}/SKILL.md): {s.description}"
-                 for n, s in sorted(tree.skills.items())]
+        lines = [
+            f"- {folders[n]} ({adapter.skills_dir}/{folders[n]}/SKILL.md): {s.description}"
+            for n, s in sorted(tree.skills.items())
+        ]
         parts.append("## Skills\n\n" + "\n".join(lines))
     text = "\n\n".join(parts)
     # A marker line inside the text would cut the block short on the next run.
@@ -105,8 +106,9 @@ def layout(tree: HarnessTree, adapter: Adapter, scenario: str, release_id: str) 
     folders = {name: skill_folder(name, taken) for name in sorted(tree.skills)}
     files = {BLOCK_FILE: render_block(tree, scenario, release_id, folders, adapter).encode()}
     for name, skill in sorted(tree.skills.items()):
-        files[f"{adapter.skills_dir}/{folders[name]}/SKILL.md"] = \
-            render_skill(folders[name], skill.description, skill.body).encode()
+        files[f"{adapter.skills_dir}/{folders[name]}/SKILL.md"] = render_skill(
+            folders[name], skill.description, skill.body
+        ).encode()
     for path, data in sorted(tree.extensions.items()):
         if all(_SAFE_PART.fullmatch(part) for part in path.split("/")):
             files[f"{EXTENSIONS_DIR}/{path}"] = bytes(data)
@@ -117,9 +119,11 @@ def layout(tree: HarnessTree, adapter: Adapter, scenario: str, release_id: str) 
 
 def inject_note(scenario: str, release_id: str) -> dict[str, bytes]:
     """What the wrapper installs for a scenario in inject mode: no rules or skills, a note."""
-    note = (f"# Reef harness (scenario {scenario}, release {release_id})\n\n"
-            "Reef adds this scenario's harness to every request itself (inject mode); "
-            "nothing is installed here.\n")
+    note = (
+        f"# Reef harness (scenario {scenario}, release {release_id})\n\n"
+        "Reef adds this scenario's harness to every request itself (inject mode); "
+        "nothing is installed here.\n"
+    )
     return {BLOCK_FILE: note.encode()}
 
 

@@ -56,8 +56,9 @@ class Skill:
         _check_text(self.body, f"body of skill {self.name!r}")
 
     def to_markdown(self) -> str:
-        front = yaml.safe_dump({"name": self.name, "description": self.description}, sort_keys=False,
-                               allow_unicode=True, width=1 << 20)
+        front = yaml.safe_dump(
+            {"name": self.name, "description": self.description}, sort_keys=False, allow_unicode=True, width=1 << 20
+        )
         return f"---\n{front}---\n{self.body}"
 
     @classmethod
@@ -73,10 +74,13 @@ class Skill:
             front = yaml.safe_load("\n".join(lines[1:end])) or {}
         except yaml.YAMLError as exc:
             raise InvalidInput(f"{where}: front matter is not valid YAML: {exc}") from None
-        if not isinstance(front, dict) or not isinstance(front.get("name"), str) \
-                or not isinstance(front.get("description"), str):
+        if (
+            not isinstance(front, dict)
+            or not isinstance(front.get("name"), str)
+            or not isinstance(front.get("description"), str)
+        ):
             raise InvalidInput(f"{where}: front matter needs text fields name and description")
-        return cls(front["name"], front["description"], "\n".join(lines[end + 1:]))
+        return cls(front["name"], front["description"], "\n".join(lines[end + 1 :]))
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ class HarnessTree:
         for path in sorted(files):
             if not path.startswith(PREFIX):
                 continue
-            rel, data = path[len(PREFIX):], files[path]
+            rel, data = path[len(PREFIX) :], files[path]
             parts = rel.split("/")
             if rel == "system.md":
                 system = _decode(data, path)
@@ -176,7 +180,7 @@ class HarnessTree:
         """Write the tree into a plain directory (without the prefix). Other files there stay,
         unless `prune`: then files in the harness layout that the tree lacks (a removed rule) go."""
         root = Path(path)
-        wanted = {name[len(PREFIX):]: data for name, data in self.to_files().items()}
+        wanted = {name[len(PREFIX) :]: data for name, data in self.to_files().items()}
         if prune and root.is_dir():
             _prune(root, set(wanted))
         for rel, data in wanted.items():
@@ -219,8 +223,9 @@ class HarnessTree:
                     old = skills.get(m.name)
                     description = m.description or (old.description if old else "")
                     skills[m.name] = Skill(m.name, description, m.body)
-        return HarnessTree(system, dict(sorted(rules.items())), dict(sorted(skills.items())), self.config,
-                           self.extensions)
+        return HarnessTree(
+            system, dict(sorted(rules.items())), dict(sorted(skills.items())), self.config, self.extensions
+        )
 
     # -- rendering (cached per tree object; inject mode keeps trees by content id) ----------------
 
@@ -287,8 +292,10 @@ class Mutation:
 # -- rendering ---------------------------------------------------------------------------------
 
 SKILLS_HEADING = "# Skills"
-NEEDS_RULE = ("A skill's full instructions follow below when the conversation mentions its name "
-              "(case-insensitive; '-' and '_' may also be written as spaces).")
+NEEDS_RULE = (
+    "A skill's full instructions follow below when the conversation mentions its name "
+    "(case-insensitive; '-' and '_' may also be written as spaces)."
+)
 
 
 @dataclass(frozen=True)
@@ -310,9 +317,10 @@ class _Mention:
         if self.key not in lowered:
             return False
         for match in self.pattern.finditer(lowered):  # whole words only; checked by hand, since a
-            start, end = match.span()                # leading look-behind would slow re to a crawl
-            if not (start and _is_word_char(lowered[start - 1])) and not (end < len(lowered)
-                                                                          and _is_word_char(lowered[end])):
+            start, end = match.span()  # leading look-behind would slow re to a crawl
+            if not (start and _is_word_char(lowered[start - 1])) and not (
+                end < len(lowered) and _is_word_char(lowered[end])
+            ):
                 return True
         return False
 

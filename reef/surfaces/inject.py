@@ -27,6 +27,7 @@ from reef.surfaces.harness import PREFIX, HarnessTree, render_with_skills
 
 log = logging.getLogger(__name__)
 
+
 class ReleaseFiles(Protocol):  # the artifact store, as far as injection reads it
     def files(self, release_id: str) -> dict[str, bytes]: ...
 
@@ -84,8 +85,13 @@ class HarnessInjector:
             return request, None
         rendered, skills = render_with_skills(tree, request_text(request))
         sent, inserted = with_system_prefix(request, rendered)
-        added = {"mode": "inject", "content_id": tree.content_id, "skills": skills,
-                 "inserted": inserted, "prefix_chars": len(rendered) + (0 if inserted else len(SEPARATOR))}
+        added = {
+            "mode": "inject",
+            "content_id": tree.content_id,
+            "skills": skills,
+            "inserted": inserted,
+            "prefix_chars": len(rendered) + (0 if inserted else len(SEPARATOR)),
+        }
         return sent, added
 
     async def inject_current(self, state: Chains, scenario: str | None, request: ChatRequest) -> ChatRequest:
@@ -126,7 +132,7 @@ def client_request(sent: JSON, harness: JSON | None) -> JSON:
         messages = messages[1:]
     elif messages:
         first = dict(messages[0])
-        first["content"] = first["content"][int(harness["prefix_chars"]):]
+        first["content"] = first["content"][int(harness["prefix_chars"]) :]
         messages[0] = first
     return {**sent, "messages": messages}
 

@@ -14,16 +14,22 @@ from importlib import resources
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 PREFIX = "/ui"
-_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-          ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
 _HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
     (b"x-frame-options", b"DENY"),
-    (b"content-security-policy",
-     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-     b"form-action 'none'; base-uri 'none'; frame-ancestors 'none'"),
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        b"form-action 'none'; base-uri 'none'; frame-ancestors 'none'",
+    ),
 ]
 
 
@@ -31,7 +37,7 @@ def static_files() -> dict[str, tuple[bytes, str]]:
     """name -> (bytes, content type) of every file in reef/ui/static."""
     found: dict[str, tuple[bytes, str]] = {}
     for entry in resources.files(__name__).joinpath("static").iterdir():
-        suffix = entry.name[entry.name.rfind("."):] if "." in entry.name else ""
+        suffix = entry.name[entry.name.rfind(".") :] if "." in entry.name else ""
         if entry.is_file() and suffix in _TYPES:
             found[entry.name] = (entry.read_bytes(), _TYPES[suffix])
     return found
@@ -55,19 +61,28 @@ class Dashboard:
         if path == PREFIX:  # relative, so a proxy's path prefix survives
             await _answer(send, 308, b"", "text/plain; charset=utf-8", [(b"location", b"ui/")])
             return
-        name = path[len(PREFIX) + 1:] or "index.html"
+        name = path[len(PREFIX) + 1 :] or "index.html"
         found = self.files.get(name)
         if found is None:
             await _answer(send, 404, b"not found\n", "text/plain; charset=utf-8")
             return
         body, content_type = found
-        await _answer(send, 200, body if scope["method"] == "GET" else b"", content_type,
-                      length=len(body))
+        await _answer(send, 200, body if scope["method"] == "GET" else b"", content_type, length=len(body))
 
 
-async def _answer(send: Send, status: int, body: bytes, content_type: str,
-                  extra: list[tuple[bytes, bytes]] | None = None, length: int | None = None) -> None:
-    headers = [(b"content-type", content_type.encode()),
-               (b"content-length", str(len(body) if length is None else length).encode()), *_HEADERS, *(extra or [])]
+async def _answer(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: str,
+    extra: list[tuple[bytes, bytes]] | None = None,
+    length: int | None = None,
+) -> None:
+    headers = [
+        (b"content-type", content_type.encode()),
+        (b"content-length", str(len(body) if length is None else length).encode()),
+        *_HEADERS,
+        *(extra or []),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

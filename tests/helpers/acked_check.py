@@ -43,12 +43,8 @@ class CheckResult:
     releases: Counts = field(default_factory=Counts)
     wrong_scenario: int = 0  # acknowledged receipts stored under another scenario
     in_progress: int = 0  # records a crash cut, left in_progress
-    stored_reports_not_acked: int = (
-        0  # in flight at a kill: stored, the client never heard
-    )
-    broken_chains: list[str] = field(
-        default_factory=list
-    )  # a chain listing out of order
+    stored_reports_not_acked: int = 0  # in flight at a kill: stored, the client never heard
+    broken_chains: list[str] = field(default_factory=list)  # a chain listing out of order
     http_sample_missing: list[str] = field(default_factory=list)
     lost_examples: list[str] = field(default_factory=list)
 
@@ -89,19 +85,11 @@ def check(
     with httpx.Client(timeout=timeout) as http:
         for scenario in ledger.scenarios:
             _count_releases(http, urls, rng, ledger, scenario, result, timeout)
-        sample = rng.sample(
-            sorted(ledger.receipts), min(HTTP_SAMPLE, len(ledger.receipts))
-        )
+        sample = rng.sample(sorted(ledger.receipts), min(HTTP_SAMPLE, len(ledger.receipts)))
         for receipt in sample:
             got = _get(http, f"{rng.choice(urls)}/reef/records/{receipt}", timeout)
-            if (
-                got is None
-                or got.status_code != 200
-                or got.json()["record"]["scenario"] != ledger.receipts[receipt]
-            ):
-                result.http_sample_missing.append(
-                    f"{receipt}: {got.status_code if got is not None else 'no answer'}"
-                )
+            if got is None or got.status_code != 200 or got.json()["record"]["scenario"] != ledger.receipts[receipt]:
+                result.http_sample_missing.append(f"{receipt}: {got.status_code if got is not None else 'no answer'}")
     return result
 
 
@@ -120,14 +108,10 @@ def _read_store(
     return stored, attached
 
 
-def _count_receipts(
-    ledger: Ledger, stored: dict[str, list[str]], result: CheckResult
-) -> None:
+def _count_receipts(ledger: Ledger, stored: dict[str, list[str]], result: CheckResult) -> None:
     counts = result.receipts
     counts.acked = len(ledger.receipts)
-    counts.duplicated = ledger.receipts_given_twice + sum(
-        len(s) - 1 for s in stored.values() if len(s) > 1
-    )
+    counts.duplicated = ledger.receipts_given_twice + sum(len(s) - 1 for s in stored.values() if len(s) > 1)
     for receipt, scenario in ledger.receipts.items():
         where = stored.get(receipt)
         if not where:
@@ -140,9 +124,7 @@ def _count_receipts(
             counts.present += 1
 
 
-def _count_reports(
-    ledger: Ledger, attached: collections.Counter[str], result: CheckResult
-) -> None:
+def _count_reports(ledger: Ledger, attached: collections.Counter[str], result: CheckResult) -> None:
     counts = result.reports
     counts.acked = len(ledger.reports)
     for report_id in ledger.reports:  # each names one receipt: attached once
@@ -154,9 +136,7 @@ def _count_reports(
         else:
             counts.present += 1
             counts.duplicated += times - 1
-    result.stored_reports_not_acked = sum(
-        1 for report_id in attached if report_id not in ledger.reports
-    )
+    result.stored_reports_not_acked = sum(1 for report_id in attached if report_id not in ledger.reports)
 
 
 def _count_releases(
@@ -172,16 +152,12 @@ def _count_releases(
     acked = [r for r, s in ledger.releases.items() if s == scenario]
     counts.acked += len(acked)
     url = f"{rng.choice(urls)}/reef/scenarios/{scenario}/releases"
-    for _ in range(
-        HEAD_RACE_TRIES
-    ):  # the head and the list are two reads: a rollback may land between
+    for _ in range(HEAD_RACE_TRIES):  # the head and the list are two reads: a rollback may land between
         got = _get(http, url, timeout)
         if got is None or got.status_code != 200 or _head_first(got.json()):
             break
     if got is None or got.status_code != 200:
-        result.broken_chains.append(
-            f"{scenario}: releases not readable ({got.status_code if got else 'no answer'})"
-        )
+        result.broken_chains.append(f"{scenario}: releases not readable ({got.status_code if got else 'no answer'})")
         counts.lost += len(acked)
         return
     chain = got.json()
@@ -192,14 +168,8 @@ def _count_releases(
     present = sum(1 for r in acked if r in listed)
     counts.present += present
     counts.lost += len(acked) - present
-    if (
-        steps != sorted(steps, reverse=True)
-        or len(set(steps)) != len(steps)
-        or chain["head"] != ids[0]
-    ):
-        result.broken_chains.append(
-            f"{scenario}: steps {steps[:8]}..., head {chain['head']}"
-        )
+    if steps != sorted(steps, reverse=True) or len(set(steps)) != len(steps) or chain["head"] != ids[0]:
+        result.broken_chains.append(f"{scenario}: steps {steps[:8]}..., head {chain['head']}")
 
 
 def _head_first(chain: dict[str, Any]) -> bool:

@@ -95,8 +95,9 @@ class Contract:
 
     def greedy(self) -> tuple[str, str]:
         """(text, receipt) of a greedy 8-token answer in the scenario."""
-        raw = self.oai.chat.completions.with_raw_response.create(model=self.model, messages=USER, max_tokens=8,
-                                                                 temperature=0, extra_headers=HEADERS)
+        raw = self.oai.chat.completions.with_raw_response.create(
+            model=self.model, messages=USER, max_tokens=8, temperature=0, extra_headers=HEADERS
+        )
         return raw.parse().choices[0].message.content or "", raw.headers["x-reef-agent-record-id"]
 
     def serve(self, role: str) -> str:
@@ -111,8 +112,11 @@ class Contract:
         if self.engine == "vllm":
             models = httpx.get(f"{self.engine_url}/v1/models", timeout=30).json()["data"]
             return any(m["id"] == name for m in models)
-        answer = httpx.post(f"{self.engine_url}/generate", timeout=60, json={
-            "input_ids": [1], "sampling_params": {"max_new_tokens": 1, "temperature": 0}, "lora_path": name})
+        answer = httpx.post(
+            f"{self.engine_url}/generate",
+            timeout=60,
+            json={"input_ids": [1], "sampling_params": {"max_new_tokens": 1, "temperature": 0}, "lora_path": name},
+        )
         if answer.status_code == 200:
             return True
         assert "not loaded" in answer.text, answer.text
@@ -125,8 +129,11 @@ def assert_engine_record(record: dict[str, Any], completion_tokens: int) -> None
     tokens = record["token_ids"]
     assert record["status"] == "complete", record["status"]
     assert record["verified"] is True, "the record's token spans do not prove where its tokens came from"
-    assert tokens and len(tokens) == len(record["logprobs"]) == completion_tokens, \
-        (len(tokens), len(record["logprobs"]), completion_tokens)
+    assert tokens and len(tokens) == len(record["logprobs"]) == completion_tokens, (
+        len(tokens),
+        len(record["logprobs"]),
+        completion_tokens,
+    )
     assert all(lp <= 0 for lp in record["logprobs"]), record["logprobs"]
     load = record["release"]["runtime_load_id"]
     assert [(s["start"], s["end"], s["runtime_load_id"]) for s in record["spans"]] == [(0, len(tokens), load)]
@@ -152,15 +159,19 @@ def plain_answers(c: Contract) -> dict[str, Any]:
     prompt = len(stored["response"]["prompt_token_ids"])
     assert message.usage.input_tokens == prompt, (message.usage.input_tokens, prompt)
     assert c.ant.messages.count_tokens(model=c.model, messages=USER).input_tokens == prompt
-    return {"first_request_s": round(first, 3), "openai_tokens": len(record["token_ids"]),
-            "anthropic_tokens": len(stored["token_ids"])}
+    return {
+        "first_request_s": round(first, 3),
+        "openai_tokens": len(record["token_ids"]),
+        "anthropic_tokens": len(stored["token_ids"]),
+    }
 
 
 def streamed_answers(c: Contract) -> dict[str, Any]:
     """Both SDKs, streaming: the stream ends with Reef's verified receipt, the record is
     complete with the engine's tokens, and no chunk carries log-probs."""
     raw = c.oai.chat.completions.with_raw_response.create(
-        model=c.model, messages=USER, max_tokens=6, stream=True, seed=7, stream_options={"include_usage": True})
+        model=c.model, messages=USER, max_tokens=6, stream=True, seed=7, stream_options={"include_usage": True}
+    )
     chunks = list(raw.parse())
     reef_chunk = next(ch for ch in chunks if not ch.choices and getattr(ch, "reef", None))
     assert reef_chunk.reef["verified"] is True
@@ -176,8 +187,11 @@ def streamed_answers(c: Contract) -> dict[str, Any]:
         final = stream.get_final_message()
     stored = c.record(final.id.removeprefix("msg_"))
     assert_engine_record(stored, final.usage.output_tokens)
-    return {"openai_tokens": len(record["token_ids"]), "anthropic_tokens": len(stored["token_ids"]),
-            "anthropic_text_chars": len(streamed)}
+    return {
+        "openai_tokens": len(record["token_ids"]),
+        "anthropic_tokens": len(stored["token_ids"]),
+        "anthropic_text_chars": len(streamed),
+    }
 
 
 def status_names_the_engine(c: Contract) -> dict[str, Any]:
@@ -236,11 +250,16 @@ def engine_restart(c: Contract) -> dict[str, Any]:
     down = httpx.post(f"{c.reef_url}/v1/chat/completions", json=body, headers=HEADERS, timeout=c.timeout)
     assert down.status_code == 503 and down.headers.get("retry-after"), (down.status_code, down.text)
     assert down.json()["error"]["message"]
-    stream = httpx.post(f"{c.reef_url}/v1/chat/completions", json={**body, "stream": True}, headers=HEADERS,
-                        timeout=c.timeout)
+    stream = httpx.post(
+        f"{c.reef_url}/v1/chat/completions", json={**body, "stream": True}, headers=HEADERS, timeout=c.timeout
+    )
     assert stream.status_code == 503, (stream.status_code, stream.text)
-    ant = httpx.post(f"{c.reef_url}/v1/messages", json={"model": c.model, "max_tokens": 4, "messages": USER},
-                     headers=HEADERS, timeout=c.timeout)
+    ant = httpx.post(
+        f"{c.reef_url}/v1/messages",
+        json={"model": c.model, "max_tokens": 4, "messages": USER},
+        headers=HEADERS,
+        timeout=c.timeout,
+    )
     assert ant.status_code == 503 and ant.json()["type"] == "error", (ant.status_code, ant.text)
     assert ant.json()["error"]["type"] == "overloaded_error" and ant.headers.get("retry-after")
     if c.restart_engine is not None:

@@ -19,8 +19,16 @@ class EngineProcess:
     """`with EngineProcess([...], port, log_path=...) as engine:` then `engine.url`,
     `engine.kill()`, `engine.start()` (again)."""
 
-    def __init__(self, command: Sequence[str], port: int, *, log_path: Path, health: str = "/health",
-                 env: dict[str, str] | None = None, startup_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        port: int,
+        *,
+        log_path: Path,
+        health: str = "/health",
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 600.0,
+    ) -> None:
         self.command = list(command)
         self.port = port
         self.log_path = Path(log_path)
@@ -43,9 +51,14 @@ class EngineProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"\n--- starting {' '.join(self.command)}\n".encode())
             log.flush()
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
         self.starts += 1
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:

@@ -74,8 +74,12 @@ class ImitationRecipe:
     def intake(self, items: Sequence[ReportedRecords], view: LearnerView) -> None:
         for item in items:
             for record in item.records:
-                if record.id in view.consumed or record.status is not RecordStatus.COMPLETE or not record.token_ids \
-                        or not verified(record):
+                if (
+                    record.id in view.consumed
+                    or record.status is not RecordStatus.COMPLETE
+                    or not record.token_ids
+                    or not verified(record)
+                ):
                     view.drop("not_usable")
                     continue
                 target = target_of(record, item)
@@ -89,7 +93,7 @@ class ImitationRecipe:
     async def next_batch(self, view: LearnerView) -> Targets | None:
         if len(self.waiting) < self.config.batch_size:
             return None
-        batch, self.waiting = self.waiting[:self.config.batch_size], self.waiting[self.config.batch_size:]
+        batch, self.waiting = self.waiting[: self.config.batch_size], self.waiting[self.config.batch_size :]
         return Targets(batch)
 
     def resume(self, items: Sequence[ReportedRecords]) -> Targets:
@@ -104,10 +108,15 @@ class ImitationRecipe:
         await job.trainer.load_state(job.start, LoraShape(r=8, alpha=16))
         metrics: dict[str, float] = {}
         for _ in range(self.config.steps):
-            metrics = await job.trainer.forward_backward([t.datum() for t in batch.items], "cross_entropy", LossConfig())
+            metrics = await job.trainer.forward_backward(
+                [t.datum() for t in batch.items], "cross_entropy", LossConfig()
+            )
             metrics.update(await job.trainer.optim_step(AdamParams(lr=self.config.lr)))
-        return Made(await job.trainer.save_state(), metrics={"training": metrics},
-                    held_out=[(t.score, t.sample()) for t in self.holdout])
+        return Made(
+            await job.trainer.save_state(),
+            metrics={"training": metrics},
+            held_out=[(t.score, t.sample()) for t in self.holdout],
+        )
 
     def status(self) -> JSON:
         return {"waiting": len(self.waiting), "held_out": len(self.holdout)}
@@ -118,4 +127,6 @@ class ImitationRecipe:
 
 def target_of(record: Record, item: ReportedRecords) -> Target:
     prompt = list((record.response or {}).get("prompt_token_ids") or [])
-    return Target(record.id, item.report.id, item.cursor, float(item.report.score), prompt, list(record.token_ids or []))
+    return Target(
+        record.id, item.report.id, item.cursor, float(item.report.score), prompt, list(record.token_ids or [])
+    )

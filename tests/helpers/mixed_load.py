@@ -38,30 +38,18 @@ SAMPLES_KEPT = 20  # unexpected answers kept per operation, to show in a report
 class Ledger:
     """What the server acknowledged with a 2xx, and how every other answer went."""
 
-    first_releases: dict[
-        str, str
-    ]  # scenario -> its first release (the rollbacks' target)
+    first_releases: dict[str, str]  # scenario -> its first release (the rollbacks' target)
     receipts: dict[str, str] = field(default_factory=dict)  # receipt -> scenario
-    reports: dict[str, str] = field(
-        default_factory=dict
-    )  # report id -> the receipt it names
+    reports: dict[str, str] = field(default_factory=dict)  # report id -> the receipt it names
     releases: dict[str, str] = field(default_factory=dict)  # release id -> scenario
     receipts_given_twice: int = 0  # the same receipt acknowledged for two requests
-    outcomes: collections.Counter[tuple[str, str]] = field(
-        default_factory=collections.Counter
-    )
-    samples: dict[str, list[str]] = field(
-        default_factory=dict
-    )  # op -> unexpected answers
+    outcomes: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    samples: dict[str, list[str]] = field(default_factory=dict)  # op -> unexpected answers
     # what the deployment was going through (set by whoever breaks it): "steady" or, say,
     # "after a kill" until it serves again; failures are counted by phase too
     phase: str = "steady"
-    failures_by_phase: collections.Counter[tuple[str, str]] = field(
-        default_factory=collections.Counter
-    )
-    connection_errors: collections.Counter[str] = field(
-        default_factory=collections.Counter
-    )
+    failures_by_phase: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+    connection_errors: collections.Counter[str] = field(default_factory=collections.Counter)
     rollback_seconds: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -147,9 +135,7 @@ class LoadShape:
 
 
 class MixedLoad:
-    def __init__(
-        self, urls: list[str], ledger: Ledger, seed: int, shape: LoadShape | None = None
-    ) -> None:
+    def __init__(self, urls: list[str], ledger: Ledger, seed: int, shape: LoadShape | None = None) -> None:
         self.urls = urls
         self.ledger = ledger
         self.shape = shape or LoadShape()
@@ -196,9 +182,7 @@ class MixedLoad:
         for sdk in sdks.values():
             sdk.close()
 
-    def _exchange(
-        self, rng: random.Random, sdks: dict[str, openai.OpenAI], http: httpx.Client
-    ) -> None:
+    def _exchange(self, rng: random.Random, sdks: dict[str, openai.OpenAI], http: httpx.Client) -> None:
         scenario = rng.choice(self.ledger.scenarios)
         stream = rng.random() < self.shape.stream_share
         receipt = self._chat(sdks[rng.choice(self.urls)], scenario, stream)
@@ -243,9 +227,7 @@ class MixedLoad:
 
     def _report(self, http: httpx.Client, url: str, receipt: str, score: float) -> None:
         try:
-            answer = http.post(
-                f"{url}/reef/report", json={"references": [receipt], "score": score}
-            )
+            answer = http.post(f"{url}/reef/report", json={"references": [receipt], "score": score})
         except httpx.HTTPError as exc:
             self.ledger.failed("report", _connection_kind(exc), _error_name(exc))
             return
@@ -275,9 +257,7 @@ def rollback(http: httpx.Client, url: str, scenario: str, ledger: Ledger) -> Non
         ledger.failed("rollback", _connection_kind(exc), _error_name(exc))
         return
     if answer.status_code == 200:
-        ledger.release(
-            answer.json()["release"]["release_id"], scenario, time.monotonic() - started
-        )
+        ledger.release(answer.json()["release"]["release_id"], scenario, time.monotonic() - started)
     else:  # 409: a concurrent rollback moved the head first
         ledger.failed(
             "rollback",
@@ -304,9 +284,7 @@ class PinnedRollback:
             self.pid = int(name.rsplit(" ", 1)[1])
         except (httpx.HTTPError, ValueError, KeyError, IndexError):
             pass
-        self.thread = threading.Thread(
-            target=rollback, args=(self.http, url, scenario, ledger), daemon=True
-        )
+        self.thread = threading.Thread(target=rollback, args=(self.http, url, scenario, ledger), daemon=True)
 
     def start(self) -> PinnedRollback:
         self.thread.start()

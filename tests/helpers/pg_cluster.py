@@ -76,9 +76,7 @@ class PgCluster:
         if not _wait_ready(self.server, self.dsn):
             _stop(self.server, self.data)
             log = (self.root / "server.log").read_text(errors="replace")
-            raise RuntimeError(
-                f"PostgreSQL did not start on port {self.port}:\n{log[-4000:]}"
-            )
+            raise RuntimeError(f"PostgreSQL did not start on port {self.port}:\n{log[-4000:]}")
         return self
 
     def stop(self, mode: str = "fast") -> None:
@@ -87,9 +85,7 @@ class PgCluster:
         if self.server is None or self.server.poll() is not None:
             return
         subprocess.run(
-            _as_owner(
-                [str(PG_BIN / "pg_ctl"), "stop", "-D", str(self.data), "-m", mode, "-w"]
-            ),
+            _as_owner([str(PG_BIN / "pg_ctl"), "stop", "-D", str(self.data), "-m", mode, "-w"]),
             check=False,
             capture_output=True,
             timeout=60,

@@ -26,12 +26,21 @@ def free_port() -> int:
 class ReefServer:
     """`with ReefServer(tmp_path, settings) as reef:` then `reef.url`, `reef.base_url`."""
 
-    def __init__(self, workdir: Path, settings: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-                 startup_timeout: float = 90.0) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        settings: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 90.0,
+    ) -> None:
         self.workdir = Path(workdir)
         self.port = free_port()
-        self.settings = {"state_dir": str(self.workdir / "state"), "port": self.port, "log_level": "warning",
-                         **(settings or {})}
+        self.settings = {
+            "state_dir": str(self.workdir / "state"),
+            "port": self.port,
+            "log_level": "warning",
+            **(settings or {}),
+        }
         self.env = env or {}
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
@@ -58,8 +67,13 @@ class ReefServer:
             if name not in self.env:
                 env.pop(name, None)  # only what the test sets
         self.log = self.log_path.open("ab")
-        self.process = subprocess.Popen([sys.executable, "-m", "reef", "serve", "-c", str(config)],
-                                        stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "reef", "serve", "-c", str(config)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=self.workdir,
+        )
         self._wait_healthy()
         return self
 

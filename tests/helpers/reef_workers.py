@@ -28,12 +28,7 @@ from tests.helpers.reef_server import ROOT, free_port
 
 def _cmdline(pid: int) -> list[str]:
     try:
-        return (
-            Path(f"/proc/{pid}/cmdline")
-            .read_bytes()
-            .decode(errors="replace")
-            .split("\0")
-        )
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return []
 
@@ -52,9 +47,7 @@ def _alive(pid: int) -> bool:
         return False
     state = Path(f"/proc/{pid}/stat")
     try:
-        return (
-            state.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        )  # a zombie is dead, just unreaped
+        return state.read_text().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, just unreaped
     except (OSError, IndexError):
         return False
 
@@ -127,29 +120,21 @@ class ReefWorkers:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if not self.supervisor_alive:
-                raise RuntimeError(
-                    f"the supervisor exited with {self.supervisor.returncode}:\n{self.logs()}"
-                )  # type: ignore[union-attr]
+                raise RuntimeError(f"the supervisor exited with {self.supervisor.returncode}:\n{self.logs()}")  # type: ignore[union-attr]
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
-        raise RuntimeError(
-            f"reef serve --workers did not become healthy in {self.startup_timeout}s:\n{self.logs()}"
-        )
+        raise RuntimeError(f"reef serve --workers did not become healthy in {self.startup_timeout}s:\n{self.logs()}")
 
     @property
     def supervisor_alive(self) -> bool:
         return self.supervisor is not None and self.supervisor.poll() is None
 
     def logs(self, tail: int = 4000) -> str:
-        return (
-            self.log_path.read_text(errors="replace")[-tail:]
-            if self.log_path.exists()
-            else ""
-        )
+        return self.log_path.read_text(errors="replace")[-tail:] if self.log_path.exists() else ""
 
     def worker_pids(self) -> list[int]:
         """Live worker processes started from this deployment's config, whoever their parent is
@@ -167,9 +152,7 @@ class ReefWorkers:
     def pid_serving(self, timeout: float = 1.0) -> int | None:
         """The pid of the worker that answers a new connection's `/reef/status`, or None."""
         try:
-            name = httpx.get(f"{self.url}/reef/status", timeout=timeout).json()[
-                "learning"
-            ]["front_end"]
+            name = httpx.get(f"{self.url}/reef/status", timeout=timeout).json()["learning"]["front_end"]
             return int(name.rsplit(" ", 1)[1])
         except (httpx.HTTPError, ValueError, KeyError, IndexError):
             return None

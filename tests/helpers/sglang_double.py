@@ -55,9 +55,23 @@ from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                 "frequency_penalty", "presence_penalty", "stop", "stop_token_ids", "ignore_eos",
-                 "skip_special_tokens", "no_stop_trim", "sampling_seed", "min_new_tokens"}
+SAMPLING_KEYS = {
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "no_stop_trim",
+    "sampling_seed",
+    "min_new_tokens",
+}
 NOT_LOADED = "The following requested LoRA adapters are not loaded: {name}\nLoaded adapters: {loaded}."
 
 
@@ -96,8 +110,9 @@ class Model:
     def load(self, name: str, path: str) -> None:
         config = json.loads((Path(path) / "adapter_config.json").read_text())
         if self.args.max_lora_rank and int(config.get("r", 0)) > self.args.max_lora_rank:
-            raise ValueError(f"LoRA adapter {name} has rank {config.get('r')}, above --max-lora-rank "
-                             f"{self.args.max_lora_rank}")
+            raise ValueError(
+                f"LoRA adapter {name} has rank {config.get('r')}, above --max-lora-rank {self.args.max_lora_rank}"
+            )
         try:
             self.model.load_adapter(path, adapter_name=name)
         except Exception:
@@ -138,13 +153,18 @@ class Request:
     def chunk(self, since: int = 0) -> dict[str, Any]:
         """The answer so far in SGLang's shape; `since`: tokens already sent (incremental)."""
         meta: dict[str, Any] = {
-            "id": self.rid, "finish_reason": self.finish, "prompt_tokens": len(self.prompt),
-            "weight_version": "default", "completion_tokens": len(self.ids), "cached_tokens": 0}
+            "id": self.rid,
+            "finish_reason": self.finish,
+            "prompt_tokens": len(self.prompt),
+            "weight_version": "default",
+            "completion_tokens": len(self.ids),
+            "cached_tokens": 0,
+        }
         if self.logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(self.logprobs[since:], self.ids[since:])]
         if self.finish is not None:
             meta["e2e_latency"] = time.monotonic() - self.started
-        text = self.text()[len(self.text(since)):] if since else self.text()
+        text = self.text()[len(self.text(since)) :] if since else self.text()
         return {"text": text, "output_ids": self.ids[since:], "meta_info": meta}
 
     def text(self, upto: int | None = None) -> str:
@@ -185,9 +205,20 @@ def sampling_of(params: dict[str, Any]) -> dict[str, Any]:
     for key, neutral in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0)):
         if float(params.get(key, neutral)) != neutral:
             raise Refused(f"the double applies no {key}")
-    out = {"max_new_tokens": 128, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "stop": [],
-           "stop_token_ids": [], "ignore_eos": False, "skip_special_tokens": True, "no_stop_trim": False,
-           "sampling_seed": None, **params}
+    out = {
+        "max_new_tokens": 128,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "stop": [],
+        "stop_token_ids": [],
+        "ignore_eos": False,
+        "skip_special_tokens": True,
+        "no_stop_trim": False,
+        "sampling_seed": None,
+        **params,
+    }
     out["stop"] = [out["stop"]] if isinstance(out["stop"], str) else list(out["stop"] or [])
     if not 0 < float(out["top_p"]) <= 1:
         raise Refused("top_p must be in (0, 1], got {}.".format(out["top_p"]))
@@ -211,7 +242,7 @@ def pick(logits: Any, params: dict[str, Any], generator: Any) -> tuple[int, floa
     ranked = kept[order]
     drop = (torch.cumsum(ranked, -1) - ranked) > float(params["top_p"])
     if int(params["top_k"]) > 0:
-        drop[int(params["top_k"]):] = True
+        drop[int(params["top_k"]) :] = True
     drop |= ranked < float(params["min_p"]) * ranked[0]
     drop[0] = False
     kept[order[drop]] = 0.0
@@ -268,8 +299,10 @@ def create_app(model: Model) -> FastAPI:
     args = model.args
 
     def lora_result(ok: bool, error: str | None = None) -> JSONResponse:
-        return JSONResponse({"success": ok, "error_message": error, "loaded_adapters": dict(model.adapters)},
-                            status_code=200 if ok else 400)
+        return JSONResponse(
+            {"success": ok, "error_message": error, "loaded_adapters": dict(model.adapters)},
+            status_code=200 if ok else 400,
+        )
 
     @app.get("/health")
     @app.get("/health_generate")
@@ -278,14 +311,21 @@ def create_app(model: Model) -> FastAPI:
 
     @app.get("/get_model_info")
     async def model_info() -> dict[str, Any]:
-        return {"model_path": args.model_path, "tokenizer_path": args.tokenizer_path or args.model_path,
-                "is_generation": True, "preferred_sampling_params": None, "weight_version": "default"}
+        return {
+            "model_path": args.model_path,
+            "tokenizer_path": args.tokenizer_path or args.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+        }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         name = args.served_model_name or args.model_path
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "sglang", "root": name}]}
+        return {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang", "root": name}],
+        }
 
     @app.post("/generate")
     async def generate(http: HTTPRequest) -> Response:

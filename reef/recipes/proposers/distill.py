@@ -24,11 +24,13 @@ NAME_WORDS = 5
 MAX_RULE_CHARS = 600
 STILL_MISSED = "Earlier answers kept missing this rule; follow it exactly."
 _WORD = re.compile(r"[a-z0-9]+")
-STOPWORDS = frozenset("""
+STOPWORDS = frozenset(
+    """
 a an the and or but if then so of to in on at by for with from as is are was were be been being it its this
 that these those there here i you he she we they me my your our their them us do does did done not no yes
 please should would could can will just very too also only than into about over after before again more
-most some any such own same answer answers response reply output""".split()) - {"not", "no", "only"}
+most some any such own same answer answers response reply output""".split()
+) - {"not", "no", "only"}
 
 
 @dataclass
@@ -59,19 +61,31 @@ class DistillProposer:
             if mutation is None or any(m.name == mutation.name for m in mutations):
                 continue
             mutations.append(mutation)
-            notes.append({"rule": mutation.name, "op": mutation.op, "recurrence": len(theme.members),
-                          "feedback": central_feedback(theme)[:200]})
+            notes.append(
+                {
+                    "rule": mutation.name,
+                    "op": mutation.op,
+                    "recurrence": len(theme.members),
+                    "feedback": central_feedback(theme)[:200],
+                }
+            )
         if not mutations:
-            raise ProposalFailed("no_theme", f"no feedback theme recurs {self.config.min_recurrence} times in the "
-                                 "batch without a rule at full strength")
+            raise ProposalFailed(
+                "no_theme",
+                f"no feedback theme recurs {self.config.min_recurrence} times in the "
+                "batch without a rule at full strength",
+            )
         return Proposal(tuple(mutations), {"proposer": self.name, "themes": notes})
 
     async def close(self) -> None:
         return None
 
     def _ready(self, failures: Sequence[Observation], tree: HarnessTree) -> list[Theme]:
-        return [t for t in themes(failures, self.config.similarity)
-                if len(t.members) >= self.config.min_recurrence and plan(t, tree, self.config.similarity) is not None]
+        return [
+            t
+            for t in themes(failures, self.config.similarity)
+            if len(t.members) >= self.config.min_recurrence and plan(t, tree, self.config.similarity) is not None
+        ]
 
 
 def plan(theme: Theme, tree: HarnessTree, similarity: float) -> Mutation | None:
@@ -89,7 +103,10 @@ def plan(theme: Theme, tree: HarnessTree, similarity: float) -> Mutation | None:
 def rule_of_theme(theme: Theme, tree: HarnessTree, similarity: float) -> str | None:
     """The rule this proposer made earlier for the same theme (its text shares the words)."""
     for name, body in sorted(tree.rules.items()):
-        if name.startswith(RULE_PREFIX) and jaccard(normalise(body.replace(STILL_MISSED, "")), theme.words) >= similarity:
+        if (
+            name.startswith(RULE_PREFIX)
+            and jaccard(normalise(body.replace(STILL_MISSED, "")), theme.words) >= similarity
+        ):
             return name
     return None
 

@@ -86,14 +86,18 @@ class LLMProposer:
                 mutations = parse_mutations(answer, tree)
             except InvalidInput as exc:
                 errors.append(f"try {attempt}: {exc}")
-                messages = [*messages, Message("assistant", answer[:EXCERPT]),
-                            Message("user", f"That answer was invalid: {exc}. Answer again with only the JSON object.")]
+                messages = [
+                    *messages,
+                    Message("assistant", answer[:EXCERPT]),
+                    Message("user", f"That answer was invalid: {exc}. Answer again with only the JSON object."),
+                ]
                 continue
             if not mutations:
                 raise ProposalFailed("no_change", "the model proposed no change")
             return Proposal(tuple(mutations), {"proposer": self.name, "tries": attempt, "model": self.endpoint.where})
-        raise ProposalFailed("invalid_output", f"no valid proposal after {self.config.llm.tries} tries: "
-                             + "; ".join(errors))
+        raise ProposalFailed(
+            "invalid_output", f"no valid proposal after {self.config.llm.tries} tries: " + "; ".join(errors)
+        )
 
     async def close(self) -> None:
         await self.endpoint.close()
@@ -128,7 +132,7 @@ def _json_of(answer: str) -> Any:
     if start < 0 or end <= start:
         raise InvalidInput("the answer holds no JSON object")
     try:
-        return json.loads(text[start:end + 1])
+        return json.loads(text[start : end + 1])
     except ValueError as exc:
         raise InvalidInput(f"the answer is not valid JSON ({exc})") from None
 
@@ -145,9 +149,11 @@ def prompt_messages(tree: HarnessTree, batch: Batch, fence: Fence) -> list[Messa
 
 
 def _exchange(index: int, obs: Observation, fence: Fence) -> str:
-    lines = [f"## Exchange {index} (score {obs.score:g})",
-             fence.block("prompt", obs.prompt[-EXCERPT:]),
-             fence.block("answer", obs.response[:EXCERPT])]
+    lines = [
+        f"## Exchange {index} (score {obs.score:g})",
+        fence.block("prompt", obs.prompt[-EXCERPT:]),
+        fence.block("answer", obs.response[:EXCERPT]),
+    ]
     if obs.feedback:
         lines.append(fence.block("feedback", obs.feedback[:EXCERPT]))
     return "\n".join(lines)
