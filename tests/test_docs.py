@@ -244,7 +244,7 @@ def learner_status_fields() -> set[str]:
     sources = sorted((ROOT / "reef" / "grow").glob("*.py")) + sorted((ROOT / "reef" / "recipes").glob("*.py"))
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef) and node.name == "status":
+            if isinstance(node, ast.FunctionDef) and node.name in ("status", "learner_status"):
                 for inner in ast.walk(node):
                     if isinstance(inner, ast.Dict):
                         fields |= {k.value for k in inner.keys if isinstance(k, ast.Constant)}

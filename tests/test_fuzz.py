@@ -60,6 +60,12 @@ def snapshot(reef: ReefServer) -> dict[str, Any]:
     return {"records": storage["records"], "reports": storage["reports"], "scenarios": scenarios}
 
 
+def receipt_of(response: Any) -> str | None:
+    """The receipt a fuzzed call's answer carries (schemathesis gives each header as a list)."""
+    value = response.headers.get("x-reef-agent-record-id")
+    return value[0] if isinstance(value, list) else value
+
+
 def expected_after_refusal(reef: ReefServer, before: dict[str, Any], receipt: str | None) -> dict[str, Any]:
     """A 4xx changes nothing, except that a refusal by the model itself (a prompt beyond its
     context) is recorded as one `incomplete` record, named by the receipt it carries."""
@@ -118,7 +124,7 @@ def fuzz_one(reef: ReefServer, operation: Any, mode: GenerationMode, failures: l
             failures.append(f"{where} -> {response.status_code} {response.text[:300]}")
         elif 400 <= response.status_code < 500:
             after = snapshot(reef)
-            if after != expected_after_refusal(reef, before, response.headers.get("x-reef-agent-record-id")):
+            if after != expected_after_refusal(reef, before, receipt_of(response)):
                 failures.append(
                     f"{where} -> {response.status_code} {response.text[:300]} yet the state changed: "
                     f"{before} -> {after}"
