@@ -143,6 +143,24 @@ def _stop(server: subprocess.Popen[bytes], data: Path) -> None:
     server.wait(timeout=30)
 
 
+def init_cluster(data: Path) -> None:
+    """A new, empty cluster in `data`: trust auth, UTF-8, no fsync (a throwaway server)."""
+    _run(
+        [
+            str(PG_BIN / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        ]
+    )
+
+
 @pytest.fixture(scope="session")
 def postgres_dsn() -> Iterator[str]:
     reason = _missing()
@@ -152,20 +170,7 @@ def postgres_dsn() -> Iterator[str]:
     root = _make_root()
     data = root / "data"
     try:
-        _run(
-            [
-                str(PG_BIN / "initdb"),
-                "-D",
-                str(data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-sync",
-            ]
-        )
+        init_cluster(data)
         server, dsn = _start(root, data)
         try:
             yield dsn

@@ -61,20 +61,7 @@ class Cluster:
         pg._remove_stale_clusters()
         self.root = pg._make_root()
         self.data = self.root / "data"
-        pg._run(
-            [
-                str(pg.PG_BIN / "initdb"),
-                "-D",
-                str(self.data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-sync",
-            ]
-        )
+        pg.init_cluster(self.data)
         self.server, self.dsn = pg._start(self.root, self.data)
         self.port = int(dict(p.split("=", 1) for p in self.dsn.split())["port"])
 

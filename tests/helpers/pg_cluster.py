@@ -25,9 +25,9 @@ from tests.pg import (
     _make_root,
     _missing,
     _remove_stale_clusters,
-    _run,
     _stop,
     _wait_ready,
+    init_cluster,
 )
 
 
@@ -41,20 +41,7 @@ class PgCluster:
         self.data = self.root / "data"
         self.port = _free_port()
         self.server: subprocess.Popen[bytes] | None = None
-        _run(
-            [
-                str(PG_BIN / "initdb"),
-                "-D",
-                str(self.data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-sync",
-            ]
-        )
+        init_cluster(self.data)
 
     @property
     def dsn(self) -> str:
