@@ -472,3 +472,75 @@ def converse(client: httpx.Client, who: str, questions: list[tuple[str, str]], h
             pending = "wrong, try again"
     messages.append({"role": "user", "content": pending})
     client.post("/chat/completions", json={"model": "reef", "messages": messages, "max_tokens": 6}, headers=headers)
+
+
+# -- streamed turns and the reward baseline ------------------------------------------------------
+
+
+def _stream(w: World, rid: str, messages: list[dict[str, Any]], session: str | None = None) -> None:
+    """A streamed request as the server stores it before its first byte: in progress."""
+    request = {"model": "m", "dialect": "openai", "messages": messages, "temperature": 1.0, "stream": True}
+    w.state.store.put_record(Record(rid, "t", RELEASE, request, session=session))
+
+
+def _finish(w: World, rid: str, answer: str) -> None:
+    response = {"text": answer, "tool_calls": [], "finish_reason": "stop", "prompt_token_ids": PROMPT}
+    w.state.store.finish_record(
+        rid,
+        RecordStatus.COMPLETE,
+        response=response,
+        token_ids=[300, 2],
+        logprobs=[-1.0, -1.0],
+        spans=[TokenSpan(0, 2, "load-1")],
+    )
+
+
+@pytest.mark.parametrize("session", [None, "sess-s"])
+def test_a_streamed_turn_read_before_it_finished_still_gets_its_next_state(world: World, session: str | None) -> None:
+    # s1 is read while it streams; it finishes, and its next turn s2 is stored, before the next scan
+    world.serve("s0", [user("first")], "one", session=session)
+    _stream(world, "s1", [user("first"), assistant("one"), user("second")], session)
+    world.step()
+    _finish(world, "s1", "two")
+    history = [user("first"), assistant("one"), user("second"), assistant("two"), user("wrong: three")]
+    _stream(world, "s2", history, session)
+    world.step()
+    ready = world.ready()
+    assert ready["s0"].next_record_id == "s1"
+    assert ready["s1"].next_record_id == "s2" and ready["s1"].next_state == (user("wrong: three"),)
+    assert world.view.dropped["no_next_state"] == 0
+
+
+def test_rewards_are_measured_against_a_running_baseline_of_earlier_turns(tmp_path: Path) -> None:
+    from reef.recipes.openclaw_rl import updated_baseline
+
+    state: dict[str, Any] = {}
+    state.update(updated_baseline(state, [-1.0] * 9 + [1.0]))
+    assert state["reward_baseline"] == pytest.approx(-0.8) and state["reward_baseline_turns"] == 10
+
+    async def main(judge_server: ScriptedUpstream, w: World) -> Any:
+        w.serve("k1", [user("a?")], "wrong")
+        w.serve("k2", [user("a?"), assistant("wrong"), user("no")], "right")
+        w.serve("k3", [user("a?"), assistant("wrong"), user("no"), assistant("right"), user("yes!")], "...")
+        batch = await w.recipe.next_batch(w.view)
+        judge_server.answer_with(lambda body: "VERDICT: -1" if _answer_of(body) == "wrong" else "VERDICT: +1")
+        trainer = Trainer()
+        made = await w.recipe.candidate(batch, job_with(trainer, dict(state)))
+        await w.recipe.close()
+        return made, trainer
+
+    with ScriptedUpstream() as judge_server:
+        endpoint = ModelEndpoint(JudgeConfig(url=judge_server.base_url, votes=1), None)  # type: ignore[arg-type]
+        w = World(tmp_path / "state", OpenClawRLConfig(turns_per_batch=2, session_idle_s=60), judge=endpoint)
+        try:
+            made, trainer = asyncio.run(main(judge_server, w))
+        finally:
+            w.state.close()
+    assert made.metrics["rewards"] == [-1.0, 1.0] and made.metrics["baseline"] == pytest.approx(-0.8)
+    data = next(arg for name, arg in trainer.calls if name == "forward_backward")[0]
+    # against a mostly-bad past the wrong answer is pushed down a little, the right one up a lot
+    assert data[0].advantages[0] == pytest.approx(-0.2) and data[1].advantages[0] == pytest.approx(1.8)
+
+
+def job_with(trainer: Any, algorithm_state: dict[str, Any]) -> Any:
+    return SimpleNamespace(trainer=trainer, start=None, serving=RELEASE, head_files={}, algorithm_state=algorithm_state)

@@ -42,7 +42,7 @@ from reef.config.training import ClippedLossConfig
 from reef.core.chat import ChatRequest, Message, Tool, ToolCall
 from reef.core.errors import NotFound, RuntimeFailure
 from reef.core.fence import Fence
-from reef.core.training import Datum, LossConfig, Sample, adapter_part
+from reef.core.training import Datum, LossConfig, Sample, weights_part
 from reef.core.types import JSON, Record, RecordStatus, ReportedRecords
 from reef.grow.recipe import Abandon, Job, LearnerView, Made, RecipeContext, held_out
 from reef.grow.rollouts import rollout_problem, sample_of, staleness_problem
@@ -53,6 +53,7 @@ from reef.runtimes.endpoint import ModelEndpoint
 NAME = "openclaw_rl"
 HOLDOUT_KEEP = 64
 SCAN_LIMIT = 512  # records read per learner step
+BASELINE_TURNS = 64  # judged turns the reward baseline averages over
 
 
 class HintConfig(BaseModel):
@@ -128,6 +129,7 @@ class Judgement:
     votes: tuple[int, ...]
     hint: str | None
     calls: int
+    known: bool = True  # False: no vote and no report (the judge failed, or nothing came next)
 
 
 class OpenClawRLRecipe:
@@ -152,7 +154,7 @@ class OpenClawRLRecipe:
         self.open: dict[str, Turn] = {}  # record id -> turn, in arrival order
         self.by_key: dict[str, list[str]] = {}  # prefix hash -> open turns it continues
         self.latest: dict[str, str] = {}  # named session -> its latest open turn
-        self.unfinished: dict[str, tuple[float, str]] = {}  # in_progress record -> (stored at, session)
+        self.unfinished: dict[str, tuple[float, str, int]] = {}  # in_progress record -> (stored at, session, seq)
         self.ready: deque[Ready] = deque()
         self.holdout_waiting: deque[Ready] = deque(maxlen=HOLDOUT_KEEP)
         self.holdout: deque[tuple[float, Sample]] = deque(maxlen=HOLDOUT_KEEP)
@@ -189,9 +191,19 @@ class OpenClawRLRecipe:
         ):
             self.seq = max(self.seq, stored.record.seq or 0)
             self.arrive(stored.record, stored.created_at, view)
-        for record_id, (at, session) in list(self.unfinished.items()):
+        self._settle_earlier(None, view, expire_at=now)
+        self.expire(now, view)
+
+    def _settle_earlier(self, before_seq: int | None, view: LearnerView, expire_at: float | None = None) -> bool:
+        """Re-read the records that were still streaming when read (all, or those stored before
+        `before_seq`): the finished ones open as turns, so a next turn read before its previous
+        one finished still finds it. True when one opened."""
+        opened = False
+        for record_id, (at, session, seq) in list(self.unfinished.items()):
+            if before_seq is not None and seq >= before_seq:
+                continue
             try:
-                record = store.get_record(record_id)
+                record = view.store.get_record(record_id)  # type: ignore[union-attr]
             except NotFound:
                 del self.unfinished[record_id]
                 view.drop("compacted_or_missing")
@@ -199,20 +211,23 @@ class OpenClawRLRecipe:
             if record.status is not RecordStatus.IN_PROGRESS:
                 del self.unfinished[record_id]
                 self._open(record, at, session, view)
-            elif now - at > self.config.session_idle_s:
+                opened = True
+            elif expire_at is not None and expire_at - at > self.config.session_idle_s:
                 del self.unfinished[record_id]
                 view.drop("not_complete")
-        self.expire(now, view)
+        return opened
 
     def arrive(self, record: Record, at: float, view: LearnerView) -> None:
         """One record, in store order: the next turn of an open one, and (once answered) open itself."""
         messages = client_messages(record)
         previous, next_state = self._previous(record, messages)
+        if previous is None and self._settle_earlier(record.seq or 0, view):
+            previous, next_state = self._previous(record, messages)
         session = record.session or (previous.session if previous is not None else f"stitched:{record.id}")
         if previous is not None:
             self._follow(previous, record.id, next_state, view)
         if record.status is RecordStatus.IN_PROGRESS:
-            self.unfinished[record.id] = (at, session)
+            self.unfinished[record.id] = (at, session, record.seq or 0)
             return
         self._open(record, at, session, view)
 
@@ -329,19 +344,26 @@ class OpenClawRLRecipe:
         for turn, j in zip(holdout, judged[len(batch.turns) :]):
             self.holdout.append((j.reward, sample_of(turn.record)))
         hints = await self._hint_advantages(batch.turns, judged[: len(batch.turns)], job) if c.hints.enabled else {}
+        state = job.algorithm_state
+        baseline = float(state.get("reward_baseline", 0.0))
         data, rewards = [], []
         for turn, j in zip(batch.turns, judged):
-            datum = self._datum(turn, j.reward, hints.get(turn.record_id))
+            if not j.known:
+                continue  # counted as judge_failed or no_next_state
+            datum = self._datum(turn, j.reward - baseline, hints.get(turn.record_id))
             if datum is None:
                 self.drops_of().drop("neutral")
                 continue
             data.append(datum)
             rewards.append(j.reward)
         calls = sum(j.calls for j in judged)
-        state = job.algorithm_state
+        state.update(updated_baseline(state, [j.reward for j in judged if j.known]))
         state["judge_calls"] = int(state.get("judge_calls", 0)) + calls
         if not data:
-            raise Abandon("no_signal", f"every turn of the batch was judged 0 ({calls} judge calls)")
+            raise Abandon(
+                "no_signal",
+                f"every turn of the batch was judged 0 against the baseline {baseline:+.2f} ({calls} judge calls)",
+            )
         await job.trainer.load_state(job.start, c.lora)
         metrics: dict[str, float] = {}
         for _ in range(c.steps_per_candidate):
@@ -360,6 +382,7 @@ class OpenClawRLRecipe:
                 "turns": len(data),
                 "judge_calls": calls,
                 "rewards": rewards,
+                "baseline": baseline,
                 "votes": {str(k): n for k, n in sorted(votes.items())},
                 "hinted": len(hints),
             },
@@ -397,7 +420,7 @@ class OpenClawRLRecipe:
                 self.drops_of().drop("judge_failed")
             else:
                 self.drops_of().drop("no_next_state")
-            return Judgement(0.0, votes, None, calls)
+            return Judgement(0.0, votes, None, calls, known=False)
         if report_reward is None:
             reward = judge_reward
         elif judge_reward is None:
@@ -432,7 +455,7 @@ class OpenClawRLRecipe:
         hinted = [(t, j.hint) for t, j in zip(turns, judged) if j.hint]
         if not hinted or prompt_ids is None or job.trainer is None:
             return {}
-        teacher = adapter_part(job.head_files) if self.config.hints.teacher == "serving" else None
+        teacher = weights_part(job.head_files) if self.config.hints.teacher == "serving" else None
         out: dict[str, list[float]] = {}
         for turn, hint in hinted:
             sample = sample_of(turn.record)
@@ -463,6 +486,22 @@ class OpenClawRLRecipe:
     async def close(self) -> None:
         if self.judge is not None:
             await self.judge.close()
+
+
+def updated_baseline(state: JSON, rewards: Sequence[float]) -> dict[str, float]:
+    """The running mean of judged rewards that the next batch's rewards are measured against.
+
+    Without it, when nearly every turn is judged bad every candidate only moves away from what it
+    said and the gate rejects them all; against the mean, the rare good turn stands out. The mean
+    covers about the last `BASELINE_TURNS` judged turns and never the batch it is applied to (a
+    baseline that depends on the sample would bias the gradient). It lives in the line's algorithm
+    state, so it survives restarts."""
+    mean = float(state.get("reward_baseline", 0.0))
+    count = int(state.get("reward_baseline_turns", 0))
+    for reward in rewards:
+        count = min(count + 1, BASELINE_TURNS)
+        mean += (reward - mean) / count
+    return {"reward_baseline": mean, "reward_baseline_turns": count}
 
 
 class _Drops:
