@@ -47,7 +47,7 @@ from reef.core.dotted import load_dotted
 from reef.core.errors import InvalidInput
 from reef.core.live_evidence import LiveEvidence, combined_p, tasks_share_p
 from reef.core.sign_test import sign_test_p
-from reef.core.training import Sample, adapter_part
+from reef.core.training import Sample, weights_part
 from reef.core.types import Release, ReleaseRef, Verdict
 from reef.runtimes.base import Runtime
 from reef.runtimes.chatml import MAX_CONTEXT
@@ -242,7 +242,7 @@ class WeightsGate:
         if self.answers_from_files:
             if not indices:
                 return []
-            adapter, texts = adapter_part(files), []
+            adapter, texts = weights_part(files), []
             for start in range(0, len(indices), TRAINER_JOB):  # short jobs: training waits for one at most
                 chunk = indices[start : start + TRAINER_JOB]
                 texts += await self.worker.generate(adapter, [self._request(i) for i in chunk], self.config.max_tokens)

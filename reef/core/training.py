@@ -165,9 +165,37 @@ def adapter_part(files: Mapping[str, bytes] | None) -> dict[str, bytes] | None:
 
 
 def checkpoint_part(files: Mapping[str, bytes] | None) -> dict[str, bytes] | None:
-    """What training continues from in a release's content: its adapter and the optimiser
-    state beside it (`training/`); None when it holds no adapter (train a fresh one)."""
-    adapter = adapter_part(files)
-    if adapter is None or files is None:
+    """What training continues from in a release's content: its weights (an adapter, or full
+    weights) and the optimiser state beside them (`training/`); None when it holds neither
+    (train from the base)."""
+    weights = weights_part(files)
+    if weights is None or files is None:
         return None
-    return {**adapter, **{n: d for n, d in files.items() if n.startswith(TRAINING_FOLDER)}}
+    return {**weights, **{n: d for n, d in files.items() if n.startswith(TRAINING_FOLDER)}}
+
+
+def weights_part(files: Mapping[str, bytes] | None) -> dict[str, bytes] | None:
+    """The weights a release serves, of either kind: its full weights, else its adapter; None:
+    the base model's (what the trainer's `logprobs` and `generate` take)."""
+    return full_weights_part(files) or adapter_part(files)
+
+
+FULL_CONFIG = "config.json"
+FULL_INDEX = "model.safetensors.index.json"
+FULL_SINGLE = "model.safetensors"
+
+
+def weights_kind(files: Mapping[str, bytes] | None) -> str | None:
+    """What weights a release's content carries: "full" (a Hugging Face checkpoint at its root:
+    `config.json` with `model.safetensors` or its shard index), "lora" (a peft adapter) or None."""
+    if files and FULL_CONFIG in files and (FULL_INDEX in files or FULL_SINGLE in files):
+        return "full"
+    return "lora" if adapter_part(files) is not None else None
+
+
+def full_weights_part(files: Mapping[str, bytes] | None) -> dict[str, bytes] | None:
+    """The servable half of a full-weight release: every root-level file (config, shards, index,
+    tokenizer), never `training/` (the optimiser) nor `harness/`; None when it holds no full weights."""
+    if weights_kind(files) != "full" or files is None:
+        return None
+    return {n: d for n, d in files.items() if "/" not in n}

@@ -16,17 +16,14 @@ A checkpoint is a release's weights content: peft's two adapter files at the roo
 or training on from a judged candidate continues the optimiser where it was. Loading the
 checkpoint a key last saved keeps the resident state; anything else replaces it.
 
-Everything that makes the importance ratio exactly 1 on-policy mirrors `reef.runtimes.embedded`:
-the same fp32 weights, left padding with position ids `cumsum(mask) - 1`, logits divided by the
-rollout's temperature (greedy rollouts record temperature-1 log-probs, so 0 counts as 1).
-Completion tokens are found by position, never by id: the pad id is the EOS id (2), which also
-ends every ChatML turn inside the prompt. One caller at a time: the worker process serialises calls.
+The batching, log-probs, losses and greedy answers are `reef.grow.forward`'s, shared with the
+full-weight trainer (`reef.grow.full_trainer`). One caller at a time: the worker process
+serialises calls.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import itertools
 import json
@@ -41,7 +38,7 @@ from typing import Any, Iterator
 import torch
 
 from reef.core.chat import ChatRequest
-from reef.core.prefix import MIN_SHARED_PREFIX, shared_prefix_length
+from reef.core.prefix import MIN_SHARED_PREFIX
 from reef.core.training import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -55,12 +52,19 @@ from reef.core.training import (
     checkpoint_part,
 )
 from reef.grow.checkpoint import optimizer_files, restore_optimizer
-from reef.grow.losses import kl_to_base, log_ratio, loss_function
-from reef.runtimes.chatml import MAX_CONTEXT, TextStream, prompt_ids, stop_token_ids
+from reef.grow.forward import GENERATE_BATCH, SequenceModel, answer_room, check_data, forward_backward_metrics, new_sums
+from reef.grow.losses import loss_function
 
-GENERATE_BATCH = 16  # rows decoded together by `generate`
-
-__all__ = ["LoRATrainer", "Sample", "TrainConfig", "adapter_hash", "adapter_part", "warmed_up_lr"]
+__all__ = [
+    "GENERATE_BATCH",
+    "LoRATrainer",
+    "Sample",
+    "TrainConfig",
+    "adapter_hash",
+    "adapter_part",
+    "answer_room",
+    "warmed_up_lr",
+]
 
 # peft 0.21 asks transformers 5.23 a deprecated question when wrapping a model; harmless here
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
@@ -101,7 +105,7 @@ class _Slot:
     adapter_hash: str = ""
 
 
-class LoRATrainer:
+class LoRATrainer(SequenceModel):
     def __init__(
         self,
         model_dir: Path,
@@ -117,20 +121,14 @@ class LoRATrainer:
         hf_logging.disable_progress_bar()
         if threads:
             torch.set_num_threads(threads)  # process-wide; the worker process owns its own pool
-        self.model_dir = Path(model_dir)
-        self.device = torch.device(resolve_device(device))
-        self.dtype = resolve_dtype(dtype, self.device.type, engine_dtype)
-        self.base: Any = (
-            AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=self.dtype).to(self.device).eval()
-        )
+        on = torch.device(resolve_device(device))
+        self.dtype = resolve_dtype(dtype, on.type, engine_dtype)
+        self.base: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self.dtype).to(on).eval()
         self.base.requires_grad_(False)
-        self.pad_id = int(self.base.config.pad_token_id or 0)  # any id will do: pads are masked out
+        super().__init__(Path(model_dir), int(self.base.config.pad_token_id or 0), on, min_shared_prefix)
         self.peft: Any = None  # the PeftModel wrapping `base`, made with the first adapter
         self._slots: dict[str, _Slot] = {}
         self._names = itertools.count(1)
-        self.min_shared_prefix = min_shared_prefix
-        self.shared_prefix_tokens = 0  # prompt tokens not run again thanks to a shared prefix
-        self.tokenizer: Any = None  # loaded for the first `generate`
 
     # -- the primitives -------------------------------------------------------------------------
 
@@ -168,18 +166,14 @@ class LoRATrainer:
         (gradients of earlier calls since the last `optim_step` stay, summed)."""
         started = time.monotonic()
         loss_fn = loss_function(loss)
-        for i, datum in enumerate(data):
-            try:
-                datum.check(loss)
-            except ValueError as exc:
-                raise ValueError(f"datum {i}: {exc}") from None
+        check_data(data, loss)
         slot = self._slot(key)
         earlier = [p.grad for p in slot.params]
         for p in slot.params:
             p.grad = None
         rows = [d for d in data if d.completion_ids]
         total = sum(len(d.completion_ids) for d in rows)
-        sums = dict(loss=0.0, ratio=0.0, kept=0.0, outside=0.0, kl=0.0, max_log_ratio=0.0)
+        sums = new_sums()
         with torch.random.fork_rng():  # LoRA dropout draws from a seeded generator, not the caller's
             torch.manual_seed(slot.seed * 1_000_003 + slot.steps)
             self.peft.set_adapter(slot.name)
@@ -187,7 +181,15 @@ class LoRATrainer:
             try:
                 size = max(1, config.micro_batch)
                 for start in range(0, len(rows), size):
-                    self._accumulate(rows[start : start + size], loss, loss_fn, config, sums)
+                    self._accumulate(
+                        rows[start : start + size],
+                        loss,
+                        loss_fn,
+                        config,
+                        sums,
+                        self._trained_logprobs,
+                        self._base_logprobs,
+                    )
             finally:
                 self.peft.eval()
         kept = int(sums["kept"])
@@ -196,17 +198,18 @@ class LoRATrainer:
                 p.grad.div_(kept)  # the losses were summed; the mean is over this call's kept tokens
             if before is not None:
                 p.grad = before if p.grad is None else p.grad + before
-        return {
-            "loss": sums["loss"] / kept if kept else 0.0,
-            "mean_ratio": sums["ratio"] / total if total else 1.0,
-            "max_abs_log_ratio": sums["max_log_ratio"],
-            "clipped_fraction": (total - kept) / total if total else 0.0,  # tokens that did not count
-            "outside_clip_fraction": sums["outside"] / total if total else 0.0,  # ratio off (1 - eps, 1 + eps_high)
-            "kl": sums["kl"] / kept if kept else 0.0,
-            "tokens": float(total),
-            "samples": float(len(data)),
-            "seconds": time.monotonic() - started,
-        }
+        return forward_backward_metrics(sums, total, len(data), started)
+
+    def _trained_logprobs(
+        self, seqs: list[tuple[list[int], list[int]]], temps: list[float]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._completion_logprobs(self.base, seqs, temps)  # the active adapter is in `base`
+
+    def _base_logprobs(
+        self, seqs: list[tuple[list[int], list[int]]], temps: list[float]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._base_only():
+            return self._completion_logprobs(self.base, seqs, temps)
 
     def optim_step(self, key: str, adam: AdamParams) -> dict[str, float]:
         """One AdamW step on the accumulated gradient (clipped to `max_grad_norm`), then clear
@@ -250,42 +253,6 @@ class LoRATrainer:
             raise ValueError(f"no training state for {key!r}: load_state it first")
         return slot
 
-    def _accumulate(
-        self, rows: list[Datum], loss: str, loss_fn: Any, config: LossConfig, sums: dict[str, float]
-    ) -> None:
-        """Forward and backward one micro-batch, adding the summed (not averaged) loss's grads."""
-        seqs = [(d.prompt_ids, d.completion_ids) for d in rows]
-        temps = [d.temperature for d in rows]
-        base_lp = None
-        if config.kl_coef > 0:
-            with torch.no_grad(), self._base_only():
-                base_lp, _ = self._completion_logprobs(seqs, temps)
-        new_lp, real = self._completion_logprobs(seqs, temps)
-        width = new_lp.shape[1]
-
-        def aligned(rows_: list[list[float]]) -> torch.Tensor:
-            return _right_aligned(rows_, width).to(self.device)
-
-        old_lp = new_lp.detach() if loss == "cross_entropy" else aligned([d.behaviour_logprobs for d in rows])
-        weights = aligned([d.mask for d in rows])
-        advantages = aligned([d.advantages for d in rows])
-        live = real & (weights > 0)
-        per_token, keep = loss_fn(new_lp, old_lp, advantages, live, config)
-        if base_lp is not None:
-            k3 = kl_to_base(new_lp, base_lp, live)
-            per_token = per_token + config.kl_coef * k3
-            sums["kl"] += float(torch.where(keep, k3.detach(), 0.0).sum())
-        total = torch.where(keep, per_token * weights, torch.zeros_like(per_token)).sum()
-        if bool(keep.any()):
-            total.backward()
-        ratio = log_ratio(new_lp.detach(), old_lp, real)
-        sums["loss"] += float(total.detach())
-        sums["ratio"] += float(torch.where(real, ratio.exp(), 0.0).sum())
-        sums["kept"] += float(keep.sum())
-        inside = (ratio > math.log1p(-config.eps_clip)) & (ratio < math.log1p(config.eps_clip_high))
-        sums["outside"] += float((live & ~inside).sum())
-        sums["max_log_ratio"] = max(sums["max_log_ratio"], float(ratio.abs().max()))
-
     # -- log-probs ----------------------------------------------------------------------------
 
     def logprobs(
@@ -296,19 +263,8 @@ class LoRATrainer:
     ) -> list[list[float]]:
         """Per-token log-probs of each completion given its prompt, under the base model (None)
         or an adapter: the gate's offline check, and the tests' on-policy check."""
-        for prompt, _ in sequences:
-            if not prompt:
-                raise ValueError("every sequence needs a non-empty prompt")
-        out: list[list[float]] = [[] for _ in sequences]
-        todo = [i for i, (_, completion) in enumerate(sequences) if completion]
-        with torch.no_grad(), self._adapter_only(adapter_part(adapter_files)):
-            for start in range(0, len(todo), 8):
-                chunk = todo[start : start + 8]
-                lp, _ = self._completion_logprobs([sequences[i] for i in chunk], [temperature] * len(chunk))
-                for row, i in enumerate(chunk):
-                    n = len(sequences[i][1])
-                    out[i] = lp[row, lp.shape[1] - n :].tolist()
-        return out
+        with self._adapter_only(adapter_part(adapter_files)):
+            return self._sequence_logprobs(self.base, sequences, temperature)
 
     # -- greedy answers -------------------------------------------------------------------------
 
@@ -320,127 +276,8 @@ class LoRATrainer:
         tasks answered here while the learner waits for samples (`gate.answer_on: trainer`). As
         there, an answer stops where the context (`MAX_CONTEXT`) ends, and a prompt that fills it
         is refused."""
-        tokenizer = self._tokenizer()
-        stops = stop_token_ids(tokenizer)
-        decode = functools.partial(tokenizer.decode, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        answers: list[str] = []
-        with torch.no_grad(), self._adapter_only(adapter_part(adapter_files)):
-            for start in range(0, len(requests), GENERATE_BATCH):
-                chunk = requests[start : start + GENERATE_BATCH]
-                prompts = [prompt_ids(tokenizer, r) for r in chunk]
-                for request, ids in zip(chunk, self._greedy(prompts, answer_room(prompts, max_tokens), stops)):
-                    answers.append(TextStream(decode, request.stop, watch_tools=False).finish(ids)[0])
-        return answers
-
-    def _greedy(self, prompts: list[list[int]], max_tokens: list[int], stops: frozenset[int]) -> list[list[int]]:
-        """The argmax continuation of each prompt, up to its first stop token (left out) or its
-        row's `max_tokens`: left padding and position ids `cumsum(mask) - 1`, a key-value cache.
-        The prompts' shared prefix (the gate's worked example and instructions) runs once, as in
-        the embedded runtime's prefill, and only the last position's logits are computed."""
-        shared = shared_prefix_length(prompts, self.min_shared_prefix)
-        ids, attention, positions, cache = self._after_prefix(prompts[0][:shared], [p[shared:] for p in prompts])
-        out: list[list[int]] = [[] for _ in prompts]
-        live = list(range(len(prompts)))
-        step = self.base(
-            input_ids=ids,
-            attention_mask=attention,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        for _ in range(max(max_tokens)):
-            chosen = step.logits[:, -1, :].float().argmax(-1)
-            for row in list(live):
-                token = int(chosen[row])
-                if token not in stops:
-                    out[row].append(token)
-                if token in stops or len(out[row]) >= max_tokens[row]:
-                    live.remove(row)
-            if not live:
-                break
-            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=1)
-            positions = positions[:, -1:] + 1
-            step = self.base(
-                input_ids=chosen.unsqueeze(-1),
-                attention_mask=attention,
-                position_ids=positions,
-                past_key_values=step.past_key_values,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        return out
-
-    def _tokenizer(self) -> Any:
-        if self.tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        return self.tokenizer
-
-    def _completion_logprobs(
-        self, seqs: list[tuple[list[int], list[int]]], temps: list[float]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs [B, C] of the completions, right-aligned (C = the longest completion), and the
-        mask of real completion positions. Left padding and `cumsum(mask) - 1` positions, as in
-        generation; logits only for the last C + 1 positions (the 49k vocabulary is the cost).
-
-        Rows sharing a long prompt prefix (a system prompt, a worked example) run it once: its
-        keys and values, repeated to the batch, are the cache the rows' suffixes (the rest of the
-        prompt plus the completion) attend to, left-padded after it. The numbers are the same;
-        with gradients on they flow back through the cache into the adapter on the prefix."""
-        shared = shared_prefix_length([p for p, _ in seqs], self.min_shared_prefix)
-        longest = max(len(c) for _, c in seqs)
-        ids, attention, positions, cache = self._after_prefix(seqs[0][0][:shared], [p[shared:] + c for p, c in seqs])
-        width = ids.shape[1]
-        logits = (
-            self.base(
-                input_ids=ids,
-                attention_mask=attention,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=cache is not None,
-                logits_to_keep=longest + 1,
-            )
-            .logits[:, :-1, :]
-            .float()
-        )
-        scale = torch.tensor([t if t > 0 else 1.0 for t in temps], dtype=torch.float32, device=self.device).view(
-            -1, 1, 1
-        )
-        logprobs = torch.log_softmax(logits / scale, dim=-1)
-        targets = ids[:, width - longest :]
-        picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        lengths = torch.tensor([len(c) for _, c in seqs], device=self.device).unsqueeze(1)
-        mask = torch.arange(longest, device=self.device).unsqueeze(0) >= (longest - lengths)
-        return picked, mask
-
-    def _after_prefix(
-        self, prefix: list[int], rows: list[list[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
-        """Rows that all follow `prefix` (empty: none shared), as one batch: the rows' ids left
-        padded, the attention mask over prefix and row, the rows' position ids counting on from the
-        prefix, and the prefix's key/value cache repeated to the batch (None without a prefix)."""
-        shared = len(prefix)
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([[self.pad_id] * (width - len(r)) + r for r in rows], device=self.device)
-        attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
-        positions = shared + (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = None
-        if shared:
-            cache = self._prefix_cache(prefix, len(rows))
-            attention = torch.cat([torch.ones_like(attention[:, :1]).expand(-1, shared), attention], dim=1)
-            self.shared_prefix_tokens += shared * (len(rows) - 1)
-        return ids, attention, positions, cache
-
-    def _prefix_cache(self, prefix: list[int], batch: int) -> Any:
-        """The key/value cache of `prefix` (positions 0..P-1), run once and repeated `batch` times
-        along the batch (`repeat_interleave`: autograd sees the copies, gradients sum back)."""
-        ids = torch.tensor([prefix], device=self.device)
-        positions = torch.arange(len(prefix), device=self.device).unsqueeze(0)
-        cache = self.base(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1).past_key_values
-        cache.batch_repeat_interleave(batch)
-        return cache
+        with self._adapter_only(adapter_part(adapter_files)):
+            return self._answers(self.base, requests, max_tokens)
 
     # -- adapters -----------------------------------------------------------------------------
 
@@ -551,16 +388,3 @@ def resolve_dtype(dtype: str, device_type: str, engine_dtype: str | None) -> tor
     if device_type == "cpu":
         return torch.float32
     return DTYPES.get(engine_dtype or "", torch.bfloat16)
-
-
-def _right_aligned(rows: list[list[float]], width: int) -> torch.Tensor:
-    return torch.tensor([[0.0] * (width - len(r)) + list(r) for r in rows], dtype=torch.float32)
-
-
-def answer_room(prompts: list[list[int]], max_tokens: int) -> list[int]:
-    """How many tokens each prompt's answer may take: `max_tokens`, cut where the context ends,
-    as the embedded runtime cuts it; a prompt with no room left is refused."""
-    for prompt in prompts:
-        if len(prompt) >= MAX_CONTEXT:
-            raise ValueError(f"the prompt has {len(prompt)} tokens; the model's context is {MAX_CONTEXT}")
-    return [max(1, min(max_tokens, MAX_CONTEXT - len(prompt))) for prompt in prompts]
