@@ -10,7 +10,10 @@ row with the request's own temperature, top_p and seed, and streams every token 
 and the log-prob of the distribution it was actually drawn from, so records can be verified and
 trained on (invariant 2, docs/architecture.md). Adapter loads and unloads also run on the worker,
 between decoding steps, so no lock guards the model and a batch in flight never sees an adapter
-vanish under it.
+vanish under it. A full-weight release is a model of its own (`full_weights.py`), read beside
+the serving one while requests go on: a batch decodes on its load's model from start to end, so
+requests in flight finish on the weights they started with, and the prefix kept for reuse is
+kept per load, so no keys or values of older weights serve a newer release.
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ import torch
 from reef.core.chat import ChatRequest, Delta, Finish, FinishReason, TextDelta, ToolCallDelta, Usage
 from reef.core.errors import RuntimeFailure
 from reef.core.prefix import MIN_SHARED_PREFIX, shared_prefix_length
+from reef.core.training import adapter_part, weights_kind
 from reef.core.types import ReleaseRef
 from reef.runtimes.base import Runtime
 from reef.runtimes.chatml import MAX_CONTEXT, TextStream, prompt_ids, stop_token_ids
-from reef.runtimes.embedded_batch import Batch, Job, Prefix
+from reef.runtimes.embedded_batch import Batch, FullModel, Job, Prefix
+from reef.runtimes.full_weights import load_full_model
 from reef.runtimes.sampling import sample
 
 _UNSET = object()  # "adapter state unknown": forces the next batch step to set it again
@@ -82,7 +87,8 @@ class EmbeddedRuntime(Runtime):
         self.batch_observer: Callable[[int, list[float]], None] | None = None
         self._incarnation = secrets.token_hex(4)
         self._counter = itertools.count(1)
-        self._loads: dict[str, str | None] = {}  # runtime_load_id -> adapter name (None: base)
+        # runtime_load_id -> adapter name, the model of a full-weight release, or None (the base model)
+        self._loads: dict[str, str | FullModel | None] = {}
         self._cond = threading.Condition()
         self._queue: list[Job] = []
         self._last_load_id: str | None = None  # of the turn before, for taking turns
@@ -160,18 +166,28 @@ class EmbeddedRuntime(Runtime):
         return not self._queue and not self._batches
 
     def resident(self) -> dict[str, int]:
-        """Runtime loads resident now: of the base model, and LoRA adapters (/metrics)."""
-        adapters = sum(1 for name in list(self._loads.values()) if name is not None)
-        return {"base": len(self._loads) - adapters, "adapter": adapters}
+        """Runtime loads resident now: of the base model, LoRA adapters and full weights (/metrics)."""
+        loads = list(self._loads.values())
+        adapters = sum(1 for weights in loads if isinstance(weights, str))
+        full = sum(1 for weights in loads if isinstance(weights, FullModel))
+        return {"base": len(loads) - adapters - full, "adapter": adapters, "full": full}
 
     # -- releases ----------------------------------------------------------------------------
 
     async def load(self, content_id: str, files: Mapping[str, bytes]) -> str:
-        """Empty content (or content without an adapter) serves the base model; a peft LoRA
-        adapter becomes one more resident adapter, named after its load."""
+        """Empty content (or content without weights) serves the base model; a peft LoRA
+        adapter becomes one more resident adapter, named after its load; full weights become a
+        model of their own, read off the worker thread (serving goes on meanwhile)."""
         n = next(self._counter)
         load_id = f"{self._incarnation}:{n}"
-        adapter_files = _adapter_files(files)
+        if weights_kind(files) == "full":
+            try:
+                model = await asyncio.to_thread(load_full_model, files, torch.float32)
+            except Exception as exc:
+                raise RuntimeFailure(f"cannot load content {content_id} as full weights: {exc}") from exc
+            self._loads[load_id] = FullModel(model)
+            return load_id
+        adapter_files = adapter_part(files)
         if adapter_files is None:
             self._loads[load_id] = None
             return load_id
@@ -186,10 +202,10 @@ class EmbeddedRuntime(Runtime):
         return load_id
 
     async def unload(self, runtime_load_id: str) -> None:
-        adapter = self._loads.pop(runtime_load_id, None)
+        weights = self._loads.pop(runtime_load_id, None)
         self._prefixes.pop(runtime_load_id, None)
-        if adapter is not None:
-            await self.run_in_worker(partial(self._drop_adapter, adapter))
+        if isinstance(weights, str):  # a full-weight model goes with the last batch that holds it
+            await self.run_in_worker(partial(self._drop_adapter, weights))
 
     async def run_in_worker(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the worker thread between decoding steps (the model's only owner)."""
@@ -330,7 +346,9 @@ class EmbeddedRuntime(Runtime):
             if load_id not in self._loads:
                 self._fail_queued(load_id, f"runtime load {load_id} was unloaded")
                 return None
-            batch = self._batches[load_id] = Batch(load_id, self._loads[load_id])
+            weights = self._loads[load_id]
+            batch = self._batches[load_id] = Batch(load_id, weights if isinstance(weights, str) else None)
+            batch.full = weights if isinstance(weights, FullModel) else None
         return batch
 
     def _fail_queued(self, load_id: str, message: str) -> None:
@@ -390,7 +408,8 @@ class EmbeddedRuntime(Runtime):
         steps = 0
         with torch.inference_mode():
             while True:
-                self._apply_adapter(batch.adapter)
+                if batch.full is None:
+                    self._apply_adapter(batch.adapter)
                 if steps == 0 or self.continuous:
                     self._admit(batch)
                 if not batch.jobs:
@@ -415,8 +434,8 @@ class EmbeddedRuntime(Runtime):
                 self.batch_observer(len(joining), [now - job.queued_at for job in joining])
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
-        logits, mask, positions = self._prefill(joining, cache, batch.load_id)
+        cache = DynamicCache(config=self._model_of(batch).config)
+        logits, mask, positions = self._prefill(joining, cache, batch)
         batch.merge(cache, mask, positions[:, -1:], logits)
 
     def _step(self, batch: Batch) -> None:
@@ -430,9 +449,9 @@ class EmbeddedRuntime(Runtime):
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.jobs), 1)], dim=1)
         batch.positions = batch.positions + 1
         step = torch.tensor([[job.ids[-1]] for job in batch.jobs])
-        batch.logits = self._forward(step, batch.mask, batch.positions, batch.cache)
+        batch.logits = self._forward(self._model_of(batch), step, batch.mask, batch.positions, batch.cache)
 
-    def _prefill(self, jobs: list[Job], cache: Any, load_id: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(self, jobs: list[Job], cache: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the prompts into `cache`; return the next-token logits, the attention mask and the
         position ids. Prefill is most of a batch's cost, and prompts often share a long start (a
         system prompt, an agent's instructions): that prefix runs once, with batch size one, its
@@ -440,6 +459,7 @@ class EmbeddedRuntime(Runtime):
         mask `[1]*P + [0]*pad + [1]*suffix`, positions going on from P. The prefix is the one the
         jobs share, or, when longer, the one they share with the load's last prompt start
         prefilled alone (kept, so requests that join a running batch one at a time reuse it)."""
+        load_id, model = batch.load_id, self._model_of(batch)
         prompts = [job.prompt_ids for job in jobs]
         shared = shared_prefix_length(prompts, self.min_shared_prefix)
         last = self._prefixes.get(load_id)
@@ -451,7 +471,7 @@ class EmbeddedRuntime(Runtime):
             self.reused_prefix_tokens += shared * len(jobs)
         elif shared:
             prefix = torch.tensor([prompts[0][:shared]])
-            self._forward(prefix, torch.ones_like(prefix), torch.arange(shared)[None], cache)
+            self._forward(model, prefix, torch.ones_like(prefix), torch.arange(shared)[None], cache)
             self._remember_prefix(load_id, prompts[0][:shared], cache)
             self.shared_prefix_tokens += shared * (len(jobs) - 1)
         if shared:
@@ -463,7 +483,7 @@ class EmbeddedRuntime(Runtime):
         suffix_mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in suffixes])
         positions = shared + (suffix_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: each row counts on from P
         mask = torch.cat([suffix_mask.new_ones(len(jobs), shared), suffix_mask], dim=1)
-        logits = self._forward(ids, mask, positions, cache)
+        logits = self._forward(model, ids, mask, positions, cache)
         if len(jobs) == 1 and self.min_shared_prefix:
             self._remember_prefix(load_id, prompts[0], cache)  # unpadded: the next joiner may share its start
         return logits, mask, positions
@@ -472,8 +492,15 @@ class EmbeddedRuntime(Runtime):
         if load_id in self._loads:  # not for a load unloaded meanwhile
             self._prefixes[load_id] = Prefix(list(ids), [(layer.keys, layer.values) for layer in cache.layers])
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
-        out = self.model(
+    def _model_of(self, batch: Batch) -> Any:
+        """The model a batch decodes on: its full-weight release's own, else the shared one (with
+        the batch's adapter set)."""
+        return batch.full.model if batch.full is not None else self.model
+
+    def _forward(
+        self, model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        out = model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
@@ -519,27 +546,6 @@ class EmbeddedRuntime(Runtime):
                 "tool_calls" if calls else reason, usage, model=self.model_name, prompt_token_ids=tuple(job.prompt_ids)
             )
         )
-
-
-def _adapter_files(files: Mapping[str, bytes]) -> dict[str, bytes] | None:
-    """The peft adapter inside a release's content (at its root or in a sub-folder), or None
-    when the content carries no weights (a harness-only release serves the base model)."""
-    config = next(
-        (
-            name
-            for name in sorted(files)
-            if name.rsplit("/", 1)[-1] == "adapter_config.json" and not name.startswith("harness/")
-        ),
-        None,
-    )  # the harness is never weights
-    if config is None:
-        return None
-    prefix = config[: -len("adapter_config.json")]
-    return {
-        name[len(prefix) :]: data
-        for name, data in files.items()
-        if name.startswith(prefix) and "/" not in name[len(prefix) :]
-    }
 
 
 @contextlib.contextmanager

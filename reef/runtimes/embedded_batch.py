@@ -15,6 +15,13 @@ from reef.runtimes.chatml import TextStream
 # -- one request on the worker -------------------------------------------------------------------
 
 
+@dataclass(frozen=True, eq=False)
+class FullModel:
+    """The model of one full-weight release, resident beside the shared one while a load holds it."""
+
+    model: Any
+
+
 @dataclass(eq=False)  # jobs are compared by identity when taken off the queue
 class Job:
     prompt_ids: list[int]
@@ -44,7 +51,8 @@ class Batch:
     left-padded to one width; a row that joins later is padded on the left as well."""
 
     load_id: str
-    adapter: str | None  # peft adapter name; None: the base model
+    adapter: str | None  # peft adapter name; None: the base model (or `full`'s)
+    full: FullModel | None = None  # a full-weight release's own model: the batch decodes on it
     jobs: list[Job] = field(default_factory=list)
     cache: Any = None
     mask: torch.Tensor | None = None

@@ -91,11 +91,11 @@ class Metrics:
             return
         loads = Gauge(
             "reef_runtime_loads",
-            "Runtime loads resident now, by kind (base, adapter)",
+            "Runtime loads resident now, by kind (base, adapter, full)",
             ["kind"],
             registry=self.registry,
         )
-        for kind in ("base", "adapter"):
+        for kind in ("base", "adapter", "full"):
             loads.labels(kind).set_function(lambda kind=kind: resident().get(kind, 0))  # type: ignore[misc]
         if hasattr(runtime, "batch_observer"):
             runtime.batch_observer = self.observe_batch
