@@ -728,6 +728,8 @@ def export_release(
     )
 
 
+from reef.cli_import import import_records  # noqa: E402  (a command of its own module, registered here)
 from reef.demo.cli import demo  # noqa: E402  (a command of its own module, registered here)
 
 main.add_command(demo)
+main.add_command(import_records)

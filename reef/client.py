@@ -62,6 +62,11 @@ class ReefClient:
         headers = {"x-reef-scenario": scenario} if scenario else {}
         return self._call("POST", "/reef/report", json=body, headers=headers)
 
+    def import_records(self, items: list[dict[str, Any]], scenario: str | None = None) -> dict[str, Any]:
+        """Store records served elsewhere, all or none (`POST /reef/records/batch`, docs/http.md)."""
+        headers = {"x-reef-scenario": scenario} if scenario else {}
+        return self._call("POST", "/reef/records/batch", json={"records": items}, headers=headers)
+
     def record(self, record_id: str) -> dict[str, Any]:
         return self._call("GET", f"/reef/records/{record_id}")
 

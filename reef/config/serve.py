@@ -91,6 +91,11 @@ class ServeConfig(Strict):
         False, description="Allow a non-loopback address without a token (the Host check is then off)"
     )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; past it, 413")
+    max_batch_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Largest body of POST /reef/records/batch (an import of up to 1000 records); past it, 413",
+    )
     limits: RequestLimits = Field(default_factory=RequestLimits)
     runtime: Literal["embedded", "upstream", "vllm", "sglang"] | None = Field(
         None, description="The runtime that answers; default: upstream when upstream.url is set, else embedded"

@@ -112,6 +112,7 @@ class Record:
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # why a record is incomplete
     harness: JSON | None = None  # what inject mode added to the client's request (reef/surfaces/inject.py)
+    imported: bool = False  # brought in by `POST /reef/records/batch`: served elsewhere, no release, no tokens
     seq: int | None = None  # store order; assigned by the store, not part of the content
 
     def __post_init__(self) -> None:
@@ -132,6 +133,8 @@ class Record:
         }
         if self.harness is not None:  # absent, not null, so records without one keep their hash
             data["harness"] = self.harness
+        if self.imported:  # likewise absent unless set
+            data["imported"] = True
         return data
 
     def outcome(self) -> JSON:
@@ -166,6 +169,7 @@ class Record:
             timings=dict(data.get("timings") or {}),
             error=data.get("error"),
             harness=data.get("harness"),
+            imported=bool(data.get("imported", False)),
             seq=data.get("seq"),
         )
 

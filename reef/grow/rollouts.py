@@ -1,7 +1,8 @@
 """A served record as a rollout to train on: whether it can be, honestly, and its `Sample`.
 
-A record is a rollout only if it is complete, has its token ids, log-probs and prompt token
-ids, every token is covered by spans of the release it was frozen to (invariant 2), it was
+A record is a rollout only if it was served here (an imported one, `POST /reef/records/batch`,
+has no tokens of a release), is complete, has its token ids, log-probs and prompt token ids,
+every token is covered by spans of the release it was frozen to (invariant 2), it was
 sampled without top-p (its log-probs would be of a trimmed distribution the trainer does not
 reproduce), it has not been learned from, and its release is known to the chain and at most
 `max_staleness` publications old.
@@ -19,6 +20,8 @@ def rollout_problem(record: Record, consumed: set[str]) -> str | None:
     """Why `record` is no rollout to train on (a drop reason), or None."""
     if record.id in consumed:
         return "already_trained"
+    if record.imported:  # served elsewhere: no tokens or log-probs of a release to train on
+        return "imported"
     if record.status is not RecordStatus.COMPLETE:
         return "not_complete"
     response = record.response or {}

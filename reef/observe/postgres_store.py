@@ -149,6 +149,9 @@ class PostgresStore(ExperienceStore):
     # -- records -------------------------------------------------------------------------
 
     def put_record(self, record: Record) -> Record:
+        return self._run(self._record_work(record))
+
+    def _record_work(self, record: Record) -> Callable[[Cursor], Record]:
         body = rules.record_body(record)
 
         def work(cur: Cursor) -> Record:
@@ -168,7 +171,7 @@ class PostgresStore(ExperienceStore):
                 # another front end inserted this id since we looked: decide against its row
             raise StorageUnavailable(f"{self._where}: record {record.id} kept changing under the write")
 
-        return self._run(work)
+        return work
 
     def _owner(self, record: Record) -> str | None:
         """A record `in_progress` is this instance's to finish."""
@@ -256,13 +259,21 @@ class PostgresStore(ExperienceStore):
     # -- reports -------------------------------------------------------------------------
 
     def put_report(self, report: Report) -> Report:
+        return self._run(self._report_work(report))
+
+    def _reports_lock(self, cur: Cursor, scenario: str) -> None:
+        """The scenario's report sequence lock, held to commit (taking it again is a no-op)."""
+        cur.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"reef:{self.schema}:reports:{scenario}",)
+        )
+
+    def _report_work(self, report: Report) -> Callable[[Cursor], Report]:
         report = rules.with_distinct_references(report)
-        lock_key = f"reef:{self.schema}:reports:{report.scenario}"
         stamped = replace(report, created_at=time.time())
         body = rules.report_body(stamped)  # serialised before the lock is taken
 
         def work(cur: Cursor) -> Report:
-            cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock_key,))
+            self._reports_lock(cur, report.scenario)
             for _ in range(ATTEMPTS):
                 row = cur.execute("SELECT body, seq FROM reports WHERE id = %s", (report.id,)).fetchone()
                 if row is not None:
@@ -273,6 +284,14 @@ class PostgresStore(ExperienceStore):
                     return stored
                 # the same id was just stored in another scenario: decide against that row
             raise StorageUnavailable(f"{self._where}: report {report.id} kept changing under the write")
+
+        return work
+
+    def put_batch(self, items: Sequence[rules.BatchItem]) -> list[rules.BatchItem]:
+        def work(cur: Cursor) -> list[rules.BatchItem]:
+            for scenario in sorted({report.scenario for _, report in items if report is not None}):
+                self._reports_lock(cur, scenario)  # in one order for every front end: no deadlock
+            return rules.store_batch(items, lambda r: self._record_work(r)(cur), lambda p: self._report_work(p)(cur))
 
         return self._run(work)
 

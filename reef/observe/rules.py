@@ -6,12 +6,13 @@ missing reference is made by these functions, so SQLite and PostgreSQL cannot dr
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from reef.core.canonical import canonical_json, content_hash
-from reef.core.errors import InvalidInput, NotFound, RecordConflict
+from reef.core.errors import InvalidInput, NotFound, RecordConflict, ReefError
 from reef.core.types import Record, RecordStatus, Report, TokenSpan
 
 NO_SEQ_ABOVE = 2**63 - 1  # above every sequence number either backend hands out (a signed 64-bit integer)
@@ -130,6 +131,33 @@ def require_references(report: Report, known: Iterable[str]) -> None:
         raise NotFound(
             f"report {report.id} references unknown records in scenario {report.scenario!r}: {', '.join(missing)}"
         )
+
+
+BatchItem = tuple[Record, "Report | None"]  # a record with the report that scores it, if any
+
+
+def store_batch(
+    items: Sequence[BatchItem], put_record: Callable[[Record], Record], put_report: Callable[[Report], Report]
+) -> list[BatchItem]:
+    """Put each item in order inside the caller's one transaction; an item that fails raises
+    its error named `records[i].id` (its record) or `records[i].score` (its report), so the
+    caller rolls the whole batch back and the client knows which item to fix."""
+    stored: list[BatchItem] = []
+    for i, (record, report) in enumerate(items):
+        field = "id"
+        try:
+            kept = put_record(record)
+            field = "score"
+            stored.append((kept, put_report(report) if report is not None else None))
+        except ReefError as exc:
+            raise _named(exc, f"records[{i}].{field}") from None
+    return stored
+
+
+def _named(exc: ReefError, where: str) -> ReefError:
+    named = copy.copy(exc)
+    named.args = (f"{where}: {exc}",)
+    return named
 
 
 def record_from_row(body: str, seq: int) -> Record:

@@ -400,6 +400,14 @@ class SQLiteStore(ExperienceStore):
 
         return write
 
+    def put_batch(self, items: Sequence[rules.BatchItem]) -> list[rules.BatchItem]:
+        def write(conn: sqlite3.Connection) -> list[rules.BatchItem]:  # one savepoint: all or none
+            return rules.store_batch(
+                items, lambda r: self._put_record_write(r)(conn), lambda p: self._report_write(p)(conn)
+            )
+
+        return self._submit(write)
+
     def get_report(self, report_id: str) -> Report:
         row = self._reader().execute("SELECT body, seq FROM reports WHERE id = ?", (report_id,)).fetchone()
         if row is None:

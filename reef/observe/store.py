@@ -25,7 +25,7 @@ from typing import Any, Collection, Iterator, Sequence
 
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords, TokenSpan
 from reef.observe.record_query import RecordPage, RecordQuery, StoredRecord
-from reef.observe.rules import Outcome
+from reef.observe.rules import BatchItem, Outcome
 
 
 class ExperienceStore(ABC):
@@ -73,6 +73,13 @@ class ExperienceStore(ABC):
     def get_report(self, report_id: str) -> Report: ...
 
     @abstractmethod
+    def put_batch(self, items: Sequence[BatchItem]) -> list[BatchItem]:
+        """Store records, each with its report or none, in one transaction: all or none. Each
+        item is decided as `put_record` and `put_report` decide it (an identical retry returns
+        what is stored, other content raises `RecordConflict`); the first item that fails names
+        itself in the error (`rules.store_batch`) and nothing of the batch is kept."""
+
+    @abstractmethod
     def reports_for(self, record_id: str) -> list[Report]:
         """Reports that reference one record, oldest first."""
 
@@ -97,16 +104,17 @@ class ExperienceStore(ABC):
         after_seq: int = 0,
         page_size: int = 500,
         newest_first: bool = False,
+        before_seq: int | None = None,
     ) -> Iterator[StoredRecord]:
         """The live records of a scenario in sequence order (`newest_first`: the reverse), each
         with its reports, read a page at a time (each page one snapshot) along the index on
         (scenario, seq), so memory stays flat however many there are and the newest `n` cost
         `n` rows read, not the whole scenario. Filters: the frozen release, statuses (None:
         any), stored at `since` <= t < `until` (epoch seconds), only records some report names,
-        sequence above `after_seq`. A record committed while the iteration runs may or may not
+        sequence above `after_seq` (and, `newest_first`, below `before_seq`). A record committed while the iteration runs may or may not
         be seen."""
         query = RecordQuery(
-            scenario, release_id, statuses, since, until, reported_only, after_seq, page_size, newest_first
+            scenario, release_id, statuses, since, until, reported_only, after_seq, page_size, newest_first, before_seq
         )
         cursor = query.first_cursor()
         while True:

@@ -24,7 +24,7 @@ from reef.config import ServeConfig
 from reef.core.errors import ReefError
 from reef.observe.store import ExperienceStore
 from reef.runtimes.base import Runtime
-from reef.serve import routes_harness, routes_install, routes_reef, routes_v1
+from reef.serve import routes_harness, routes_import, routes_install, routes_reef, routes_v1
 from reef.serve.auth import TokenAuth
 from reef.serve.body_limit import BodyLimit
 from reef.serve.cross_site import JsonBodies, LoopbackOnly, own_hosts
@@ -118,6 +118,7 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     app.include_router(routes_reef.build_router())
     app.include_router(routes_harness.build_router())
     app.include_router(routes_install.build_router())
+    app.include_router(routes_import.build_router())
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
@@ -131,7 +132,12 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     app.add_middleware(HotRoutes, service=reef.inference)  # innermost: after the guards below
-    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, max_header_bytes=config.limits.max_header_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=config.max_body_bytes,
+        max_header_bytes=config.limits.max_header_bytes,
+        routes={routes_import.BATCH_PATH: (config.max_batch_bytes, "max_batch_bytes")},
+    )
     app.add_middleware(JsonBodies)  # inside the token check: a request without the token still gets 401
     app.add_middleware(TokenAuth, tokens=config.tokens)
     app.add_middleware(Dashboard)  # outside the token check: /ui's static files hold no data

@@ -1,0 +1,253 @@
+"""Importing records users already have: `POST /reef/records/batch` and `reef import`.
+
+A real server (a child process, the scripted upstream as its provider), real SQLite; the store
+part (`put_batch`) on SQLite and on a real PostgreSQL (tests/pg.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+from uuid import uuid4
+
+import httpx
+import pytest
+
+from reef.core.errors import RecordConflict
+from reef.core.types import Record, RecordStatus, Report
+from reef.grow.rollouts import rollout_problem
+from reef.observe.sqlite_store import SQLiteStore
+from reef.observe.store import ExperienceStore
+from tests.helpers.reef_server import ReefServer
+from tests.pg import postgres_dsn  # noqa: F401  (session fixture used by the postgres param)
+from tests.scripted_upstream import ScriptedUpstream
+
+TOKEN = "import-token-8c2f"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+SCENARIO = "imports"
+
+
+def openai_item(n: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "dialect": "openai",
+        "scenario": SCENARIO,
+        "request": {"model": "gpt-x", "messages": [{"role": "user", "content": f"question {n}"}]},
+        "response": {
+            "id": f"chatcmpl-{n}",
+            "object": "chat.completion",
+            "model": "gpt-x",
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": f"answer {n}"}, "finish_reason": "stop"}
+            ],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+        },
+        **extra,
+    }
+
+
+def anthropic_item(n: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "dialect": "anthropic",
+        "scenario": SCENARIO,
+        "request": {"model": "claude-x", "max_tokens": 64, "messages": [{"role": "user", "content": f"ask {n}"}]},
+        "response": {
+            "id": f"msg_{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-x",
+            "content": [{"type": "text", "text": f"reply {n}"}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 4, "output_tokens": 2},
+        },
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def reef(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
+    settings = {
+        "tokens": [TOKEN],
+        "recipes": {"default": "skills"},
+        "learner": {"enabled": False},
+        "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 5},
+    }
+    with ReefServer(tmp_path_factory.mktemp("reef-import"), settings) as server:
+        yield server
+
+
+@pytest.fixture
+def http(reef: ReefServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=reef.url, headers=AUTH, timeout=60) as client:
+        yield client
+
+
+def records_of(http: httpx.Client, scenario: str = SCENARIO) -> int:
+    answer = http.get(f"/reef/scenarios/{scenario}")
+    return answer.json()["records"] if answer.status_code == 200 else 0
+
+
+# -- the route -------------------------------------------------------------------------------
+
+
+def test_a_batch_is_stored_as_served_records_marked_imported_with_receipts(
+    http: httpx.Client, upstream: ScriptedUpstream
+) -> None:
+    first, second = f"imp-{uuid4().hex[:8]}", f"imp-{uuid4().hex[:8]}"
+    items = [
+        openai_item(1, id=first, score=1.0, feedback="right", session="s-1", tags={"source": "logs"}),
+        anthropic_item(2, id=second, score=0.0, feedback={"why": "wrong"}),
+        openai_item(3),
+    ]
+    answer = http.post("/reef/records/batch", json={"records": items})
+    assert answer.status_code == 200, answer.text
+    receipts = answer.json()["receipts"]
+    assert [r["index"] for r in receipts] == [0, 1, 2]
+    assert [r["record_id"] for r in receipts[:2]] == [first, second]
+    assert receipts[2]["report_id"] is None and receipts[0]["report_id"] and receipts[1]["report_id"]
+
+    got = http.get(f"/reef/records/{first}").json()
+    record = got["record"]
+    assert record["imported"] is True and record["release"] is None
+    assert record["status"] == "complete" and record["token_ids"] is None and record["logprobs"] is None
+    assert record["session"] == "s-1" and record["tags"] == {"source": "logs"}
+    assert record["response"]["text"] == "answer 1" and record["response"]["usage"]["completion_tokens"] == 2
+    assert [(r["score"], r["feedback"]) for r in got["reports"]] == [(1.0, "right")]
+    anthropic = http.get(f"/reef/records/{second}").json()
+    assert anthropic["record"]["request"]["dialect"] == "anthropic"
+    assert anthropic["record"]["response"]["text"] == "reply 2"
+    assert anthropic["reports"][0]["feedback"] == {"why": "wrong"}
+
+    # the same request served by Reef is recorded in the same shape
+    upstream.clear()
+    served = http.post("/v1/chat/completions", json=items[0]["request"], headers={"x-reef-scenario": SCENARIO})
+    assert served.status_code == 200, served.text
+    live = http.get(f"/reef/records/{served.headers['x-reef-agent-record-id']}").json()["record"]
+    assert live["request"] == record["request"]
+    assert set(live["response"]) == set(record["response"])
+    assert "imported" not in live
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        ({"dialect": "gemini"}, "records[1].dialect"),
+        ({"request": {"model": "m", "messages": "hi"}}, "records[1].request"),
+        ({"response": {"choices": []}}, "records[1].response"),
+        ({"response": {"choices": [{"message": {"content": 5}}]}}, "records[1].response"),
+        ({"score": None, "feedback": "why"}, "records[1].feedback"),
+        ({"id": "no spaces allowed"}, "records[1].id"),
+        ({"scenario": "../etc"}, "records[1].scenario"),
+        ({"extra": 1}, "records[1].extra"),
+    ],
+)
+def test_a_bad_item_is_named_and_nothing_of_the_batch_is_stored(
+    http: httpx.Client, bad: dict[str, Any], named: str
+) -> None:
+    before = records_of(http)
+    good = f"good-{uuid4().hex[:8]}"
+    items = [openai_item(1, id=good, score=1.0), {**openai_item(2), **bad}, openai_item(3)]
+    answer = http.post("/reef/records/batch", json={"records": items})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["message"].startswith(named + ":"), answer.json()
+    assert http.get(f"/reef/records/{good}").status_code == 404
+    assert records_of(http) == before
+
+
+def test_a_batch_of_none_or_over_a_thousand_or_not_json_is_refused(http: httpx.Client) -> None:
+    for body in ({"records": []}, {"records": [openai_item(i) for i in range(1001)]}, {}):
+        answer = http.post("/reef/records/batch", json=body)
+        assert answer.status_code == 400, answer.text
+        assert "records" in answer.json()["error"]["message"]
+    bad = http.post("/reef/records/batch", content=b"{not json", headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
+
+
+def test_a_retry_answers_the_same_receipts_and_other_content_under_an_id_conflicts_storing_nothing(
+    http: httpx.Client,
+) -> None:
+    ids = [f"again-{uuid4().hex[:8]}" for _ in range(3)]
+    batch = {"records": [openai_item(i, id=rid, score=float(i)) for i, rid in enumerate(ids)]}
+    first = http.post("/reef/records/batch", json=batch)
+    assert first.status_code == 200, first.text
+    before = records_of(http)
+    again = http.post("/reef/records/batch", json=batch)
+    assert again.status_code == 200 and again.json() == first.json()
+    assert records_of(http) == before
+
+    fresh = f"fresh-{uuid4().hex[:8]}"
+    changed = {"records": [openai_item(9, id=fresh), openai_item(1, id=ids[1], score=1.0)]}
+    changed["records"][1]["response"]["choices"][0]["message"]["content"] = "another answer"
+    answer = http.post("/reef/records/batch", json=changed)
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["error"]["message"].startswith("records[1].id:")
+    rescored = {"records": [openai_item(9, id=fresh), openai_item(2, id=ids[2], score=0.5)]}
+    answer = http.post("/reef/records/batch", json=rescored)
+    assert answer.status_code == 409 and answer.json()["error"]["message"].startswith("records[1].score:")
+    assert http.get(f"/reef/records/{fresh}").status_code == 404
+    assert records_of(http) == before
+
+
+def test_the_route_needs_the_token(reef: ReefServer) -> None:
+    answer = httpx.post(f"{reef.url}/reef/records/batch", json={"records": [openai_item(1)]})
+    assert answer.status_code == 401
+
+
+def test_a_full_batch_may_be_larger_than_the_body_limit_of_other_routes(http: httpx.Client) -> None:
+    """1000 records of 5 KB are 5 MB: over `max_body_bytes` (4 MiB), under `max_batch_bytes`."""
+    filler = "x" * 5000
+    items = [openai_item(i) for i in range(1000)]
+    for item in items:
+        item["request"]["messages"][0]["content"] += filler
+    assert len(json.dumps({"records": items})) > 4 * 1024 * 1024
+    answer = http.post("/reef/records/batch", json={"records": items}, headers={"x-reef-scenario": "big"})
+    assert answer.status_code == 200, answer.text[:300]
+    assert answer.json()["imported"] == 1000
+
+
+# -- what learns from them -------------------------------------------------------------------
+
+
+def test_a_weights_recipe_drops_an_imported_record_with_its_reason() -> None:
+    served = Record("r1", SCENARIO, None, {"messages": []}, RecordStatus.COMPLETE, response={"text": "a"})
+    imported = Record(
+        "r2", SCENARIO, None, {"messages": []}, RecordStatus.COMPLETE, response={"text": "a"}, imported=True
+    )
+    assert rollout_problem(imported, set()) == "imported"
+    assert rollout_problem(served, set()) == "no_tokens"  # the reason it had before: not "imported"
+
+
+# -- the store -------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ExperienceStore]:
+    if request.param == "sqlite":
+        opened: ExperienceStore = SQLiteStore(tmp_path / "experience.db")
+    else:
+        from reef.observe.postgres_store import PostgresStore
+
+        opened = PostgresStore(request.getfixturevalue("postgres_dsn"), schema=f"t_{uuid4().hex[:12]}")
+    yield opened
+    opened.close()
+
+
+def imported(rid: str, text: str = "a") -> Record:
+    return Record(
+        rid, SCENARIO, None, {"messages": [{"role": "user", "content": rid}]}, RecordStatus.COMPLETE,
+        response={"text": text}, imported=True,
+    )  # fmt: skip
+
+
+def test_put_batch_stores_all_or_none_and_a_retry_is_idempotent(store: ExperienceStore) -> None:
+    items = [(imported(f"b{i}"), Report(f"rep-b{i}", SCENARIO, (f"b{i}",), float(i))) for i in range(3)]
+    stored = store.put_batch(items)
+    assert [r.id for r, _ in stored] == ["b0", "b1", "b2"] and all(p is not None for _, p in stored)
+    assert store.put_batch(items) == stored
+    assert store.get_record("b1").imported
+
+    clash = [(imported("c0"), None), (imported("b1", text="other"), None), (imported("c2"), None)]
+    with pytest.raises(RecordConflict, match=r"^records\[1\]\.id: "):
+        store.put_batch(clash)
+    assert store.count_records(SCENARIO) == 3  # c0 was undone with the rest
+    assert store.count_reports(SCENARIO) == 3
