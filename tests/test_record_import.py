@@ -7,13 +7,17 @@ part (`put_batch`) on SQLite and on a real PostgreSQL (tests/pg.py).
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 from uuid import uuid4
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
+from reef.cli import main
 from reef.core.errors import RecordConflict
 from reef.core.types import Record, RecordStatus, Report
 from reef.grow.rollouts import rollout_problem
@@ -66,14 +70,17 @@ def anthropic_item(n: int, **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def reef(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    settings = {
+    with ReefServer(tmp_path_factory.mktemp("reef-import"), server_settings(upstream)) as server:
+        yield server
+
+
+def server_settings(upstream: ScriptedUpstream) -> dict[str, Any]:
+    return {
         "tokens": [TOKEN],
         "recipes": {"default": "skills"},
         "learner": {"enabled": False},
         "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 5},
     }
-    with ReefServer(tmp_path_factory.mktemp("reef-import"), settings) as server:
-        yield server
 
 
 @pytest.fixture
@@ -203,6 +210,125 @@ def test_a_full_batch_may_be_larger_than_the_body_limit_of_other_routes(http: ht
     answer = http.post("/reef/records/batch", json={"records": items}, headers={"x-reef-scenario": "big"})
     assert answer.status_code == 200, answer.text[:300]
     assert answer.json()["imported"] == 1000
+
+
+def test_a_server_killed_during_a_batch_keeps_all_of_it_or_none(upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    """SIGKILL while the batch's transaction is being written (its write-ahead log growing):
+    after a restart the batch is wholly absent (or, had the commit won the race, wholly there)."""
+    ids = [f"kill-{i}" for i in range(1000)]
+    items = [openai_item(i, id=rid, score=1.0, scenario="killed") for i, rid in enumerate(ids)]
+    for item in items:
+        item["request"]["messages"][0]["content"] += "y" * 5000
+    first = ReefServer(tmp_path, server_settings(upstream)).start()
+    wal = first.state_dir / "experience.db-wal"
+    start_size = wal.stat().st_size if wal.exists() else 0
+    answers: list[Any] = []
+
+    def send() -> None:
+        try:
+            answers.append(
+                httpx.post(f"{first.url}/reef/records/batch", json={"records": items}, headers=AUTH, timeout=60)
+            )
+        except httpx.HTTPError as exc:
+            answers.append(exc)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    deadline = time.monotonic() + 30
+    while not answers and time.monotonic() < deadline:
+        if wal.exists() and wal.stat().st_size > start_size + 1024 * 1024:
+            break
+        time.sleep(0.001)
+    first.kill()
+    first.stop()
+    sender.join(timeout=30)
+    assert answers and isinstance(answers[0], httpx.HTTPError), "the kill came after the answer"
+    with ReefServer(tmp_path, server_settings(upstream)) as second:
+        with httpx.Client(base_url=second.url, headers=AUTH, timeout=30) as http:
+            kept = records_of(http, "killed")
+            assert kept in (0, len(ids)), f"{kept} of {len(ids)} records survived: a torn batch"
+            assert http.get("/reef/scenarios/killed").json()["reports"] == kept if kept else True
+            assert http.post("/reef/records/batch", json={"records": items}).status_code == 200  # the retry stores it
+            assert records_of(http, "killed") == len(ids)
+
+
+def test_export_then_import_round_trips(upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    """`reef export records` of a served, scored scenario, `reef import` into another server,
+    and its export again: the same lines but for what serving elsewhere changes (the release,
+    when it was stored)."""
+    runner = CliRunner()
+    source = tmp_path / "source"
+    with ReefServer(source, server_settings(upstream)) as first:
+        with httpx.Client(base_url=first.url, headers={**AUTH, "x-reef-scenario": "trip"}, timeout=30) as http:
+            for i in range(3):
+                served = http.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "m",
+                        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"q{i}"}],
+                    },
+                    headers={"x-reef-session": "sess-a", "x-reef-tag-team": "blue"},
+                )
+                assert served.status_code == 200, served.text
+                receipt = served.headers["x-reef-agent-record-id"]
+                if i < 2:
+                    assert (
+                        http.post(
+                            "/reef/report", json={"references": [receipt], "score": i, "feedback": f"f{i}"}
+                        ).status_code
+                        == 200
+                    )
+    exported = tmp_path / "trip.jsonl"
+    done = runner.invoke(
+        main, ["export", "records", "trip", "--state-dir", str(source / "state"), "--out", str(exported)]
+    )
+    assert done.exit_code == 0, done.output
+    with ReefServer(tmp_path / "target", server_settings(upstream)) as second:
+        done = runner.invoke(main, ["import", str(exported), "--url", second.url, "--token", TOKEN])
+        assert done.exit_code == 0, done.output
+        assert "imported 3 record(s)" in done.output
+        again = runner.invoke(main, ["import", str(exported), "--url", second.url, "--token", TOKEN])
+        assert again.exit_code == 0, again.output  # a retry stores nothing twice
+        with httpx.Client(base_url=second.url, headers=AUTH, timeout=30) as http:
+            assert records_of(http, "trip") == 3
+    round_trip = tmp_path / "again.jsonl"
+    done = runner.invoke(
+        main, ["export", "records", "trip", "--state-dir", str(tmp_path / "target" / "state"), "--out", str(round_trip)]
+    )
+    assert done.exit_code == 0, done.output
+
+    def comparable(path: Path) -> list[dict[str, Any]]:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        for row in rows:
+            del row["metadata"]["release_id"], row["metadata"]["created_at"]
+        return rows
+
+    assert comparable(round_trip) == comparable(exported)
+    assert [row["score"] for row in comparable(exported)] == [0.0, 1.0, None]
+
+
+def test_import_names_the_line_a_refused_batch_stopped_at(reef: ReefServer, tmp_path: Path) -> None:
+    lines = [
+        {
+            "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            "score": 1.0,
+            "feedback": ["ok"],
+            "metadata": {"scenario": SCENARIO},
+        },
+        {"messages": [{"role": "user", "content": "q"}], "metadata": {}},
+    ]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    done = CliRunner().invoke(main, ["import", str(path), "--url", reef.url, "--token", TOKEN])
+    assert done.exit_code == 1 and "line 2: the last message is not the assistant's answer" in done.output
+    path.write_text(
+        json.dumps(lines[0])
+        + "\n"
+        + json.dumps({**lines[0], "messages": [{"role": "wizard", "content": "q"}, lines[0]["messages"][1]]})
+        + "\n"
+    )
+    done = CliRunner().invoke(main, ["import", str(path), "--url", reef.url, "--token", TOKEN])
+    assert done.exit_code == 1 and "line 2 was refused, with the batch of lines 1-2 (none of it stored)" in done.output
 
 
 # -- what learns from them -------------------------------------------------------------------
