@@ -6,165 +6,47 @@ Checked: a wrong token is refused with a message and the token never lands in a 
 server's log or localStorage; a scenario and a newly learned release appear without reloading;
 a record opens in full; a rollback through the confirmation dialog grows the chain; a conflict
 (someone moved the head after the preview) is shown plainly and changes nothing; the static
-files need no token, every data call does; on the embedded tiny model, the canary's card shows
-and the records the canary served are labelled as its.
+files need no token, every data call does; a server without tokens opens without a sign-in.
+What an operator lives in (candidates, training curves, canaries, records' filters and pages,
+sessions, the tiny model learning weights) is tests/test_dashboard_operator.py.
 
 `REEF_UI_SCREENSHOTS=1` (or `scripts/ui_screenshots`) also writes the pages to docs/ui-*.png.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
-import openai
 import pytest
 
-from reef.client import ReefClient
+from tests.helpers import dashboard as ui
+from tests.helpers.dashboard import (
+    CHATTY,
+    CHROMIUM,
+    FEEDBACK,
+    GOOD,
+    SCENARIO,
+    TOKEN,
+    WAIT_MS,
+    ask,
+    client,
+    releases,
+    serve,
+    shot,
+    sign_in,
+    wait_for,
+)
 from tests.helpers.reef_server import ReefServer
 from tests.scripted_upstream import ScriptedUpstream
 
-CHROMIUM = os.environ.get("REEF_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-TOKEN = "ui-token-7c1e93a0b5"
-SCENARIO = "fmt"
-RULE_MARKER = "single word"
-GOOD, CHATTY = "4", "Sure! The answer is 4."
-FEEDBACK = ["Answer with a single word only.", "Only a single word answer, please.", "Answer with a single word only!"]
-DOCS = Path(__file__).resolve().parents[1] / "docs"
-SCREENSHOTS = os.environ.get("REEF_UI_SCREENSHOTS") == "1"
-WAIT_MS = 30_000
+browser, model, page, reef = ui.browser, ui.model, ui.page, ui.reef  # the shared fixtures
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install '.[test]')")
 if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
     pytest.skip(f"no chromium at {CHROMIUM}: `apt-get install -y chromium` (.ci/run does)", allow_module_level=True)
-
-
-def exact_answer(task: dict[str, Any], text: str) -> float:
-    """The gate's scorer, loaded by dotted path: the answer and nothing else."""
-    return 1.0 if text.strip() == task["expected"] else 0.0
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[ScriptedUpstream]:
-    """A stand-in model that answers tersely only when a rule in its system prompt asks."""
-    with ScriptedUpstream() as upstream:
-        upstream.answer_by_system({RULE_MARKER: GOOD}, otherwise=CHATTY)
-        yield upstream
-
-
-def serve(model: ScriptedUpstream, work: Path, publish: str = "auto", tokens: tuple[str, ...] = (TOKEN,)) -> ReefServer:
-    """`reef serve` whose `fmt` scenario learns a rule after three failures with the same feedback."""
-    tasks = work / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"prompt": f"What is {i}+{4 - i}?", "expected": "4"}) + "\n" for i in range(4)))
-    settings = {
-        "tokens": list(tokens),
-        "log_level": "info",
-        "upstream": {"url": model.base_url, "model": "scripted"},
-        "recipes": {"scenarios": {SCENARIO: "skills"}},
-        "learner": {
-            "poll_interval": 0.05,
-            "skills": {
-                "proposer": "distill",
-                "min_recurrence": 3,
-                "batch_size": 8,
-                "successes": 0,
-                "gate": {
-                    "tasks": str(tasks),
-                    "scorer": "tests.test_dashboard:exact_answer",
-                    "margin": 1,
-                    "publish": publish,
-                },
-            },
-        },
-    }
-    return ReefServer(work, settings)
-
-
-@pytest.fixture(scope="module")
-def reef(model: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    with serve(model, tmp_path_factory.mktemp("reef-ui")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 860}, device_scale_factor=1)
-    context.set_default_timeout(WAIT_MS)
-    tab = context.new_page()
-    tab.seen = []  # (url, authorization header) of every request the page made
-    tab.on("request", lambda r: tab.seen.append((r.url, r.headers.get("authorization"))))
-    tab.errors = []
-    tab.on("pageerror", lambda e: tab.errors.append(str(e)))
-    yield tab
-    context.close()
-    assert not tab.errors, f"JavaScript errors on the page: {tab.errors}"
-
-
-def client(reef: ReefServer) -> ReefClient:
-    return ReefClient(reef.url, TOKEN)
-
-
-def ask(reef: ReefServer, text: str = "What is 2+2?", session: str | None = None) -> tuple[str, str, str]:
-    """One request of the scenario: (receipt, release id, answer)."""
-    oai = openai.OpenAI(base_url=reef.base_url, api_key=TOKEN, max_retries=0, timeout=30)
-    headers = {"x-reef-scenario": SCENARIO, **({"x-reef-session": session} if session else {})}
-    raw = oai.chat.completions.with_raw_response.create(
-        model="any", messages=[{"role": "user", "content": text}], extra_headers=headers
-    )
-    return (
-        raw.headers["x-reef-agent-record-id"],
-        raw.headers["x-reef-release-id"],
-        raw.parse().choices[0].message.content or "",
-    )
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def releases(reef: ReefServer) -> list[dict[str, Any]]:
-    with client(reef) as c:
-        return c.releases(SCENARIO)["releases"]
-
-
-def sign_in(page: Any, reef: ReefServer, token: str = TOKEN, where: str = "") -> None:
-    page.goto(f"{reef.url}/ui/{where}")
-    page.get_by_test_id("token").fill(token)
-    page.get_by_test_id("sign-in").click()
-
-
-def shot(page: Any, name: str) -> None:
-    if SCREENSHOTS:
-        page.wait_for_timeout(300)  # let the last poll's render settle
-        page.screenshot(path=str(DOCS / f"ui-{name}.png"), full_page=True)
 
 
 def test_static_files_need_no_token_but_every_data_call_does(reef: ReefServer) -> None:
@@ -213,7 +95,8 @@ def test_a_wrong_token_is_refused_with_a_message_and_the_token_stays_out_of_urls
 
     assert all(TOKEN not in url for url, _ in page.seen)
     data_calls = [(url, header) for url, header in page.seen if "/reef/" in url]
-    assert data_calls and all(header in (f"Bearer {TOKEN}", "Bearer not-the-token") for _, header in data_calls)
+    assert data_calls and all(header in (f"Bearer {TOKEN}", "Bearer not-the-token") for _, header in data_calls[1:])
+    assert data_calls[0] == (f"{reef.url}/reef/status", None)  # the page asks first whether a token is needed
     assert TOKEN not in reef.logs() and "not-the-token" not in reef.logs()
 
 
@@ -262,7 +145,7 @@ def test_a_learned_release_appears_without_reloading_and_a_record_opens_in_full(
     sync_api.expect(newest).to_contain_text("right")
     sync_api.expect(newest).to_contain_text("unverified")  # an upstream provider gives no token ids
     shot(page, "records")
-    newest.get_by_role("link").click()
+    newest.get_by_role("link").first.click()  # the receipt (the session is a link too)
     record = page.get_by_test_id("record")
     sync_api.expect(record).to_be_visible()
     sync_api.expect(page.get_by_test_id("conversation")).to_contain_text(
@@ -424,10 +307,11 @@ def test_the_dashboard_works_on_a_server_without_a_token(page: Any, model: Scrip
         with client(reef) as c:
             creation = c.releases(SCENARIO)["releases"][0]
             c.rollback(SCENARIO, creation["release_id"])  # a second release, so the first can be rolled back to
-        page.goto(f"http://localhost:{reef.port}/ui/#/s/{SCENARIO}/chain")
-        page.get_by_test_id("sign-in").click()  # no token to give
+        page.goto(f"http://localhost:{reef.port}/ui/#/s/{SCENARIO}/chain")  # no sign-in: no token to give
         nodes = page.get_by_test_id("chain").get_by_test_id("release")
         sync_api.expect(nodes).to_have_count(2)
+        sync_api.expect(page.get_by_test_id("login-form")).to_be_hidden()
+        sync_api.expect(page.get_by_test_id("logout")).to_be_hidden()  # nothing to sign out of
         page.locator(f"[data-release='{creation['release_id']}']").get_by_test_id("rollback").click()
         sync_api.expect(page.get_by_test_id("confirm-ok")).to_be_enabled()
         page.get_by_test_id("confirm-ok").click()  # a POST with this page's Origin
@@ -489,113 +373,3 @@ def test_the_weights_gate_tasks_are_named_by_their_place_in_the_tasks_file(page:
     sync_api.expect(rows).to_have_count(2)
     sync_api.expect(rows.nth(0).locator("td").first).to_have_text("#7")
     sync_api.expect(rows.nth(1).locator("td").first).to_have_text("#41")
-
-
-def serve_tiny(model_dir: Path, work: Path) -> ReefServer:
-    """`reef serve` running the embedded tiny model whose `tiny` scenario learns weights with
-    `sao`: a LoRA step per four scored samples, judged by the offline gate on held-out reports
-    (a generous bound: this shows the page following learning, not the gate's taste); the
-    candidate under test serves half its requests (the canary)."""
-    settings = {
-        "tokens": [TOKEN],
-        "log_level": "info",
-        "embedded": {"model_dir": str(model_dir), "default_max_tokens": 8, "threads": 1},
-        "recipes": {"scenarios": {TINY: "sao"}},
-        "learner": {
-            "poll_interval": 0.1,
-            "train_threads": 1,
-            "canary": {TINY: 0.5},
-            "canary_max_fraction": 0.5,
-            "sao": {"batch_size": 4, "steps_per_candidate": 1, "lr": 0.01, "max_staleness": 5},
-            "gate": {"holdout_fraction": 0.5, "offline_bound": 1000.0},
-        },
-    }
-    return ReefServer(work, settings)
-
-
-TINY = "tiny"
-
-
-def test_the_tiny_model_learns_and_the_open_page_shows_the_new_release_in_the_chain_and_on_the_curve(
-    page: Any, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    """The embedded model, real LoRA training in the training process, the gate, a published
-    adapter: the page, opened before any of it and never reloaded, shows the new release."""
-    with serve_tiny(tiny_model_dir, tmp_path) as reef:
-        oai = openai.OpenAI(base_url=reef.base_url, api_key=TOKEN, max_retries=0, timeout=60)
-
-        def ask_and_report(n: int, offset: int = 0) -> None:
-            with client(reef) as c:
-                for i in range(offset, offset + n):
-                    raw = oai.chat.completions.with_raw_response.create(
-                        model="tiny",
-                        messages=[{"role": "user", "content": f"Say {i}."}],
-                        temperature=1.0,
-                        extra_headers={"x-reef-scenario": TINY},
-                    )
-                    c.report(raw.headers["x-reef-agent-record-id"], score=float(i % 2))
-
-        def trained() -> list[dict[str, Any]]:
-            with client(reef) as c:
-                return [r for r in c.releases(TINY)["releases"] if r["operation"] == "training"]
-
-        ask_and_report(1)
-        sign_in(page, reef, where=f"#/s/{TINY}/chain")
-        nodes = page.get_by_test_id("chain").get_by_test_id("release")
-        sync_api.expect(nodes).to_have_count(1)  # the creation only
-        url_before = page.url
-        page.evaluate("window.reefTestMarker = 'not reloaded'")  # gone if the page ever reloads
-        deadline, sent = time.monotonic() + 90, 1
-        while not trained() and time.monotonic() < deadline:  # scored traffic until a candidate is published
-            ask_and_report(4, sent)
-            sent += 4
-        published = wait_for(trained, timeout=max(deadline - time.monotonic(), 1.0), what="a published adapter")[-1]
-        learned = page.locator(f"[data-testid=release][data-release='{published['release_id']}']")
-        sync_api.expect(learned).to_have_count(1)  # appears by itself: the page polls
-        assert page.url == url_before
-        sync_api.expect(learned).to_contain_text("select")
-        sync_api.expect(learned).to_contain_text("weights")
-        assert published["verdict"]["metrics"]["gate"] == "offline"
-
-        page.get_by_test_id("tab-curve").click()  # the same page: a tab, not a reload
-        table = page.get_by_test_id("curve-table")
-        sync_api.expect(table.locator("tbody tr")).not_to_have_count(1)
-        sync_api.expect(table).to_contain_text(published["release_id"][:8])
-        sync_api.expect(page.get_by_test_id("curve").locator("line.tick")).not_to_have_count(1)  # one per release
-        sync_api.expect(page.get_by_test_id("curve").locator("line.live-bar")).not_to_have_count(1)  # scored traffic
-        assert page.url == f"{reef.url}/ui/#/s/{TINY}/curve"  # a hash change: the page was never reloaded
-        assert page.evaluate("window.reefTestMarker") == "not reloaded"
-        sync_api.expect(page.get_by_test_id("canary")).to_contain_text("50%")  # the canary's card
-        sync_api.expect(page.get_by_test_id("canary")).to_contain_text("withdrawn")
-        shot(page, "canary")
-
-        records = httpx.get(
-            f"{reef.url}/reef/scenarios/{TINY}/records",
-            params={"limit": 50},
-            headers={"Authorization": f"Bearer {TOKEN}"},
-        ).json()["records"]
-        by_canary = [r for r in records if str(r["release_id"]).startswith("canary-")]  # labelled as the canary's
-        page.get_by_test_id("tab-records").click()
-        rows = page.get_by_test_id("record-row")
-        sync_api.expect(rows).to_have_count(len(records))
-        for r in by_canary[:3]:
-            label = f"canary {r['release_id'][len('canary-') :][:10]}"
-            sync_api.expect(page.locator(f"[data-record='{r['id']}']")).to_contain_text(label)
-
-
-def test_screenshots_exist_when_asked() -> None:
-    if not SCREENSHOTS:
-        pytest.skip("REEF_UI_SCREENSHOTS=1 writes docs/ui-*.png")
-    for name in (
-        "login",
-        "scenarios",
-        "chain",
-        "curve",
-        "records",
-        "record",
-        "diff",
-        "rollback-confirm",
-        "conflict",
-        "canary",
-    ):
-        assert (DOCS / f"ui-{name}.png").stat().st_size > 10_000, name

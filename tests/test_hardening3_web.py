@@ -20,7 +20,7 @@ from reef.client import ReefClient
 from reef.core.types import Record, RecordStatus, ReleaseRef
 from reef.observe import rules
 from reef.observe.sqlite_store import SQLiteStore
-from reef.serve import routes_reef
+from reef.serve import routes_records
 from tests.helpers.reef_server import ReefServer
 from tests.scripted_upstream import ScriptedUpstream
 
@@ -275,7 +275,7 @@ def test_the_newest_records_of_a_large_quiet_scenario_cost_only_what_is_shown(
         statements: list[str] = []
         store._reader().set_trace_callback(statements.append)  # the SQL this thread's reads run
         started = time.perf_counter()
-        rows = routes_reef._recent_records(store, "quiet", 50, None)
+        rows = routes_records.recent_records(store, "quiet", 50, None)
         took = time.perf_counter() - started
         store._reader().set_trace_callback(None)
         assert [r["id"] for r in rows] == [f"old{i:07d}" for i in range(MANY - 1, MANY - 51, -1)]

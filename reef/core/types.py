@@ -33,6 +33,9 @@ class Operation(str, Enum):
     BATCH = "batch"  # a learner took a batch; logged before training starts
     ABANDON = "abandon"  # a logged batch that will not be trained
     COMPACTION = "compaction"  # consumed records deleted from the experience store
+    SETTINGS = "settings"  # a change of the scenario's training mode or live learner settings
+    INSTRUCTION = "instruction"  # an operator's instruction to learn from (POST /reef/train)
+    TRAIN_NOW = "train_now"  # an operator asked for the next batch (POST /reef/scenarios/{s}/train-now)
 
 
 RELEASE_OPERATIONS = frozenset({Operation.CREATION, Operation.TRAINING, Operation.ROLLBACK, Operation.PROMOTE})
@@ -112,6 +115,7 @@ class Record:
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # why a record is incomplete
     harness: JSON | None = None  # what inject mode added to the client's request (reef/surfaces/inject.py)
+    client: str | None = None  # the client's User-Agent (shown by the dashboard); not part of the content
     imported: bool = False  # brought in by `POST /reef/records/batch`: served elsewhere, no release, no tokens
     seq: int | None = None  # store order; assigned by the store, not part of the content
 
@@ -149,7 +153,10 @@ class Record:
         }
 
     def to_json(self) -> JSON:
-        return {**self.content(), **self.outcome(), "timings": dict(self.timings), "seq": self.seq}
+        data = {**self.content(), **self.outcome(), "timings": dict(self.timings), "seq": self.seq}
+        if self.client is not None:  # absent, not null, so records stored before it read back alike
+            data["client"] = self.client
+        return data
 
     @classmethod
     def from_json(cls, data: JSON) -> Record:
@@ -169,6 +176,7 @@ class Record:
             timings=dict(data.get("timings") or {}),
             error=data.get("error"),
             harness=data.get("harness"),
+            client=data.get("client"),
             imported=bool(data.get("imported", False)),
             seq=data.get("seq"),
         )

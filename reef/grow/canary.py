@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from reef.core.learned import LearnedCandidate
 from reef.core.live_evidence import LiveEvidence, ScoreSummary, two_sample_z
@@ -197,6 +197,9 @@ class CanaryLoop:
         self.stats = stats
         self.live = LiveScores()  # the canary's live scores and the serving release's
         self.batch: str | None = None  # the candidate the canary serves
+        # that candidate's metrics, which its commit-log line (published, rejected or abandoned)
+        # is written from: a withdrawal is noted there, so it outlives the process
+        self.batch_metrics: dict[str, Any] = {}
         self.stalled = ("", 0)  # (head, verdicts in a row left undecided against it), for the split
 
     async def serve(self, candidate: LearnedCandidate, line_live: Callable[[], bool]) -> None:
@@ -216,7 +219,7 @@ class CanaryLoop:
             self.stats.last_error = f"canary: {type(exc).__name__}: {exc}"
             self.live.running, self.batch = False, None  # the one before was stopped first
             return
-        self.batch = candidate.batch_id
+        self.batch, self.batch_metrics = candidate.batch_id, candidate.metrics
         self.live.start(release_id)
         # `start` returned as the canary began to admit requests, nothing awaited since: a rollback
         # that moved the head while it loaded is seen here before any request meets the canary (one
@@ -241,6 +244,7 @@ class CanaryLoop:
         self.live.add(items, serving_id)
         if self.live.worse():
             self.live.withdrawn += 1
+            self.batch_metrics["canary"] = {"withdrawn": True, **self.live.summary(fraction=self.fraction)}
             log.warning(
                 "learner %s: canary withdrawn, its live scores are worse: %s", self.scenario, self.live.summary()
             )

@@ -16,32 +16,47 @@ from reef.grow.worker import TrainingWorker
 from reef.observe import spans
 
 Checkpoint = dict[str, bytes]
+STEP_KEYS = ("loss", "kl", "clipped_fraction", "tokens", "samples")  # of forward_backward's metrics
+MAX_STEPS = 64  # per candidate, the newest kept: a few lines of the commit log at most
 
 
 class TrainingClient:
     def __init__(self, worker: TrainingWorker, key: str) -> None:
         self.worker = worker
         self.key = key
+        self.steps: list[dict[str, float]] = []  # the candidate being made: one compact record per step
 
     async def load_state(self, checkpoint: Checkpoint | None, lora: LoraShape = LoraShape()) -> dict[str, float]:
         """Train from `checkpoint` (a release's content: adapter + optimiser), or a fresh adapter."""
+        self.steps = []
         return await self._call("load_state", checkpoint, lora)  # type: ignore[no-any-return]
 
     async def forward_backward(
         self, data: list[Datum], loss: str = "clipped_is", config: LossConfig = LossConfig()
     ) -> dict[str, float]:
         """Add the gradient of the named loss's mean over `data`'s kept tokens; its metrics."""
-        return await self._call(
+        metrics: dict[str, float] = await self._call(
             "forward_backward",
             data,
             loss,
-            config,  # type: ignore[no-any-return]
+            config,
             attributes={"reef.train.samples": len(data), "reef.train.loss_fn": loss},
         )
+        step = {k: _rounded(metrics[k]) for k in STEP_KEYS if k in metrics}
+        self.steps = [*self.steps[-(MAX_STEPS - 1) :], {**step, "advantage": _rounded(mean_advantage(data))}]
+        return metrics
 
     async def optim_step(self, adam: AdamParams) -> dict[str, float]:
         """One AdamW step on the gradient accumulated since the last one."""
-        return await self._call("optim_step", adam)  # type: ignore[no-any-return]
+        metrics: dict[str, float] = await self._call("optim_step", adam)
+        if self.steps and "grad_norm" in metrics:
+            self.steps[-1]["grad_norm"] = _rounded(metrics["grad_norm"])
+        return metrics
+
+    def take_steps(self) -> list[dict[str, float]]:
+        """The step records since the last `load_state` (the dashboard's training curve), once."""
+        steps, self.steps = self.steps, []
+        return steps
 
     async def save_state(self) -> Checkpoint:
         """The checkpoint: the adapter files and, under `training/`, the optimiser's state."""
@@ -61,3 +76,13 @@ class TrainingClient:
             if isinstance(result, dict) and method != "save_state":
                 span.set_attributes(spans.numeric("reef.train.", result))
             return result
+
+
+def mean_advantage(data: list[Datum]) -> float:
+    """The mean advantage over the tokens the loss weighs (mask above 0)."""
+    kept = [a for d in data for a, m in zip(d.advantages, d.mask) if m > 0]
+    return sum(kept) / len(kept) if kept else 0.0
+
+
+def _rounded(value: float) -> float:
+    return float(f"{float(value):.5g}")

@@ -49,13 +49,16 @@ class RecordQuery:
     after_seq: int = 0
     page_size: int = 500
     newest_first: bool = False
+    before_seq: int | None = None  # newest_first: start below this sequence (the next page of a listing)
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError("page_size must be at least 1")
 
     def first_cursor(self) -> int:
-        return rules.NO_SEQ_ABOVE if self.newest_first else self.after_seq
+        if not self.newest_first:
+            return self.after_seq
+        return rules.NO_SEQ_ABOVE if self.before_seq is None else self.before_seq
 
     def select(self, mark: str) -> str:
         """The SELECT of one page, `mark` the backend's placeholder (`?`, `%s`); its

@@ -133,6 +133,12 @@ class ExperienceStore(ABC):
         """Delete records (keeping tombstones); idempotent; returns how many were deleted now."""
 
     @abstractmethod
+    def archive_scenario(self, scenario: str, archived_as: str) -> int:
+        """Move the scenario's records, reports and tombstones aside under `archived_as` (a name
+        no scenario can have: `reef/commit/archive.py`), in one transaction; nothing is deleted
+        and no record's content changes. How many records moved."""
+
+    @abstractmethod
     def count_records(self, scenario: str | None = None) -> int: ...
 
     @abstractmethod

@@ -18,6 +18,7 @@
   let refreshing = null; // the refresh under way: never two at once, so a slow server never gets a pile of polls
   let refreshAgain = false; // asked for while one was under way: runs once it ends
   let lastGood = null;
+  const TABS = { chain: "Release chain", candidates: "Candidates", curve: "Learning curve", records: "Records" };
 
   // -- tiny DOM helpers ------------------------------------------------------------------
 
@@ -172,7 +173,8 @@
       const scenario = parts[1];
       if (parts[2] === "record" && parts[3]) return { view: "record", scenario, id: parts[3] };
       if (parts[2] === "release" && parts[3]) return { view: "release", scenario, id: parts[3] };
-      return { view: "scenario", scenario, tab: ["chain", "curve", "records"].includes(parts[2]) ? parts[2] : "chain" };
+      if (parts[2] === "session" && parts[3]) return { view: "session", scenario, id: parts[3], query: parts.slice(4) };
+      return { view: "scenario", scenario, tab: parts[2] in TABS ? parts[2] : "chain", query: parts.slice(3) };
     }
     return { view: "scenarios" };
   }
@@ -181,6 +183,7 @@
     $("login").hidden = true;
     $("main").hidden = false;
     $("live").hidden = false;
+    $("logout").hidden = sessionStorage.getItem(TOKEN_KEY) === ""; // a server without tokens: nothing to sign out of
     polling = true;
     refresh();
   }
@@ -196,7 +199,8 @@
   function schedulePoll() {
     clearTimeout(pollTimer);
     pollTimer = !polling ? null : setTimeout(() => {
-      if (document.hidden || $("confirm").open) schedulePoll();
+      // not while a confirmation is open, the tab is hidden, or a filter is being typed
+      if (document.hidden || $("confirm").open || (document.activeElement && document.activeElement.closest("form.filters"))) schedulePoll();
       else refresh();
     }, POLL_MS);
   }
@@ -247,6 +251,7 @@
       items.push(h("a", { href: `#/s/${enc(where.scenario)}`, text: where.scenario }));
       if (where.view === "record") items.push(h("span", { text: `record ${short(where.id)}` }));
       if (where.view === "release") items.push(h("span", { text: `release ${short(where.id)}` }));
+      if (where.view === "session") items.push(h("span", { text: `session ${where.id}` }));
     }
     $("crumbs").replaceChildren(...items.flatMap((el, i) => (i ? [h("span", { class: "sep", text: "›" }), el] : [el])));
   }
@@ -310,24 +315,48 @@
 
   async function scenarioView(where) {
     const name = where.scenario;
-    const [sc, status] = await Promise.all([api(`reef/scenarios/${enc(name)}`), api("reef/status")]);
+    const [sc, status, fates] = await Promise.all([api(`reef/scenarios/${enc(name)}`), api("reef/status"),
+      api(`reef/scenarios/${enc(name)}/candidates`)]);
     const l = learnerOf(status, name);
-    const tabs = h("nav", { class: "tabs" }, ["chain", "curve", "records"].map((tab) =>
-      h("a", { href: `#/s/${enc(name)}/${tab}`, class: tab === where.tab ? "active" : "", testid: `tab-${tab}`,
-        text: { chain: "Release chain", curve: "Learning curve", records: "Records" }[tab] })));
-    const body = await { chain: chainTab, curve: curveTab, records: recordsTab }[where.tab](name, sc);
+    const tabs = h("nav", { class: "tabs" }, Object.entries(TABS).map(([tab, label]) =>
+      h("a", { href: `#/s/${enc(name)}/${tab}`, class: tab === where.tab ? "active" : "", testid: `tab-${tab}`, text: label })));
+    const body = await (where.tab === "chain" ? chainTab(name, sc) : Reef.tabs[where.tab](name, sc, where, fates));
     const learner = l.learner;
     return h("div", {},
       h("h1", {}, name, " ", pill(sc.recipe, "recipe")),
+      scenarioMode(status, name),
       h("div", { class: "cards" },
         card("Serving", short(sc.serving.release_id), `step ${sc.head.step} · ${sc.head.operation}`),
-        card("Learner", l.state, learner ? `${learner.published} published · ${learner.rejected} rejected · ${learner.candidates} candidates` : (l.reason || "")),
+        learnerCard(l, fates.counts),
         card("Last verdict", learner && learner.last_verdict ? learner.last_verdict.decision : (sc.head.verdict ? sc.head.verdict.decision : "—"),
           verdictText((learner && learner.last_verdict) || sc.head.verdict, false)),
         learner && learner.canary ? canaryCard(learner.canary) : null,
         card("Records", sc.records, `${sc.reports} reports`),
         card("Commit log", `step ${sc.step}`, `learner cursor ${sc.learner.high_water}${sc.learner.open_batches.length ? ` · ${sc.learner.open_batches.length} open batch(es)` : ""}`)),
       tabs, body);
+  }
+
+  // The counts come from the commit log, so they survive a restart; the state from the learner.
+  function learnerCard(l, c) {
+    const parts = [`${c.published} published`, `${c.rejected} rejected`, `${c.abandoned} abandoned`, `${c.withdrawn} withdrawn`];
+    if (c.pending_review) parts.splice(1, 0, `${c.pending_review} pending review`);
+    const el = card("Learner", l.state, `${parts.join(" · ")}${l.learner ? "" : ` · ${l.reason || ""}`}`);
+    el.setAttribute("data-testid", "learner-card");
+    return el;
+  }
+
+  // What `/reef/status` says of how this scenario learns, where it says it (`recipes`, and a
+  // learner's `training_mode` or `instructions`); nothing where it says nothing.
+  function scenarioMode(status, name) {
+    const entries = [status.recipes, status.learning && status.learning.learners, status.learning && status.learning.idle,
+      status.scenarios].filter(Array.isArray).flat().filter((e) => e && e.scenario === name);
+    const find = (key) => entries.map((e) => e[key]).find((v) => v !== undefined && v !== null && v !== "");
+    const mode = find("training_mode"), instructions = find("instructions"), why = find("why");
+    if (!mode && !instructions && !why) return null;
+    return h("div", { class: "mode small", testid: "scenario-mode" },
+      mode ? [h("span", { class: "muted", text: "training mode " }), pill(String(mode), "state")] : null,
+      instructions ? h("span", { testid: "instructions", text: ` ${typeof instructions === "string" ? instructions : JSON.stringify(instructions)}` }) : null,
+      why ? h("span", { class: "muted", text: ` ${why}` }) : null);
   }
 
   function canaryCard(c) {
@@ -410,197 +439,6 @@
       h("ol", { class: "timeline", testid: "chain" }, lis));
   }
 
-  // -- the learning curve (inline SVG) ---------------------------------------------------
-
-  async function curveTab(name) {
-    const curve = await api(`reef/scenarios/${enc(name)}/curve`);
-    const points = curve.releases;
-    return h("section", {},
-      h("p", { class: "muted", text: "Gate score of each published release (blue dots, dashed while it serves) and the mean reported score of the traffic it served (orange bars over the time it served)." }),
-      curveSvg(points),
-      h("table", { class: "grid", testid: "curve-table" },
-        h("thead", {}, h("tr", {}, ["Step", "Release", "Operation", "Kind", "Published", "Gate score", "Live mean", "Reports", "Records"].map((t) => h("th", { text: t })))),
-        h("tbody", {}, points.slice().reverse().map((p) => h("tr", {},
-          h("td", { class: "num", text: p.step }),
-          h("td", {}, h("a", { class: "mono", href: `#/s/${enc(name)}/release/${enc(p.release_id)}`, text: short(p.release_id) })),
-          h("td", {}, pill(p.operation)), h("td", { text: p.kind || "—" }),
-          h("td", { text: fmtTime(p.recorded_at) }),
-          h("td", { class: "num", text: fmtScore(p.gate_score) }), h("td", { class: "num", text: fmtScore(p.live_mean) }),
-          h("td", { class: "num", text: p.reports }), h("td", { class: "num", text: p.records }))))));
-  }
-
-  function curveSvg(points) {
-    const W = 860, H = 320, L = 52, R = 16, T = 40, B = 40;
-    const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, class: "curve", role: "img", "aria-label": "learning curve", "data-testid": "curve" });
-    if (!points.length) return svg;
-    const now = Date.now() / 1000;
-    const t0 = points[0].recorded_at;
-    const t1 = Math.max(now, ...points.map((p) => p.recorded_at)) || t0 + 1;
-    const values = points.flatMap((p) => [p.gate_score, p.live_mean]).filter((v) => v !== null && v !== undefined);
-    let lo = Math.min(0, ...values), hi = Math.max(1, ...values);
-    if (hi - lo < 1e-9) hi = lo + 1;
-    const x = (t) => L + ((t - t0) / Math.max(t1 - t0, 1e-6)) * (W - L - R);
-    const y = (v) => T + (1 - (v - lo) / (hi - lo)) * (H - T - B);
-    for (let i = 0; i <= 4; i++) { // grid and y labels
-      const v = lo + ((hi - lo) * i) / 4;
-      svg.append(s("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "gridline" }),
-        s("text", { x: L - 6, y: y(v) + 4, class: "axis", "text-anchor": "end" }, v.toFixed(2)));
-    }
-    svg.append(s("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axisline" }));
-    for (const t of [t0, (t0 + t1) / 2, t1]) {
-      svg.append(s("text", { x: x(t), y: H - B + 16, class: "axis", "text-anchor": t === t0 ? "start" : t === t1 ? "end" : "middle" },
-        fmtTime(t).slice(11)));
-    }
-    for (const p of points) { // releases: a tick each
-      svg.append(s("line", { x1: x(p.recorded_at), x2: x(p.recorded_at), y1: T, y2: H - B, class: "tick" }),
-        s("text", { x: x(p.recorded_at) + 3, y: H - B + 30, class: "axis small" }, `#${p.step}`));
-    }
-    for (const p of points) { // live mean: a bar over the time the release served
-      if (p.live_mean === null || p.live_mean === undefined) continue;
-      const end = p.served_until || t1;
-      svg.append(s("line", { x1: x(p.recorded_at), x2: Math.max(x(end), x(p.recorded_at) + 3), y1: y(p.live_mean), y2: y(p.live_mean), class: "live-bar" },
-        s("title", {}, `step ${p.step}: live mean ${fmtScore(p.live_mean)} over ${p.reports} reports`)));
-    }
-    const gated = points.filter((p) => p.gate_score !== null && p.gate_score !== undefined);
-    for (const p of gated) { // the gate's score holds while the release serves
-      svg.append(s("line", { x1: x(p.recorded_at), x2: x(p.served_until || t1), y1: y(p.gate_score), y2: y(p.gate_score), class: "gate-line" }));
-    }
-    for (const p of gated) {
-      svg.append(s("circle", { cx: x(p.recorded_at), cy: y(p.gate_score), r: 5, class: "gate-dot" },
-        s("title", {}, `step ${p.step} (${p.operation}): gate score ${fmtScore(p.gate_score)}`)));
-    }
-    svg.append(s("g", { transform: `translate(${W - R - 250}, 8)` },
-      s("rect", { x: 0, y: 0, width: 250, height: 22, class: "legend-bg" }),
-      s("circle", { cx: 12, cy: 11, r: 5, class: "gate-dot" }), s("text", { x: 22, y: 15, class: "axis" }, "gate score"),
-      s("line", { x1: 112, x2: 132, y1: 11, y2: 11, class: "live-bar" }), s("text", { x: 138, y: 15, class: "axis" }, "live mean score")));
-    return svg;
-  }
-
-  // -- records ---------------------------------------------------------------------------
-
-  async function recordsTab(name) {
-    const data = await api(`reef/scenarios/${enc(name)}/records?limit=50`);
-    if (!data.records.length) return h("p", { class: "muted", text: "No records yet." });
-    return h("table", { class: "grid", testid: "records" },
-      h("thead", {}, h("tr", {}, ["Receipt", "When", "Release", "Session", "Prompt → answer", "Score", "Feedback", "Latency", "Verified"]
-        .map((t) => h("th", { text: t })))),
-      h("tbody", {}, data.records.map((r) => h("tr", { testid: "record-row", "data-record": r.id },
-        h("td", {}, h("a", { class: "mono", href: `#/s/${enc(name)}/record/${enc(r.id)}`, text: short(r.id) }),
-          r.status !== "complete" ? pill(r.status, "warn") : null),
-        h("td", { class: "small", text: ago(r.created_at) }),
-        h("td", {}, h("code", { text: releaseLabel(r.release_id) })),
-        h("td", { class: "small", text: r.session || "—" }),
-        h("td", { class: "small clip" }, h("span", { text: r.prompt }), h("span", { class: "muted", text: " → " }), h("span", { text: r.error || r.answer })),
-        h("td", { class: "num", text: fmtScore(r.score) }),
-        h("td", { class: "small clip", text: feedbackText(r.feedback) }),
-        h("td", { class: "num", text: r.latency_s === null ? "—" : `${(r.latency_s * 1000).toFixed(0)} ms` }),
-        h("td", {}, r.verified ? pill("verified", "ok") : pill("unverified", "muted"))))));
-  }
-
-  const feedbackText = (f) => (f === null || f === undefined ? "" : typeof f === "string" ? f : JSON.stringify(f));
-
-  async function recordView(where) {
-    const data = await api(`reef/records/${enc(where.id)}`);
-    const r = data.record;
-    const req = r.request || {};
-    const resp = r.response || {};
-    const messages = (req.messages || []).map((m) => h("div", { class: `msg ${m.role}` },
-      h("div", { class: "role", text: m.role + (m.name ? ` (${m.name})` : "") }),
-      h("pre", { text: typeof m.content === "string" ? m.content : JSON.stringify(m.content, null, 2) }),
-      m.tool_calls && m.tool_calls.length ? h("pre", { class: "small", text: JSON.stringify(m.tool_calls, null, 2) }) : null));
-    const latency = r.timings && r.timings.duration_s;
-    return h("div", { testid: "record" },
-      h("h1", {}, "Record ", h("code", { text: r.id })),
-      h("div", { class: "cards" },
-        card("Status", r.status, r.error || ""),
-        card("Release", releaseLabel(r.release && r.release.release_id), r.release ? `load ${r.release.runtime_load_id || "—"}` : ""),
-        card("Session", r.session || "—", Object.entries(r.tags || {}).map(([k, v]) => `${k}=${v}`).join(" ")),
-        card("Latency", latency === undefined ? "—" : `${(latency * 1000).toFixed(1)} ms`, req.dialect ? `${req.dialect} dialect · model ${req.model}` : ""),
-        card("Tokens", data.verified ? "verified" : "unverified", r.token_ids
-          ? `${r.token_ids.length} tokens in ${r.spans.length} span(s)` : "the runtime gave no token ids")),
-      h("h2", { text: "Request" }),
-      req.tools && req.tools.length ? h("p", { class: "small muted", text: `tools: ${req.tools.map((t) => t.name).join(", ")}` }) : null,
-      h("div", { class: "conversation", testid: "conversation" }, messages),
-      h("h2", { text: "Response" }),
-      h("div", { class: "msg assistant" },
-        h("div", { class: "role", text: `assistant · finish ${resp.finish_reason || "—"}` }),
-        h("pre", { testid: "response-text", text: resp.text || "" }),
-        resp.tool_calls && resp.tool_calls.length ? h("pre", { class: "small", text: JSON.stringify(resp.tool_calls, null, 2) }) : null,
-        resp.usage ? h("div", { class: "small muted", text: `usage: ${JSON.stringify(resp.usage)}` }) : null),
-      r.harness ? [h("h2", { text: "Harness added (inject mode)" }), h("pre", { class: "small", text: JSON.stringify(r.harness, null, 2) })] : null,
-      h("h2", { text: `Reports (${data.reports.length})` }),
-      data.reports.length
-        ? h("table", { class: "grid", testid: "reports" },
-          h("thead", {}, h("tr", {}, ["Report", "When", "Score", "Feedback", "Metadata"].map((t) => h("th", { text: t })))),
-          h("tbody", {}, data.reports.map((p) => h("tr", {},
-            h("td", { class: "mono", text: short(p.id) }), h("td", { class: "small", text: fmtTime(p.created_at) }),
-            h("td", { class: "num", text: fmtScore(p.score) }), h("td", { text: feedbackText(p.feedback) }),
-            h("td", { class: "small mono", text: Object.keys(p.metadata || {}).length ? JSON.stringify(p.metadata) : "" })))))
-        : h("p", { class: "muted", text: "No report names this record yet." }),
-      h("details", {}, h("summary", { text: "The whole record as JSON" }), h("pre", { class: "small", text: JSON.stringify(data, null, 2) })));
-  }
-
-  // -- a release and its diff ------------------------------------------------------------
-
-  async function releaseView(where) {
-    const name = where.scenario;
-    const [chain, diff] = await Promise.all([api(`reef/scenarios/${enc(name)}/releases`),
-      api(`reef/scenarios/${enc(name)}/releases/${enc(where.id)}/diff`)]);
-    const r = chain.releases.find((x) => x.release_id === where.id);
-    if (!r) throw new Error(`no release ${where.id} in ${name}`);
-    const perTask = r.verdict && r.verdict.metrics && r.verdict.metrics.per_task;
-    return h("div", { testid: "release-view" },
-      h("h1", {}, `Step ${r.step} `, pill(r.operation), " ", h("code", { text: r.release_id })),
-      h("p", { text: madeBy(r) }),
-      h("div", { class: "cards" },
-        card("Parent", short(r.parent_release_id), r.parent_release_id ? "the diff is against it" : "diffed against nothing"),
-        card("Content", short((r.content_id || "").replace("sha256:", "")), r.content_id),
-        card("Verdict", r.verdict ? r.verdict.decision : "—", verdictText(r.verdict)),
-        card("Published", fmtTime(r.recorded_at), r.pending ? "pending review" : ago(r.recorded_at))),
-      metricsList(r.verdict && r.verdict.metrics),
-      perTask && perTask.length ? h("details", {}, h("summary", { text: `Gate tasks (${perTask.length})` }),
-        h("table", { class: "grid" }, h("thead", {}, h("tr", {}, ["Task", "Current", "Candidate", "Current answer", "Candidate answer"].map((t) => h("th", { text: t })))),
-          h("tbody", {}, perTask.map((t) => h("tr", {}, h("td", { class: "small", text: taskLabel(t) }),
-            h("td", { class: "num", text: fmtNum(t.current) }), h("td", { class: "num", text: fmtNum(t.candidate) }),
-            h("td", { class: "small", text: t.current_answer || "" }), h("td", { class: "small", text: t.candidate_answer || "" })))))) : null,
-      h("h2", { text: `Changed against its parent (${diff.changed.length} file${diff.changed.length === 1 ? "" : "s"})` }),
-      renderDiff(diff.diff, diff.changed));
-  }
-
-  // A gate task: the harness gate names it by an excerpt, the weights gate by its place in the
-  // tasks file (from 0, blank lines skipped).
-  function taskLabel(t) {
-    if (t.task) return t.task;
-    return t.index === undefined || t.index === null ? "" : `#${t.index}`;
-  }
-
-  // A unified diff, file by file: text files line by line, LFS files (adapter weights) as a
-  // summary of the pointer change (size and hash), never as bytes.
-  function renderDiff(text, changed) {
-    if (!text.trim()) return h("p", { class: "muted", testid: "diff", text: changed && changed.length ? "Only binary changes." : "No content change." });
-    const files = [];
-    let cur = null;
-    for (const line of text.split("\n")) {
-      const m = line.match(/^diff --git a\/(.*) b\/(.*)$/);
-      if (m) { cur = { path: m[2], lines: [] }; files.push(cur); continue; }
-      if (cur) cur.lines.push(line);
-    }
-    return h("div", { testid: "diff" }, files.map((f) => {
-      const lfs = f.lines.some((l) => /^[ +-]version https:\/\/git-lfs/.test(l));
-      const head = h("div", { class: "file-head mono", text: f.path });
-      if (lfs) {
-        const get = (sign, key) => { const l = f.lines.find((x) => x.startsWith(`${sign}${key} `)); return l ? l.slice(key.length + 2) : null; };
-        const size = (v) => (v === null ? "nothing" : `${(Number(v) / 1024).toFixed(1)} KiB`);
-        const oid = (v) => (v === null ? "" : ` (${v.replace("sha256:", "").slice(0, 12)})`);
-        return h("div", { class: "file" }, head, h("p", { class: "summary" }, "adapter weights (LFS): ",
-          `${size(get("-", "size"))}${oid(get("-", "oid"))} → ${size(get("+", "size"))}${oid(get("+", "oid"))}`));
-      }
-      const body = f.lines.filter((l) => !/^(index |--- |\+\+\+ |new file mode|deleted file mode)/.test(l));
-      return h("div", { class: "file" }, head, h("pre", { class: "diff" }, body.map((l) =>
-        h("span", { class: l.startsWith("+") ? "add" : l.startsWith("-") ? "del" : l.startsWith("@@") ? "hunk" : "", text: `${l}\n` }))));
-    }));
-  }
-
   // -- rollback and promote, with a preview and a confirmation ----------------------------
 
   function confirmChange(action, name, target, expectedHead) {
@@ -627,7 +465,7 @@
       .then((diff) => {
         body.lastChild.replaceWith(h("div", { testid: "preview" },
           h("h3", { text: diff.same_content ? "The served content stays the same (same content id)." : `What changes for requests (${diff.changed.length} file${diff.changed.length === 1 ? "" : "s"}):` }),
-          diff.same_content ? null : renderDiff(diff.diff, diff.changed)));
+          diff.same_content ? null : Reef.renderDiff(diff.diff, diff.changed)));
         ok.disabled = false;
       })
       .catch((err) => { body.lastChild.replaceWith(h("p", { class: "error", text: `No preview: ${err.message}` })); ok.disabled = false; });
@@ -666,7 +504,10 @@
     toast.timer = setTimeout(() => { el.hidden = true; }, 6000);
   }
 
-  const VIEWS = { scenarios: scenariosView, scenario: scenarioView, record: recordView, release: releaseView };
+  const VIEWS = { scenarios: scenariosView, scenario: scenarioView };
+  const Reef = (window.Reef = { views: VIEWS, tabs: {} }); // the other files add their tabs and views
+  Object.assign(Reef, { h, s, api, ApiError, enc, short, pill, card, fmtNum, fmtScore, fmtTime, ago, releaseLabel,
+    verdictText, metricsList, madeBy, refresh });
 
   // -- start -----------------------------------------------------------------------------
 
@@ -677,6 +518,22 @@
     $("confirm").addEventListener("close", () => refresh());
     window.addEventListener("hashchange", () => { if (sessionStorage.getItem(TOKEN_KEY) !== null) refresh(); });
     if (sessionStorage.getItem(TOKEN_KEY) !== null) start();
-    else showLogin("");
+    else openWithoutToken();
   });
+
+  // A server without tokens answers without one: no sign-in then (it serves the page only to a
+  // loopback or its own host, http.md). Any other answer shows the sign-in.
+  async function openWithoutToken() {
+    try {
+      const response = await fetch(new URL("reef/status", API), { cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer" });
+      if (response.ok) {
+        sessionStorage.setItem(TOKEN_KEY, "");
+        start();
+        return;
+      }
+      showLogin(response.status === 401 ? "" : `The server answered ${response.status}; sign in to retry.`);
+    } catch (err) {
+      showLogin(`Cannot reach the server: ${err.message}`);
+    }
+  }
 })();
