@@ -16,6 +16,9 @@ class WeightsTrainingConfig(Strict):
     lora_r: int = Field(16, ge=1, description="Rank of a fresh LoRA adapter (a checkpoint's own adapter config wins)")
     lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha of a fresh adapter")
     lr: float = Field(5e-4, gt=0, description="AdamW's learning rate")
+    full_lr: float | None = Field(
+        None, gt=0, description="AdamW's learning rate with learner.weights: full; unset: lr times 0.02"
+    )
     warmup_steps: int = Field(0, ge=0, description="A fresh optimiser's first steps ramp lr up linearly over this many")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the base model")
     steps_per_candidate: int = Field(
@@ -32,7 +35,7 @@ class WeightsTrainingConfig(Strict):
 
     @property
     def adam(self) -> AdamParams:
-        return AdamParams(lr=self.lr, warmup_steps=self.warmup_steps)
+        return AdamParams(lr=self.lr, warmup_steps=self.warmup_steps, full_lr=self.full_lr)
 
 
 class ClippedLossConfig(WeightsTrainingConfig):

@@ -82,20 +82,28 @@ class LossConfig:
     micro_batch: int = 8  # sequences per forward pass (memory, not maths)
 
 
+# Full weights move every weight of the model where LoRA moves a low-rank correction: the same
+# AdamW step size would wreck them. Without its own `full_lr` a recipe's lr is scaled by this
+# (5e-4, LoRA's default, becomes 1e-5, a usual full fine-tuning rate).
+FULL_LR_SCALE = 0.02
+
+
 @dataclass(frozen=True)
 class AdamParams:
     lr: float = 5e-4
     warmup_steps: int = 0  # the optimiser's first steps ramp lr up linearly (0: none)
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    full_lr: float | None = None  # the rate when training full weights (None: lr * FULL_LR_SCALE)
 
-    def lr_at(self, steps_taken: int) -> float:
-        """The learning rate of the next step. A fresh AdamW's first updates are about lr in
-        every direction, however noisy the gradient (its moments are one sample old), so
-        they ramp up over `warmup_steps`."""
+    def lr_at(self, steps_taken: int, full: bool = False) -> float:
+        """The learning rate of the next step (of full weights: `full_lr`). A fresh AdamW's
+        first updates are about lr in every direction, however noisy the gradient (its moments
+        are one sample old), so they ramp up over `warmup_steps`."""
+        lr = self.lr if not full else self.full_lr if self.full_lr is not None else self.lr * FULL_LR_SCALE
         if self.warmup_steps <= 0:
-            return self.lr
-        return self.lr * min(1.0, (steps_taken + 1) / self.warmup_steps)
+            return lr
+        return lr * min(1.0, (steps_taken + 1) / self.warmup_steps)
 
 
 @dataclass(frozen=True)
@@ -113,10 +121,7 @@ class LoraShape:
 class TrainConfig:
     """One SAO-style optimiser step's settings: the adapter's shape, the loss's and AdamW's."""
 
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lora: LoraShape = field(default_factory=LoraShape)
     lr: float = 5e-4
     warmup_steps: int = 0
     weight_decay: float = 0.0
@@ -125,12 +130,7 @@ class TrainConfig:
     kl_coef: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch: int = 8
-    seed: int = 0
     loss: str = field(default="clipped_is")
-
-    @property
-    def lora(self) -> LoraShape:
-        return LoraShape(self.lora_r, self.lora_alpha, self.lora_dropout, self.target_modules, self.seed)
 
     @property
     def loss_config(self) -> LossConfig:

@@ -13,6 +13,10 @@ Only one job is in the child at a time, which keeps `pending()` exact and makes 
 most that job. If the child dies, every pending call fails with `TrainingFailed` and `start()`
 makes a new child.
 
+With full weights (`weights="full"`) the child trains a `FullTrainer`; with more than one rank
+(`layout`), the child is a torchrun job (`reef.grow.rank_launch`) whose rank 0 answers here as
+the one child does, so the queue, the supervision and `TrainingFailed` are the same.
+
 Spawn re-imports the parent's main script in the child, so a script that starts a worker must
 guard its entry point (`if __name__ == "__main__":`); `python -m reef`, the `reef` command and
 pytest are safe as they are.
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reef.core.errors import ReefError
+from reef.grow.rank_launch import Launch, RankLayout, rank_command
 
 if TYPE_CHECKING:
     from reef.core.chat import ChatRequest
@@ -81,10 +86,16 @@ class TrainingWorker:
         engine_dtype: str | None = None,
         close_timeout: float = 30.0,
         background_share: float = BACKGROUND_SHARE,
+        weights: str = "lora",
+        layout: RankLayout = RankLayout(),
     ) -> None:
         self.model_dir = Path(model_dir)
         self.threads = threads
-        self.placement = (device, dtype, engine_dtype)  # LoRATrainer's device, dtype and the engine's dtype
+        self.placement = (device, dtype, engine_dtype)  # the trainer's device, dtype and the engine's dtype
+        self.weights = weights  # "lora": LoRATrainer; "full": FullTrainer
+        self.layout = layout
+        if weights == "lora" and (layout.ranks > 1 or layout.nodes > 1):
+            raise ValueError("learner.ranks > 1 trains full weights only (learner.weights: full)")
         self.close_timeout = close_timeout
         self.background_share = background_share
         self._queues: dict[str, collections.deque[_Job]] = {}
@@ -113,16 +124,19 @@ class TrainingWorker:
                 await self._spawn()
 
     async def _spawn(self) -> None:
-        context = multiprocessing.get_context("spawn")
-        parent, child = context.Pipe()
-        process = context.Process(
-            target=_child_main,
-            args=(child, str(self.model_dir), self.threads, self.placement),
-            name="reef-trainer",
-            daemon=True,
-        )
-        process.start()
-        child.close()  # the child holds the only other end, so its death reads as EOF here
+        if self.layout.ranks > 1 or self.layout.nodes > 1:
+            process, parent = await self._launch_ranks()
+        else:
+            context = multiprocessing.get_context("spawn")
+            parent, child = context.Pipe()
+            process = context.Process(
+                target=_child_main,
+                args=(child, str(self.model_dir), self.threads, self.placement, self.weights),
+                name="reef-trainer",
+                daemon=True,
+            )
+            process.start()
+            child.close()  # the child holds the only other end, so its death reads as EOF here
         try:
             kind, value = await asyncio.to_thread(parent.recv)
         except asyncio.CancelledError:
@@ -140,6 +154,19 @@ class TrainingWorker:
         self._process, self._conn, self._closing = process, parent, False
         self._wake = asyncio.Event()
         self._dispatcher = asyncio.create_task(self._dispatch(), name="reef-trainer-dispatch")
+
+    async def _launch_ranks(self) -> tuple[Any, Connection]:
+        """torchrun with this machine's ranks, once rank 0 has connected back."""
+        per_rank = max(1, (self.threads or 1) // self.layout.ranks)
+        launch = Launch(rank_command(self.model_dir, self.layout, per_rank, self.placement), per_rank)
+        try:
+            return launch.job, await asyncio.to_thread(launch.connection)
+        except asyncio.CancelledError:
+            launch.job.kill()
+            raise
+        except (EOFError, OSError) as exc:
+            await asyncio.to_thread(launch.job.join, 5)
+            raise TrainingFailed(f"the training ranks died while starting: {exc}") from None
 
     async def close(self) -> None:
         """Fail queued jobs, let the job in the child finish (up to `close_timeout`), stop the
@@ -359,6 +386,7 @@ def _child_main(
     model_dir: str,
     threads: int | None,
     placement: tuple[str, str, str | None] = ("auto", "auto", None),
+    weights: str = "lora",
 ) -> None:
     """The child: load the trainer, then answer jobs until told to stop or the parent goes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it stops us
@@ -372,7 +400,13 @@ def _child_main(
         from reef.grow.trainer import LoRATrainer
 
         device, dtype, engine_dtype = placement
-        trainer = LoRATrainer(Path(model_dir), threads, device, dtype, engine_dtype)
+        trainer: Any
+        if weights == "full":
+            from reef.grow.full_trainer import FullTrainer
+
+            trainer = FullTrainer(Path(model_dir), threads, device, dtype, engine_dtype)
+        else:
+            trainer = LoRATrainer(Path(model_dir), threads, device, dtype, engine_dtype)
         conn.send(("ready", None))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
