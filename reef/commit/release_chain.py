@@ -250,12 +250,14 @@ class ReleaseChain:
             }
             return self._append_on_head(head, Operation.BATCH, batch=batch, high_water=high_water)
 
-    def abandon_batch(self, batch_id: str, reason: str) -> CommitEntry:
+    def abandon_batch(self, batch_id: str, reason: str, metrics: JSON | None = None) -> CommitEntry:
+        """Close an open batch unused; `metrics`: its candidate's, when one was made."""
         with self.log.transaction():
             if batch_id not in {b["batch_id"] for b in self.open_batches()}:
                 raise NotFound(f"no open batch {batch_id} in scenario {self.scenario!r}")
             head = _head_entry(self._entries())
-            return self._append_on_head(head, Operation.ABANDON, metrics={"batch_id": batch_id, "reason": reason})
+            fields = {**(metrics or {}), "batch_id": batch_id, "reason": reason}
+            return self._append_on_head(head, Operation.ABANDON, metrics=fields)
 
     def compact(self, store: ExperienceStore, record_ids: Sequence[str]) -> CommitEntry:
         """Delete records that training consumed; the log line comes first, then the delete."""

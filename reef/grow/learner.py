@@ -213,11 +213,13 @@ class Learner:
             batch_id,
             self.recipe.name,
             made.files,
+        steps = job.trainer.take_steps() if job.trainer is not None else []
+        metrics = {**made.metrics, "steps": steps} if steps else made.metrics  # the dashboard's training curve
             job.head.release_id,
             job.head_files,
             high_water,
             made.metadata,
-            made.metrics,
+            metrics,
             state,
             made.held_out,
         )
@@ -235,11 +237,15 @@ class Learner:
         if isinstance(exc, StaleHead):  # a rollback or promote moved the head while the gate ran
             if self.line.follow(self.chain.head().release_id):  # not dropped already (head_moved)
                 self._drop_working("the head moved during evaluation")
-            await self.abandon(candidate.batch_id, f"head_moved: the head moved during evaluation: {exc}")
+            await self.abandon(
+                candidate.batch_id, f"head_moved: the head moved during evaluation: {exc}", metrics=candidate.metrics
+            )
             return
         if exc is not None:
             self._drop_working(f"its evaluation failed ({type(exc).__name__})")
-            await self.abandon(candidate.batch_id, f"evaluation failed: {type(exc).__name__}: {exc}")
+            await self.abandon(
+                candidate.batch_id, f"evaluation failed: {type(exc).__name__}: {exc}", metrics=candidate.metrics
+            )
             raise exc
         verdict = outcome.verdict
         assert verdict is not None
@@ -282,13 +288,14 @@ class Learner:
         self.line.drop(reason)
         self.canary.line_dropped()
 
-    async def abandon(self, batch_id: str, reason: str, routine: bool = False) -> None:
-        """Close the batch in the log as abandoned. `routine`: superseded by a newer candidate that
-        carries its steps, every few seconds in normal work, so not a warning."""
+    async def abandon(self, batch_id: str, reason: str, routine: bool = False, metrics: dict | None = None) -> None:
+        """Close the batch in the log as abandoned, with its candidate's `metrics` when one was
+        made. `routine`: superseded by a newer candidate that carries its steps, every few seconds
+        in normal work, so not a warning."""
         level = logging.INFO if routine else logging.WARNING
         log.log(level, "learner %s: batch %s abandoned: %s", self.scenario, batch_id, reason)
         with contextlib.suppress(NotFound):
-            await asyncio.to_thread(self.chain.abandon_batch, batch_id, reason)
+            await asyncio.to_thread(self.chain.abandon_batch, batch_id, reason, metrics)
         self.stats.abandoned += 1
 
     def _staleness_of(self, release_id: str) -> int | None:
