@@ -24,7 +24,15 @@ from reef.config import ServeConfig
 from reef.core.errors import ReefError
 from reef.observe.store import ExperienceStore
 from reef.runtimes.base import Runtime
-from reef.serve import routes_harness, routes_import, routes_install, routes_reef, routes_v1
+from reef.serve import (
+    routes_candidates,
+    routes_harness,
+    routes_import,
+    routes_install,
+    routes_records,
+    routes_reef,
+    routes_v1,
+)
 from reef.serve.auth import TokenAuth
 from reef.serve.body_limit import BodyLimit
 from reef.serve.cross_site import JsonBodies, LoopbackOnly, own_hosts
@@ -116,6 +124,8 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     app.add_exception_handler(Exception, _unexpected)
     app.include_router(routes_v1.build_router())
     app.include_router(routes_reef.build_router())
+    app.include_router(routes_records.build_router())
+    app.include_router(routes_candidates.build_router())
     app.include_router(routes_harness.build_router())
     app.include_router(routes_install.build_router())
     app.include_router(routes_import.build_router())

@@ -57,6 +57,7 @@ class Admission:
     session: str | None = None
     record_id: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    client: str | None = None  # the User-Agent, shown by the dashboard
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], limits: RequestLimits) -> Admission:
@@ -69,7 +70,17 @@ class Admission:
             session=_session(headers),
             record_id=check_id(record_id, "x-reef-agent-record-id") if record_id else None,
             tags=tags,
+            client=_client(headers),
         )
+
+
+CLIENT_MAX_CHARS = 200
+
+
+def _client(headers: Mapping[str, str]) -> str | None:
+    """The User-Agent as the record keeps it: printable ASCII, at most CLIENT_MAX_CHARS."""
+    agent = "".join(c for c in headers.get("user-agent", "") if " " <= c <= "~").strip()
+    return agent[:CLIENT_MAX_CHARS] or None
 
 
 AGENT_SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id")  # Claude Code's, opencode's
@@ -525,6 +536,7 @@ def _new_record(
         tags=admission.tags,
         timings={"admitted_at": time.time()},
         harness=harness,
+        client=admission.client,
     )
 
 

@@ -1,8 +1,8 @@
 """The `/reef/*` routes: reports, records, scenarios, releases, rollback, status.
 
 Thin: each route validates its body, calls the state layer, and shapes JSON. The read-only
-views the dashboard (`/ui`) needs besides: a scenario's recent records, its learning curve, and
-a diff between any two of its releases.
+views the dashboard (`/ui`) needs besides: a scenario's learning curve and a diff between any
+two of its releases (its records: `routes_records.py`; its candidates: `routes_candidates.py`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from itertools import islice
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,7 +20,7 @@ from reef import __version__
 from reef.core.canonical import check_depth, check_id, check_scenario_name, new_id
 from reef.core.errors import InvalidInput, NotFound, ReefError
 from reef.core.provenance import verified
-from reef.core.types import Operation, Record, Report
+from reef.core.types import Operation, Report
 from reef.serve.inference import parse_json
 from reef.serve.openapi_bodies import model_body
 
@@ -148,19 +147,6 @@ def build_router() -> APIRouter:
         ]
         return {"scenario": name, "decisions": rows}
 
-    @router.get("/scenarios/{name}/records")
-    async def recent_records(
-        name: str, request: Request, limit: str = "50", release_id: str | None = None
-    ) -> dict[str, Any]:
-        """The scenario's newest records (newest first), each with its latest report."""
-        app = request.app.state.reef
-        app.state.chain(check_scenario_name(name))  # 404 for an unknown scenario
-        if not (limit.isascii() and limit.isdigit() and 1 <= int(limit) <= MAX_RECORDS_LIMIT):
-            raise InvalidInput(f"limit must be a whole number 1..{MAX_RECORDS_LIMIT}, got {limit!r}")
-        release = check_id(release_id, "release_id") if release_id else None
-        rows = await asyncio.to_thread(_recent_records, app.store, name, int(limit), release)
-        return {"scenario": name, "records": rows}
-
     @router.get("/scenarios/{name}/curve")
     async def curve(name: str, request: Request) -> dict[str, Any]:
         """Per published release, oldest first: its gate score and the mean reported score of the
@@ -271,55 +257,6 @@ def _report_target(app: Any, body: ReportBody, header_scenario: str | None) -> t
         raise NotFound(f"unknown receipt {refs[0]}") from None
 
 
-MAX_RECORDS_LIMIT = 500
-_EXCERPT = 160
-
-
-def _recent_records(store: Any, scenario: str, limit: int, release_id: str | None) -> list[dict[str, Any]]:
-    """The newest `limit` records, newest first, read backwards along the store's index: a quiet
-    scenario with many old records costs `limit` rows, not all of them (a dashboard polls this)."""
-    page_size = limit if release_id is None else max(limit, 500)  # a release filter skips rows in between
-    newest = store.iter_records(scenario, release_id=release_id, newest_first=True, page_size=page_size)
-    return [_record_row(stored) for stored in islice(newest, limit)]
-
-
-def _record_row(stored: Any) -> dict[str, Any]:
-    record: Record = stored.record
-    last = stored.reports[-1] if stored.reports else None
-    duration = record.timings.get("duration_s")
-    if duration is None and stored.finished_at is not None:
-        duration = stored.finished_at - stored.created_at
-    return {
-        "id": record.id,
-        "seq": record.seq,
-        "status": record.status.value,
-        "release_id": record.release.release_id if record.release else None,
-        "session": record.session,
-        "tags": record.tags,
-        "created_at": stored.created_at,
-        "latency_s": duration,
-        "verified": verified(record),
-        "reports": len(stored.reports),
-        "score": last.score if last else None,
-        "feedback": last.feedback if last else None,
-        "prompt": _excerpt(_last_user_text(record.request)),
-        "answer": _excerpt((record.response or {}).get("text") or ""),
-        "error": record.error,
-    }
-
-
-def _last_user_text(request: dict[str, Any]) -> str:
-    for message in reversed(request.get("messages") or []):
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            return content if isinstance(content, str) else str(content)
-    return ""
-
-
-def _excerpt(text: str) -> str:
-    return text if len(text) <= _EXCERPT else text[: _EXCERPT - 1] + "…"
-
-
 _KINDS: dict[str, str | None] = {}  # release id -> artifact kind; a release never changes
 
 
@@ -366,6 +303,16 @@ _TALLIES: weakref.WeakKeyDictionary[Any, dict[str, _Tally]] = weakref.WeakKeyDic
 _TALLIES_LOCK = threading.Lock()
 
 
+def release_tally(app: Any, scenario: str) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+    """Per release id (a canary's `canary-<batch id>` too): the sum of the reported scores of the
+    records it served, how many reports, how many records, read on from the last call."""
+    with _TALLIES_LOCK:
+        tally = _TALLIES.setdefault(app.store, {}).setdefault(scenario, _Tally())
+    with tally.lock:
+        tally.update(app.store, scenario)
+        return dict(tally.score_sum), dict(tally.reports), dict(tally.records)
+
+
 def _curve(app: Any, chain: Any) -> list[dict[str, Any]]:
     """Each published (not pending) release, oldest first: `gate_score` is the gate's mean score
     of its content (its own verdict's `candidate_score`, else the `current_score` a later verdict
@@ -386,11 +333,7 @@ def _curve(app: Any, chain: Any) -> list[dict[str, Any]]:
             measured[incumbent] = metrics["current_score"]
         if candidate:
             measured[candidate] = metrics["candidate_score"]
-    with _TALLIES_LOCK:
-        tally = _TALLIES.setdefault(app.store, {}).setdefault(chain.scenario, _Tally())
-    with tally.lock:
-        tally.update(app.store, chain.scenario)
-        sums, reports, records = dict(tally.score_sum), dict(tally.reports), dict(tally.records)
+    sums, reports, records = release_tally(app, chain.scenario)
     published = [e for e in history if e.publishes_release and not e.pending]
     rows = []
     for i, e in enumerate(published):
