@@ -91,6 +91,8 @@ def inspect(state_dir: Path, as_json: bool, store_dsn: str | None, artifacts_rem
             f"{row['scenario']}: step {row['step']}, head {row['release_id'][:12]} ({row['operation']}), "
             f"recipe {row['recipe']}, {row['records']} records, {row['reports']} reports"
             + (f", open batch {', '.join(row['open_batches'])}" if row["open_batches"] else "")
+            + ", {releases} release(s): weights {weights_bytes} B, optimiser {optimiser_bytes} B, "
+            "shared {shared_bytes} B".format(**row["sizes"])
         )
 
 
@@ -122,6 +124,7 @@ def _scenario_row(state: ReefState, name: str) -> dict:
         "reports": state.store.count_reports(name),
         "open_batch": batches[0] if batches else None,  # the oldest
         "open_batches": batches,
+        "sizes": scenario_sizes(state, name),  # bytes the artifact store keeps (reef compact frees some)
     }
 
 
@@ -728,8 +731,10 @@ def export_release(
     )
 
 
+from reef.cli_compact import compact, scenario_sizes  # noqa: E402  (a command of its own module, registered here)
 from reef.cli_import import import_records  # noqa: E402  (a command of its own module, registered here)
 from reef.demo.cli import demo  # noqa: E402  (a command of its own module, registered here)
 
+main.add_command(compact)
 main.add_command(demo)
 main.add_command(import_records)

@@ -60,6 +60,7 @@ from typing import Any
 from reef.commit.git_locks import OWNED_AGE_S, SHARED_AGE_S, StaleLock, clear_stale, locks_under
 from reef.core.canonical import check_scenario_name, content_id_of, new_id, scenario_key
 from reef.core.errors import Corruption, InvalidInput, MissingArtifact, StaleHead, StorageUnavailable
+from reef.core.training import TRAINING_FOLDER
 from reef.core.types import ArtifactKind
 
 MANIFEST_NAME = "reef-artifact.json"
@@ -67,6 +68,7 @@ LFS_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
 GITATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in LFS_PATTERNS).encode()
 LFS_VERSION = "version https://git-lfs.github.com/spec/v1"
 REF_PREFIX = "refs/reef/scenarios/"
+ARCHIVED_PREFIX = "refs/reef/archived/"  # archived scenarios' refs: <key>/<stamp>
 FETCHED_PREFIX = "refs/reef/fetched/"  # the remote's scenario refs as of the last fetch
 LFS_REF_PREFIX = "refs/reef/lfs/"  # on the remote: one ref per LFS object, at a blob of its bytes
 FETCH_LOCK_NAME = "reef-fetch.flock"  # held (flock) by every write of refs/reef/fetched/* and local refs/reef/lfs/*
@@ -286,6 +288,16 @@ class ArtifactStore:
             raise MissingArtifact(f"release {release_id} is not in the artifact store{self._nor_remote()}")
         self._git("update-ref", "-m", "reef: reset", ref, release_id)
 
+    def archive_scenario_head(self, scenario: str, stamp: str) -> str | None:
+        """Move the scenario's ref aside to `refs/reef/archived/<key>/<stamp>`, so its releases
+        stay reachable (nothing is deleted) and a new scenario of the name starts without one;
+        the release it named. The caller holds the scenario's commit log, as for `commit`."""
+        head = self.scenario_head(scenario)
+        if head is not None:
+            self._git("update-ref", "-m", "reef: archive", f"{ARCHIVED_PREFIX}{scenario_key(scenario)}/{stamp}", head)
+            self.reset_scenario_head(scenario, None)
+        return head
+
     # -- stale git locks (reef/commit/git_locks.py) -------------------------------------------
 
     def scenario_lock(self, scenario: str) -> Path:
@@ -398,9 +410,21 @@ class ArtifactStore:
             return False
         return True
 
+    def compacted(self, path: str, oid: str) -> bool:
+        """Whether `path`'s LFS object is optimiser state compaction freed (`reef compact`): the
+        release reads without it (reef/commit/weights_store.py)."""
+        marked = (self.root / "lfs" / "compacted" / oid).exists()
+        return path.startswith(TRAINING_FOLDER) and marked and not self.lfs_path(oid).is_file()
+
+    def lfs_pointers(self, release_id: str) -> tuple[list[str], dict[str, tuple[str, int]]]:
+        """A release's content paths, and its LFS pointers (oid, size) by path, without their bytes."""
+        blobs, pointers = self._read(release_id)
+        return sorted(blobs), pointers
+
     def verify(self, release_id: str) -> None:
-        """The commit, its manifest and every LFS object it points to exist."""
+        """The commit, its manifest and every LFS object it points to exist (compacted ones aside)."""
         _, pointers = self._read(release_id)
+        pointers = {path: p for path, p in pointers.items() if not self.compacted(path, p[0])}
         self._fetch_missing_lfs(pointers)
         for path, (oid, size) in pointers.items():
             obj = self.lfs_path(oid)
@@ -418,8 +442,11 @@ class ArtifactStore:
         return self._parse_manifest(release_id, r.stdout)
 
     def files(self, release_id: str) -> dict[str, bytes]:
-        """The content (no manifest, no .gitattributes), LFS pointers resolved to their bytes."""
+        """The content (no manifest, no .gitattributes), LFS pointers resolved to their bytes;
+        optimiser state that compaction freed is left out."""
         blobs, pointers = self._read(release_id)
+        for path in [path for path, (oid, _) in pointers.items() if self.compacted(path, oid)]:
+            del blobs[path], pointers[path]
         self._fetch_missing_lfs(pointers)
         for path, (oid, size) in pointers.items():
             obj = self.lfs_path(oid)

@@ -97,8 +97,10 @@ class WeightsGate:
         holdout: Sequence[tuple[float, Sample]],
         starved: bool = False,
         live: LiveEvidence | None = None,
+        thresholds: Mapping[str, Any] | None = None,
     ) -> Verdict:
-        """`starved`: the learner waits for samples, so with `concurrency_when: starved` the
+        """`thresholds`: `margin` and `confidence` an operator changed live, over the config's.
+        `starved`: the learner waits for samples, so with `concurrency_when: starved` the
         gate's requests are bounded by `concurrency`, leaving the runtime to live traffic.
         `live`: the candidate's line served side by side with `current` (`live_split`): its live
         scores join the tasks' sign test (only when they are of `current`)."""
@@ -107,7 +109,8 @@ class WeightsGate:
             if live is not None and live.serving_release_id != current.release_id:
                 live = None
             self.know_files(current, current_files)
-            return await self._on_tasks(current, candidate_id, candidate_files, bounded, live)
+            config = self.config.model_copy(update=dict(thresholds)) if thresholds else self.config
+            return await self._on_tasks(current, candidate_id, candidate_files, bounded, live, config)
         return await self._offline(current_files, candidate_files, holdout)
 
     def remember(self, releases: Sequence[Release]) -> None:
@@ -197,7 +200,9 @@ class WeightsGate:
         files: Mapping[str, bytes],
         bounded: bool,
         live: LiveEvidence | None,
+        config: GateConfig | None = None,
     ) -> Verdict:
+        config = config or self.config
         known = self._scores.setdefault(current.content_id, {})
         before: list[float] = []
         after: list[float] = []
@@ -219,7 +224,7 @@ class WeightsGate:
                 before += [known[i] for i in part]
                 after += candidate_answers
                 asked += part
-                verdict = sequential_verdict(before, after, self.config, look, len(parts), asked, live=live)
+                verdict = sequential_verdict(before, after, config, look, len(parts), asked, live=live)
                 if verdict is not None:
                     verdict.metrics["in_flight_bound"] = self.config.concurrency if bounded else None
                     if half is not None:

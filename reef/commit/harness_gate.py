@@ -47,8 +47,14 @@ class HarnessGate:
         self._cache: dict[tuple[str, str], list[tuple[float, str]]] = {}  # fixed tasks only
 
     async def judge_candidate(
-        self, serving: ReleaseRef, current: HarnessTree, candidate: HarnessTree, held_out: Sequence[dict[str, Any]]
+        self,
+        serving: ReleaseRef,
+        current: HarnessTree,
+        candidate: HarnessTree,
+        held_out: Sequence[dict[str, Any]],
+        margin: int | None = None,
     ) -> Verdict:
+        """`margin`: the wins minus losses to reach, when an operator changed it live (else the config's)."""
         tasks, source = (self.tasks, "file") if self.tasks else (list(held_out), "held_out")
         if not tasks:
             return Verdict(
@@ -60,7 +66,7 @@ class HarnessGate:
             )
         before = await self._answers(serving, current, tasks, cache=source == "file")
         after = await self._answers(serving, candidate, tasks, cache=source == "file")
-        return harness_verdict(tasks, before, after, self.config.margin, source)
+        return harness_verdict(tasks, before, after, self.config.margin if margin is None else margin, source)
 
     async def _answers(
         self, serving: ReleaseRef, tree: HarnessTree, tasks: list[dict[str, Any]], cache: bool

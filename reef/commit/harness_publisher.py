@@ -35,7 +35,8 @@ class HarnessPublisher:
     async def decide(self, candidate: LearnedCandidate) -> Verdict:
         base, tree = HarnessTree.from_files(candidate.base_files), HarnessTree.from_files(candidate.files)
         async with self.admit(self.chain.scenario) as serving:
-            verdict = await self.gate.judge_candidate(serving, base, tree, candidate.held_out)
+            margin = candidate.gate_overrides.get("margin")  # an operator's live change, over the config's
+            verdict = await self.gate.judge_candidate(serving, base, tree, candidate.held_out, margin)
         if verdict.decision == "select" and self.publish == "review":
             verdict = Verdict("review", verdict.metrics)
         return await self.publisher.settle(

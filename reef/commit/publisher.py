@@ -61,6 +61,7 @@ class CandidatePublisher:
                 candidate.held_out,
                 starved=candidate.starved,
                 live=candidate.live,
+                thresholds=candidate.gate_overrides,
             )
         # the head's harness (a seeded one) stays with the new weights
         files = {**candidate.files, **{p: d for p, d in head_files.items() if p.startswith(HARNESS_PREFIX)}}

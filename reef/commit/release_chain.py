@@ -24,12 +24,22 @@ the log is what makes check-head, commit-artifact, append one compare-and-swap e
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from reef.commit.artifacts import ArtifactManifest, ArtifactStore
 from reef.commit.commit_log import CommitLog
 from reef.core.errors import Conflict, InvalidInput, NotFound, StaleHead
-from reef.core.types import JSON, ArtifactKind, Candidate, CommitEntry, Operation, Release, ReleaseRef, Verdict
+from reef.core.types import (
+    JSON,
+    RELEASE_OPERATIONS,
+    ArtifactKind,
+    Candidate,
+    CommitEntry,
+    Operation,
+    Release,
+    ReleaseRef,
+    Verdict,
+)
 from reef.observe.store import ExperienceStore
 
 
@@ -271,6 +281,20 @@ class ReleaseChain:
             entry = self._append_on_head(head, Operation.COMPACTION, compacted_ids=tuple(record_ids))
         store.compact(self.scenario, entry.compacted_ids)
         return entry
+
+    def note(
+        self, operation: Operation, metrics: JSON, check: Callable[[list[CommitEntry]], None] | None = None
+    ) -> CommitEntry:
+        """Log a step that moves no release (a settings change, an instruction, a train-now
+        request) on the head; `check` sees every step first, under the log's lock, so a caller's
+        revision check and this append are one compare-and-swap."""
+        if operation in RELEASE_OPERATIONS or operation in (Operation.BATCH, Operation.ABANDON):
+            raise InvalidInput(f"{operation.value} is not a note")
+        with self.log.transaction():
+            entries = self._entries()
+            if check is not None:
+                check(entries)
+            return self._append_on_head(_head_entry(entries), operation, metrics=metrics)
 
     # -- internals -------------------------------------------------------------------------
 

@@ -32,3 +32,5 @@ class LearnedCandidate:
     starved: bool = False
     # the live scores of its line and of the serving release, served side by side (`gate.live_split`)
     live: LiveEvidence | None = None
+    # the gate's thresholds an operator changed live (`margin`, `confidence`), over its config's
+    gate_overrides: JSON = field(default_factory=dict)

@@ -35,6 +35,7 @@ from reef.grow.learner_stats import LearnerStats, SampleWait
 from reef.grow.learner_status import learner_status
 from reef.grow.loop import keep_stepping
 from reef.grow.recipe import Abandon, Batch, Job, LearnerView, Made, Recipe
+from reef.grow.steering import Steering
 from reef.grow.training_client import TrainingClient
 from reef.grow.working_line import WorkingLine
 from reef.observe import spans
@@ -71,6 +72,7 @@ class Learner:
         self.lane = GateLane(self.scenario, decide, self._span_attributes, gate_after=gate_after, warm=warm)
         self.lane.line = self
         self.canary = CanaryLoop(self.scenario, canary if self.pipelined else None, live_split, self.stats)
+        self.steering = Steering(recipe, self.canary)  # training mode and live settings, from the log
         self.wait = SampleWait(idle_since=time.monotonic())  # waiting for samples from the start
         self.cursor = chain.high_water()
         self.consumed = batched_record_ids(chain)
@@ -135,7 +137,9 @@ class Learner:
             await self.canary.watch(items, self.chain.serving().release_id)
             self.recipe.intake(items, self.view)
             self.cursor = items[-1].cursor
-        batch = await self.recipe.next_batch(self.view)
+        self.steering.refresh(self.chain.history())
+        self.view.from_traffic = self.steering.from_traffic()
+        batch = await self.recipe.next_batch(self.view) if self.steering.may_ask() else None
         if batch is None:
             now = time.monotonic()
             if self.wait.longer_than_making(now):  # the traffic lags: a held candidate goes to the gate
@@ -222,6 +226,7 @@ class Learner:
             metrics,
             state,
             made.held_out,
+            gate_overrides=dict(self.steering.gate_overrides),
         )
 
     def starved(self) -> bool:

@@ -27,6 +27,7 @@ def learner_status(learner: Learner) -> dict[str, Any]:
         "last_verdict": s.last_verdict,
         "last_error": s.last_error,
         "waiting_for_samples": None if learner.wait.fraction is None else round(learner.wait.fraction, 3),
+        **learner.steering.status(),  # training mode, train-now, instructions
     }
     if learner.pipelined:
         out["batches_past_release"] = learner.line.made - learner.line.published

@@ -74,6 +74,9 @@ class LearnerView:
     dropped: Counter[str] = field(default_factory=Counter)
     store: ExperienceStore | None = None  # read-only: the scenario's records, for a recipe that learns from
     # traffic itself rather than from reports (openclaw_rl stitches sessions from it)
+    # the training mode lets traffic make a batch now (auto, hybrid, or a train-now request); when
+    # False, a recipe that takes instructions (`instruct`) is still asked, for those alone
+    from_traffic: bool = True
 
     def drop(self, reason: str, n: int = 1) -> None:
         if n:  # a reason is shown only once something was dropped for it

@@ -11,6 +11,10 @@ contrast. Without evaluation tasks in the gate's config, a fixed hash-chosen fra
 
 A record is used at most once: every record a logged batch named (published, rejected or
 abandoned) is consumed for good.
+
+An operator's instruction (`POST /reef/train`, `reef/grow/instructions.py`) is a batch of its
+own, taken before any failure and in every training mode: its candidate adds one rule carrying
+the instruction (`reef/recipes/instruction_rule.py`), judged by the gate like any other.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from reef.config import HarnessGateConfig, LLMProposerConfig
 from reef.core.errors import InvalidInput
 from reef.core.types import JSON, Record, RecordStatus, ReportedRecords
+from reef.grow.instructions import Instruction, instruction_in
 from reef.grow.recipe import Abandon, Job, LearnerView, Made, RecipeContext, held_out, missing_records
+from reef.recipes.instruction_rule import instruction_rule
 from reef.surfaces.harness import HarnessTree, Mutation, merge_files
 from reef.surfaces.inject import client_request
 
@@ -79,18 +85,21 @@ class Observation:
 class Batch:
     failures: tuple[Observation, ...]
     successes: tuple[Observation, ...] = ()
+    instruction: Instruction | None = None  # an operator's instruction: a batch of its own
+
+    @property
+    def record_ids(self) -> list[str]:
+        own = [self.instruction.id] if self.instruction else []
+        return own + [o.record_id for o in self.observations]
+
+    @property
+    def report_ids(self) -> list[str]:
+        own = {self.instruction.report_id} if self.instruction else set()
+        return sorted(own | {o.report_id for o in self.observations})
 
     @property
     def observations(self) -> tuple[Observation, ...]:
         return self.failures + self.successes
-
-    @property
-    def record_ids(self) -> list[str]:
-        return [o.record_id for o in self.observations]
-
-    @property
-    def report_ids(self) -> list[str]:
-        return sorted({o.report_id for o in self.observations})
 
 
 @dataclass(frozen=True)
@@ -140,6 +149,7 @@ class SkillsRecipe:
         # held-out records serve the gate only when it has no task file
         self.holdout_fraction = 0.0 if config.gate.tasks else config.gate.holdout_fraction
         self.failures: list[Observation] = []
+        self.instructions: list[Instruction] = []  # taken before any failure, each a batch of its own
         self.successes: deque[Observation] = deque(maxlen=SUCCESS_KEEP)
         self.held_out: deque[Observation] = deque(maxlen=config.gate.max_holdout)
         self.proposer_failures: Counter[str] = Counter()
@@ -151,6 +161,9 @@ class SkillsRecipe:
     def intake(self, items: Iterable[ReportedRecords], view: LearnerView) -> None:
         """Sort newly reported records into failures, successes and held-out tasks, or count why not."""
         for item in items:
+            if (instruction := instruction_in(item)) is not None:
+                self.instruct(instruction, view)
+                continue
             if missing_records(item):
                 view.drop("compacted_or_missing", missing_records(item))
             feedback = feedback_text(item.report.feedback)
@@ -172,6 +185,14 @@ class SkillsRecipe:
             self.failures = self.failures[overflow:]
             view.drop("pending_overflow", overflow)
 
+    def instruct(self, instruction: Instruction, view: LearnerView) -> None:
+        """Take an operator's instruction: it becomes a candidate of its own, before any failure."""
+        if instruction.id in view.consumed:
+            view.drop("already_used")
+            return
+        view.consumed.add(instruction.id)
+        self.instructions.append(instruction)
+
     def _ineligible(self, record: Record, consumed: set[str], feedback: str, score: float) -> str | None:
         if record.id in consumed:
             return "already_used"
@@ -190,7 +211,12 @@ class SkillsRecipe:
     # -- batches ------------------------------------------------------------------------------
 
     async def next_batch(self, view: LearnerView) -> Batch | None:
-        """The batch the proposer wants now, removed from the waiting lists; None to wait."""
+        """The batch the proposer wants now, removed from the waiting lists; None to wait. An
+        instruction goes first; failures only while the training mode lets traffic train."""
+        if self.instructions:
+            return Batch((), (), self.instructions.pop(0))
+        if not view.from_traffic:
+            return None
         chosen = self.proposer.select(self.failures, self._head_tree(view.head().release_id, await view.head_files()))
         if not chosen:
             return None
@@ -202,6 +228,8 @@ class SkillsRecipe:
         return Batch(tuple(chosen), successes)
 
     def resume(self, items: Sequence[ReportedRecords]) -> Batch:
+        if items and (instruction := instruction_in(items[0])) is not None:
+            return Batch((), (), instruction)
         observations = [observation_of(item.records[0], item, feedback_text(item.report.feedback)) for item in items]
         return Batch(
             tuple(o for o in observations if o.score < self.config.failure_below),
@@ -210,7 +238,7 @@ class SkillsRecipe:
 
     def high_water(self, cursor: int) -> int:
         """Below the lowest report sequence still waiting, so a restart reads those again."""
-        seqs = [o.report_seq for o in (*self.failures, *self.successes)]
+        seqs = [o.report_seq for o in (*self.failures, *self.successes)] + [i.report_seq for i in self.instructions]
         return min(seqs) - 1 if seqs else cursor
 
     # -- the candidate --------------------------------------------------------------------------
@@ -219,7 +247,7 @@ class SkillsRecipe:
         """The proposer's mutations applied to the head's tree; the head's weights stay."""
         tree = self._head_tree(job.head.release_id, job.head_files)
         try:
-            proposal = await self.proposer.propose(tree, batch, job.serving)
+            proposal = await self._proposal(tree, batch, job)
             changed = tree.apply(proposal.mutations)
             if changed.content_id == tree.content_id:
                 raise Abandon("no_change", "the proposal leaves the harness as it is")
@@ -236,6 +264,12 @@ class SkillsRecipe:
             held_out=[o.as_task() for o in self.held_out],
         )
 
+    async def _proposal(self, tree: HarnessTree, batch: Batch, job: Job) -> Proposal:
+        if batch.instruction is not None:  # the operator's words as they are: no proposer rewrites them
+            rule = instruction_rule(tree, batch.instruction)
+            return Proposal((rule,), {"proposer": "instruction", "instruction_id": batch.instruction.id})
+        return await self.proposer.propose(tree, batch, job.serving)
+
     def _failed(self, exc: Abandon) -> Abandon:
         self.proposer_failures[exc.kind] += 1
         self.last_proposer_failures.append(f"{exc.kind}: {exc.reason}"[:500])
@@ -250,6 +284,7 @@ class SkillsRecipe:
         return {
             "proposer": self.proposer.name,
             "waiting_failures": len(self.failures),
+            "waiting_instructions": len(self.instructions),
             "waiting_successes": len(self.successes),
             "held_out": len(self.held_out),
             "proposer_failures": dict(self.proposer_failures),

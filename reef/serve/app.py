@@ -31,6 +31,8 @@ from reef.serve import (
     routes_install,
     routes_records,
     routes_reef,
+    routes_scenario_config,
+    routes_train,
     routes_v1,
 )
 from reef.serve.auth import TokenAuth
@@ -129,6 +131,8 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     app.include_router(routes_harness.build_router())
     app.include_router(routes_install.build_router())
     app.include_router(routes_import.build_router())
+    app.include_router(routes_train.build_router())
+    app.include_router(routes_scenario_config.build_router())
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef import __version__
+from reef.commit.scenario_settings import settings_of
 from reef.core.canonical import check_depth, check_id, check_scenario_name, new_id
 from reef.core.errors import InvalidInput, NotFound, ReefError
 from reef.core.provenance import verified
@@ -225,6 +226,7 @@ def scenario_summary(app: Any, name: str) -> dict[str, Any]:
         "head": head.to_json(),
         "serving": chain.serving().to_json(),
         "step": chain.last_step(),
+        "training_mode": settings_of(chain).training_mode,  # auto, manual or hybrid (routes_train.py)
         "learner": {
             "high_water": chain.high_water(),
             "open_batch": chain.open_batch(),

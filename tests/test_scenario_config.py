@@ -1,0 +1,168 @@
+"""Revisioned runtime config and training modes: `GET/POST /reef/scenarios/{s}/config` (ETag,
+If-Match, 412, 428, the allow-list), `POST /reef/scenarios/{s}/update`, through a real `reef serve`
+on a scripted upstream with the `skills` recipe; the settings steps in both commit logs (JSONL and
+PostgreSQL) read back after a reopen; and a live gate threshold the learner reads at its next
+candidate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from uuid import uuid4
+
+import httpx
+import pytest
+
+from reef.commit.scenario_settings import (
+    StaleRevision,
+    change_settings,
+    log_instruction,
+    request_train_now,
+    settings_of,
+)
+from reef.commit.state import ReefState
+from reef.core.types import Operation
+from tests.helpers.reef_server import ReefServer
+from tests.pg import postgres_dsn  # noqa: F401  (session fixture)
+from tests.scripted_upstream import ScriptedUpstream
+from tests.test_harness_learning import CHATTY, GOOD, RULE_MARKER, ask, settings, wait_for, write_tasks
+
+CONFIG = "/reef/scenarios/fmt/config"
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedUpstream]:
+    with ScriptedUpstream() as upstream:
+        upstream.answer_by_system({RULE_MARKER: GOOD}, otherwise=CHATTY)
+        yield upstream
+
+
+def steps(reef: ReefServer, http: httpx.Client) -> int:
+    return int(http.get(f"{reef.url}/reef/scenarios/fmt").json()["step"])
+
+
+def test_config_changes_need_the_current_revision_and_survive_a_restart(
+    model: ScriptedUpstream, tmp_path: Path
+) -> None:
+    config = settings(model, write_tasks(tmp_path / "tasks.jsonl"))
+    with ReefServer(tmp_path, config) as reef, httpx.Client(timeout=30) as http:
+        ask(reef)  # creates the scenario, bound to skills
+        first = http.get(f"{reef.url}{CONFIG}")
+        assert first.status_code == 200 and first.headers["etag"] == '"0"'
+        view = first.json()
+        assert view["training_mode"] == "auto" and view["live"] == {"batch_size": 8, "gate_margin": 1}
+        assert view["recipe_settings"]["llm"]["api_key"] is None  # a secret never shows
+        before = steps(reef, http)
+
+        missing = http.post(f"{reef.url}{CONFIG}", json={"batch_size": 3})
+        assert missing.status_code == 428 and "If-Match" in missing.json()["error"]["message"]
+        for bad, named in (({"lora_r": 4}, "lora_r"), ({"batch_size": 0}, "batch_size"), ({"lr": 0.1}, "lr")):
+            refused = http.post(f"{reef.url}{CONFIG}", json=bad, headers={"if-match": '"0"'})
+            assert refused.status_code == 400 and named in refused.json()["error"]["message"], refused.text
+        assert (
+            http.post(
+                f"{reef.url}{CONFIG}", json={"training_mode": "sometimes"}, headers={"if-match": '"0"'}
+            ).status_code
+            == 400
+        )
+        assert steps(reef, http) == before  # nothing refused was logged
+
+        changed = http.post(
+            f"{reef.url}{CONFIG}", json={"batch_size": 3, "training_mode": "hybrid"}, headers={"if-match": '"0"'}
+        )
+        assert changed.status_code == 200, changed.text
+        etag = changed.headers["etag"]
+        assert etag != '"0"' and changed.json()["live"]["batch_size"] == 3
+        assert changed.json()["history"][-1]["changes"] == {"training_mode": "hybrid", "batch_size": 3}
+
+        stale = http.post(f"{reef.url}{CONFIG}", json={"batch_size": 5}, headers={"if-match": '"0"'})
+        assert stale.status_code == 412 and stale.headers["etag"] == etag
+        assert http.get(f"{reef.url}{CONFIG}").json()["live"]["batch_size"] == 3
+
+        mode = http.post(f"{reef.url}/reef/scenarios/fmt/update", json={"training_mode": "manual", "why": "x"})
+        assert mode.status_code == 400 and "why" in mode.json()["error"]["message"]
+        mode = http.post(f"{reef.url}/reef/scenarios/fmt/update", json={"training_mode": "manual"})
+        assert mode.status_code == 200 and mode.json()["training_mode"] == "manual"
+        again = http.post(f"{reef.url}/reef/scenarios/fmt/update", json={"training_mode": "manual"})
+        assert again.json()["revision"] == mode.json()["revision"]  # the same mode again logs nothing
+        etag = http.get(f"{reef.url}{CONFIG}").headers["etag"]
+
+    with ReefServer(tmp_path, config) as reef, httpx.Client(timeout=30) as http:
+        after = http.get(f"{reef.url}{CONFIG}")
+        assert after.headers["etag"] == etag
+        assert after.json()["training_mode"] == "manual" and after.json()["live"]["batch_size"] == 3
+        assert http.get(f"{reef.url}/reef/scenarios/fmt").json()["training_mode"] == "manual"
+        learner = wait_for(lambda: _learner(reef, http), what="the learner")
+        assert learner["training_mode"] == "manual" and learner["settings_revision"] == int(etag.strip('"'))
+
+
+def test_a_live_gate_margin_reaches_the_next_candidate(model: ScriptedUpstream, tmp_path: Path) -> None:
+    """With the margin raised past what 4 tasks can show, the instruction's candidate, which the
+    config's margin (1) would publish, is rejected: the learner read the live value."""
+    with (
+        ReefServer(tmp_path, settings(model, write_tasks(tmp_path / "tasks.jsonl"))) as reef,
+        httpx.Client(timeout=30) as http,
+    ):
+        ask(reef)
+        raised = http.post(
+            f"{reef.url}{CONFIG}", json={"gate_margin": 10, "training_mode": "hybrid"}, headers={"if-match": "*"}
+        )
+        assert raised.status_code == 200 and raised.json()["live"]["gate_margin"] == 10
+        given = http.post(
+            f"{reef.url}/reef/train", json={"scenario": "fmt", "instruction": "Answer with a single word only."}
+        )
+        receipt = given.headers["x-reef-agent-record-id"]
+        done = wait_for(
+            lambda: (
+                (p := http.get(f"{reef.url}/reef/train/{receipt}").json())["state"] in ("published", "rejected") and p
+            ),
+            what="the instruction's verdict",
+        )
+        assert done["state"] == "rejected" and done["verdict"]["metrics"]["margin"] == 10, done
+
+
+def _learner(reef: ReefServer, http: httpx.Client) -> dict[str, Any] | None:
+    learners = http.get(f"{reef.url}/reef/status").json()["learning"]["learners"]
+    return next((s for s in learners if s["scenario"] == "fmt"), None)
+
+
+def _jsonl(tmp_path: Path) -> Iterator[Callable[[], ReefState]]:
+    yield lambda: ReefState.open(tmp_path / "state")
+
+
+@pytest.fixture(params=["jsonl", "postgresql"])
+def reopen(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], ReefState]]:
+    """Opens the same state again: a state directory (JSONL logs), or one on PostgreSQL."""
+    if request.param == "jsonl":
+        yield lambda: ReefState.open(tmp_path / "state")
+        return
+    pytest.importorskip("psycopg")
+    dsn = request.getfixturevalue("postgres_dsn")
+    from reef.observe.postgres_store import PostgresStore
+
+    schema = f"t_{uuid4().hex[:12]}"
+    yield lambda: ReefState.open(tmp_path / "state", store=PostgresStore(dsn, schema=schema, pool_size=2))
+
+
+def test_both_commit_logs_carry_settings_instructions_and_train_now(reopen: Callable[[], ReefState]) -> None:
+    with reopen() as state:
+        chain = state.create("s", recipe="skills")
+        changed = change_settings(chain, {"training_mode": "manual", "batch_size": 2}, expected_revision=0)
+        with pytest.raises(StaleRevision):
+            change_settings(chain, {"batch_size": 4}, expected_revision=0)
+        log_instruction(chain, "i-1", "answer in one line", ["r-1"])
+        assert log_instruction(chain, "i-1", "answer in one line", ["r-1"]).step == 3  # a retry logs nothing
+        request_train_now(chain)
+        last = chain.last_step()
+    with reopen() as state:
+        chain = state.chain("s")
+        read = settings_of(chain)
+        assert chain.last_step() == last and read.revision == changed.revision
+        assert (read.training_mode, read.live, read.train_now) == ("manual", {"batch_size": 2}, last)
+        assert [(i.id, i.text, i.references) for i in read.instructions] == [("i-1", "answer in one line", ("r-1",))]
+        assert [e.operation for e in chain.history()][1:] == [
+            Operation.SETTINGS,
+            Operation.INSTRUCTION,
+            Operation.TRAIN_NOW,
+        ]
+        assert chain.head().step == 1  # notes move no release
