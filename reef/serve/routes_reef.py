@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reef import __version__
 from reef.commit.scenario_settings import settings_of
+from reef.commit.weights_store import release_weights
 from reef.core.canonical import check_depth, check_id, check_scenario_name, new_id
-from reef.core.errors import InvalidInput, NotFound, ReefError
+from reef.core.errors import InvalidInput, MissingArtifact, NotFound, ReefError
 from reef.core.provenance import verified
 from reef.core.types import Operation, Report
 from reef.serve.inference import parse_json
@@ -126,7 +127,7 @@ def build_router() -> APIRouter:
         return {
             "scenario": name,
             "head": head,
-            "releases": [{**r.to_json(), "current": r.release_id == head} for r in chain.releases()],
+            "releases": await asyncio.to_thread(_releases_json, chain, head),
         }
 
     @router.get("/scenarios/{name}/decisions")
@@ -313,6 +314,18 @@ def release_tally(app: Any, scenario: str) -> tuple[dict[str, float], dict[str, 
     with tally.lock:
         tally.update(app.store, scenario)
         return dict(tally.score_sum), dict(tally.reports), dict(tally.records)
+
+
+def _releases_json(chain: Any, head: str) -> list[dict[str, Any]]:
+    """Every release, newest first, with the weights it carries ("lora", "full" or null)."""
+    rows = []
+    for release in chain.releases():
+        try:
+            weights = release_weights(chain.artifacts, release.release_id)
+        except MissingArtifact:  # published by another front end and not reachable now
+            weights = None
+        rows.append({**release.to_json(), "weights": weights, "current": release.release_id == head})
+    return rows
 
 
 def _curve(app: Any, chain: Any) -> list[dict[str, Any]]:
