@@ -18,6 +18,7 @@ RECIPES = {
     "skills": "reef.recipes.skills:SkillsRecipe",
     "ttt_discover": "reef.recipes.ttt_discover:TTTDiscoverRecipe",
     "openclaw_rl": "reef.recipes.openclaw_rl:OpenClawRLRecipe",
+    "skillclaw": "reef.recipes.skillclaw:SkillClawRecipe",
 }
 RECIPE_PARTS = (
     "name",
@@ -69,14 +70,23 @@ def _known_recipe(name: str) -> str:
     return name
 
 
+# What a new scenario learns when no recipe is configured: its weights where the runtime can load
+# trained weights, else its harness (an upstream provider's weights are out of reach)
+WEIGHTS_DEFAULT, HARNESS_DEFAULT = "sao", "skills"
+
+
 class RecipeConfig(Strict):
-    default: str = Field("sao", description="Recipe a new scenario is bound to: a name or package.module:Class")
+    default: str | None = Field(
+        None,
+        description="Recipe a new scenario is bound to: a name or package.module:Class; unset: sao "
+        "where the runtime can load trained weights, skills (the harness) where it cannot (upstream)",
+    )
     scenarios: dict[str, str] = Field(default_factory=dict, description="Per-scenario recipe bindings")
 
     @field_validator("default")
     @classmethod
-    def _default_is_known(cls, name: str) -> str:
-        return _known_recipe(name)
+    def _default_is_known(cls, name: str | None) -> str | None:
+        return None if name is None else _known_recipe(name)
 
     @field_validator("scenarios")
     @classmethod
@@ -85,8 +95,18 @@ class RecipeConfig(Strict):
             _known_recipe(name)
         return bindings
 
-    def for_scenario(self, name: str) -> str:
-        return self.scenarios.get(name, self.default)
+    def for_scenario(self, name: str, runtime_loads_weights: bool = True) -> str:
+        return self.choose(name, "", runtime_loads_weights)[0]
+
+    def choose(self, name: str, runtime: str, runtime_loads_weights: bool) -> tuple[str, str]:
+        """The recipe a new scenario `name` is bound to on `runtime`, and why (`/reef/status`)."""
+        if name in self.scenarios:
+            return self.scenarios[name], f"recipes.scenarios.{name}"
+        if self.default is not None:
+            return self.default, "recipes.default"
+        if runtime_loads_weights:
+            return WEIGHTS_DEFAULT, f"default for the {runtime} runtime, which loads trained weights"
+        return HARNESS_DEFAULT, f"default for the {runtime} runtime, which cannot load trained weights"
 
 
 class GateConfig(Strict):
@@ -206,6 +226,16 @@ class LearnerConfig(Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="The trainer's weights: auto is float32 on the CPU, the engine's dtype on a GPU"
     )
+    weights: Literal["lora", "full"] = Field(
+        "lora", description="What training changes: a LoRA adapter, or every weight of the model (full)"
+    )
+    ranks: int = Field(
+        1, ge=1, description="Training processes on this machine (one per GPU); above 1, a torchrun job with FSDP2"
+    )
+    nodes: int = Field(1, ge=1, description="Machines the training job spans, each running learner.ranks ranks")
+    rendezvous: str | None = Field(
+        None, description="host:port where the other nodes reach this one (rank 0's); needed when nodes > 1"
+    )
     gate: GateConfig = Field(default_factory=GateConfig)
     canary: dict[str, float] = Field(
         default_factory=dict,
@@ -223,6 +253,14 @@ class LearnerConfig(Strict):
         "or gate.live_split may serve, a larger one refused at start; raise it only "
         "knowingly",
     )
+
+    @model_validator(mode="after")
+    def _ranks_train_full_weights(self) -> LearnerConfig:
+        if (self.ranks > 1 or self.nodes > 1) and self.weights != "full":
+            raise ValueError("learner.ranks and learner.nodes above 1 need learner.weights: full")
+        if self.nodes > 1 and not self.rendezvous:
+            raise ValueError("learner.nodes > 1 needs learner.rendezvous, host:port of this machine")
+        return self
 
     @field_validator("canary")
     @classmethod

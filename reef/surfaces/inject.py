@@ -14,6 +14,7 @@ was added, from which `client_request` restores the client's own request (retrie
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import OrderedDict
 from dataclasses import replace
@@ -40,6 +41,7 @@ class Chains(Protocol):  # reef's state: a scenario's chain by name (NotFound if
     def chain(self, name: str) -> ServingChain: ...
 
 
+CONTROL_KEY = "control"  # harness config: {"release_id", "content_id", "fraction"} of a frozen control arm
 SEPARATOR = "\n\n"  # between the injected harness and the client's own system prompt
 EMPTY = HarnessTree()
 
@@ -83,7 +85,23 @@ class HarnessInjector:
             tree = await self.tree(release.release_id, release.content_id)
         if tree is EMPTY or tree.is_empty or self.config.mode_for(scenario) != "inject":
             return request, None
-        rendered, skills = render_with_skills(tree, request_text(request))
+        arm: dict[str, str] = {}
+        control = control_arm(tree.config)
+        if control is not None:
+            if in_control(request, control):
+                arm, tree = {"arm": "control"}, await self.tree(control["release_id"], control["content_id"])
+            else:
+                arm = {"arm": "treatment"}
+        rendered, skills = render_with_skills(tree, request_text(request)) if not tree.is_empty else ("", [])
+        if not rendered:  # a control arm with no harness: nothing added, but the arm is recorded
+            return request, {
+                "mode": "inject",
+                "content_id": tree.content_id,
+                "skills": [],
+                "inserted": False,
+                "prefix_chars": 0,
+                **arm,
+            }
         sent, inserted = with_system_prefix(request, rendered)
         added = {
             "mode": "inject",
@@ -91,6 +109,7 @@ class HarnessInjector:
             "skills": skills,
             "inserted": inserted,
             "prefix_chars": len(rendered) + (0 if inserted else len(SEPARATOR)),
+            **arm,
         }
         return sent, added
 
@@ -103,6 +122,28 @@ class HarnessInjector:
         except NotFound:
             return request
         return (await self.inject(name, request, chain.serving()))[0]
+
+
+def control_arm(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The frozen control arm a harness names in its config (`skillclaw` sets it): the release
+    whose harness serves `fraction` of conversations, or None."""
+    control = config.get(CONTROL_KEY)
+    if not isinstance(control, dict):
+        return None
+    fraction = control.get("fraction")
+    if not (isinstance(control.get("release_id"), str) and isinstance(control.get("content_id"), str)):
+        return None
+    if not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        return None
+    return control
+
+
+def in_control(request: ChatRequest, control: Mapping[str, Any]) -> bool:
+    """Whether a request's conversation falls in the control arm: by a hash of its first user
+    message, so every turn of one conversation is served by one arm."""
+    first = next((m.content for m in request.messages if m.role == "user" and m.content), "")
+    digest = hashlib.sha256(f"{control['content_id']}\0{first}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") / 2**32 < float(control["fraction"])
 
 
 def request_text(request: ChatRequest) -> str:

@@ -1,0 +1,282 @@
+"""SkillClaw: a skill pool that evolves in a day/night cycle, checked against a frozen control.
+
+By day the scenario serves and collects reports. Each release this recipe publishes names a
+frozen control arm in its harness config (`reef.surfaces.inject.control_arm`): the harness the
+cycle started from, which serves `control_fraction` of conversations (chosen by a hash of the
+first user message) while the rest get the new pool; each record says which arm served it.
+
+Night comes after `night_records` reports of the day's head (or `night_every_s`, when set, with
+at least `min_arm_scores` on each arm). Then, in order:
+1. The preregistered comparison: the day's mean score of the new pool (treatment) minus the
+   control's, against `gain_sd` standard errors of that difference. Above it, the cycle is
+   confirmed and its pool becomes the next cycle's control; otherwise its changes are reverted:
+   the next pool starts again from the control's.
+2. Consolidation of the pool from the day's failures (feedback grouped into themes, as the
+   model-free `distill` proposer groups them): a theme recurring `min_recurrence` times with no
+   skill for it adds one (`sc-<words>`), whose description (shown in every prompt) is the
+   theme's central feedback; a theme that still recurs with its skill in the pool rewrites it
+   once; skills whose descriptions overlap `similarity` are merged; a skill whose theme has not
+   recurred for `prune_after_nights` nights is pruned. The pool grows and shrinks.
+3. One candidate (the consolidated pool with the next control arm) goes to the harness gate like
+   any other; a night that changes nothing is abandoned and the day goes on.
+
+The pool's history (per night: the comparison, what was added, merged, rewritten, pruned) is in
+the line's algorithm state, so it survives restarts; `status()` shows the last nights.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from statistics import fmean, pvariance
+from typing import Any, Iterable, Sequence
+
+from pydantic import Field
+
+from reef.config import HarnessGateConfig
+from reef.config.strict import Strict
+from reef.core.types import JSON, Record, RecordStatus, ReportedRecords
+from reef.grow.recipe import Abandon, Job, LearnerView, Made, RecipeContext, held_out, missing_records
+from reef.recipes.proposers.distill import Theme, central_feedback, jaccard, normalise, rule_name, themes
+from reef.recipes.skills import HOLDOUT_SALT, Observation, feedback_text, observation_of
+from reef.surfaces.harness import HarnessTree, Skill, merge_files
+from reef.surfaces.inject import CONTROL_KEY
+
+NAME = "skillclaw"
+SKILL_PREFIX = "sc-"
+KEEP_NIGHTS = 30  # nights of history kept in the algorithm state
+MAX_DESCRIPTION = 400
+
+
+class SkillClawConfig(Strict):
+    """Knobs of the `skillclaw` recipe: `learner.skillclaw` (docs/harness.md explains the cycle)."""
+
+    night_records: int = Field(48, ge=2, description="Reports on the day's head that bring the night")
+    night_every_s: float | None = Field(None, gt=0, description="Also bring the night after this many seconds")
+    min_arm_scores: int = Field(8, ge=2, description="Reports of each arm the comparison needs")
+    control_fraction: float = Field(0.25, gt=0, lt=1, description="Conversations served by the frozen control arm")
+    gain_sd: float = Field(2.0, ge=0, description="Standard errors the gain over control must exceed")
+    failure_below: float = Field(0.5, description="A reported score below this is a failure")
+    min_recurrence: int = Field(3, ge=1, description="Failures with similar feedback before a skill")
+    similarity: float = Field(
+        0.5, gt=0, le=1, description="Word overlap (Jaccard) of one theme, or of two skills merged"
+    )
+    prune_after_nights: int = Field(3, ge=1, description="Nights without its theme before a skill is pruned")
+    max_skills: int = Field(16, ge=1, description="Largest pool; the oldest unseen skills go first")
+    gate: HarnessGateConfig = Field(default_factory=HarnessGateConfig)
+
+
+@dataclass(frozen=True)
+class DayItem:
+    observation: Observation
+    release_id: str | None
+    arm: str | None  # "treatment" / "control" / None (served before the pool named a control)
+    held: bool  # a held-out gate task: compared, never consolidated from
+
+
+@dataclass(frozen=True)
+class Day:
+    items: tuple[DayItem, ...]
+
+    @property
+    def record_ids(self) -> list[str]:
+        return [i.observation.record_id for i in self.items]
+
+    @property
+    def report_ids(self) -> list[str]:
+        return sorted({i.observation.report_id for i in self.items})
+
+
+class SkillClawRecipe:
+    name = NAME
+    surface = "harness"
+    Settings = SkillClawConfig
+
+    def __init__(self, config: SkillClawConfig, context: RecipeContext | None = None) -> None:
+        self.config = config
+        self.day: list[DayItem] = []
+        self.day_started = time.monotonic()
+        self.clock = time.monotonic
+        self.nights: list[JSON] = []
+        self.held_out: deque[Observation] = deque(maxlen=config.gate.max_holdout)
+        # held-out records serve the gate only when it has no task file
+        self.holdout_fraction = 0.0 if config.gate.tasks else config.gate.holdout_fraction
+
+    @property
+    def harness_gate(self) -> HarnessGateConfig:
+        return self.config.gate
+
+    # -- day ------------------------------------------------------------------------------------
+
+    def intake(self, items: Sequence[ReportedRecords], view: LearnerView) -> None:
+        for item in items:
+            if missing_records(item):
+                view.drop("compacted_or_missing", missing_records(item))
+            feedback = feedback_text(item.report.feedback)
+            for record in item.records:
+                if record.id in view.consumed:
+                    view.drop("already_used")
+                elif record.status is not RecordStatus.COMPLETE:
+                    view.drop("not_complete")
+                else:
+                    view.consumed.add(record.id)
+                    self.day.append(day_item(record, item, feedback, self.holdout_fraction))
+                    if self.day[-1].held:
+                        self.held_out.append(self.day[-1].observation)
+
+    async def next_batch(self, view: LearnerView) -> Day | None:
+        head = view.head().release_id
+        on_head = [i for i in self.day if i.release_id == head]
+        if any(i.arm for i in on_head) and not all(
+            len(arm_scores(on_head, a)) >= self.config.min_arm_scores for a in ("treatment", "control")
+        ):
+            return None  # the comparison waits for enough of each arm
+        by_count = len(on_head) >= self.config.night_records
+        by_clock = (
+            self.config.night_every_s is not None and self.clock() - self.day_started >= self.config.night_every_s
+        )
+        if not (by_count or (by_clock and on_head)):
+            return None
+        day, self.day, self.day_started = Day(tuple(self.day)), [], self.clock()
+        return day
+
+    def resume(self, items: Sequence[ReportedRecords]) -> Day:
+        return Day(
+            tuple(day_item(i.records[0], i, feedback_text(i.report.feedback), self.holdout_fraction) for i in items)
+        )
+
+    def high_water(self, cursor: int) -> int:
+        seqs = [i.observation.report_seq for i in self.day]
+        return min(seqs) - 1 if seqs else cursor
+
+    # -- night ----------------------------------------------------------------------------------
+
+    async def candidate(self, batch: Day, job: Job) -> Made:
+        c = self.config
+        state = job.algorithm_state
+        night = int(state.get("night", 0)) + 1
+        head = HarnessTree.from_files(job.head_files)
+        on_head = [i for i in batch.items if i.release_id == job.head.release_id]
+        comparison = compare(arm_scores(on_head, "treatment"), arm_scores(on_head, "control"), c)
+        control = head.config.get(CONTROL_KEY)
+        if control is None or comparison["confirmed"]:
+            start_pool, next_control = dict(head.skills), job.head
+            state["control_pool"] = pool_json(head.skills)
+        else:  # the cycle did not beat its control: start again from the control's pool
+            start_pool = pool_from_json(state.get("control_pool") or {})
+            next_control = None
+        seen: dict[str, dict[str, int]] = {k: dict(v) for k, v in (state.get("skills") or {}).items()}
+        failures = [  # the control arm's failures are the old pool's: not this cycle's to fix
+            i.observation
+            for i in batch.items
+            if not i.held and i.arm != "control" and i.observation.score < c.failure_below
+        ]
+        pool, changes = consolidate(start_pool, failures, seen, night, c)
+        summary = {"night": night, "comparison": comparison, "pool": len(pool), "records": len(batch.items), **changes}
+        state.update(night=night, skills=seen, nights=[*(state.get("nights") or []), summary][-KEEP_NIGHTS:])
+        self.nights = state["nights"]
+        if pool_json(pool) == pool_json(head.skills) and next_control is not None:
+            raise Abandon("no_change", f"night {night}: the pool stays as it is ({comparison['verdict']})")
+        arm = control if next_control is None else arm_of(next_control, c.control_fraction)
+        tree = HarnessTree(head.system, head.rules, pool, {**head.config, CONTROL_KEY: arm}, head.extensions)
+        return Made(
+            merge_files(job.head_files, tree),
+            metadata={"night": night},
+            metrics={"night": summary},
+            held_out=[o.as_task() for o in self.held_out],
+        )
+
+    def status(self) -> JSON:
+        return {"day_reports": len(self.day), "nights": self.nights[-5:]}
+
+    async def close(self) -> None:
+        return None
+
+
+def day_item(record: Record, item: ReportedRecords, feedback: str, holdout_fraction: float) -> DayItem:
+    arm = (record.harness or {}).get("arm")
+    release = record.release.release_id if record.release is not None else None
+    held = held_out(record.id, holdout_fraction, HOLDOUT_SALT)
+    return DayItem(observation_of(record, item, feedback), release, arm if isinstance(arm, str) else None, held)
+
+
+def arm_scores(items: Iterable[DayItem], arm: str) -> list[float]:
+    return [i.observation.score for i in items if i.arm == arm]
+
+
+def compare(treatment: Sequence[float], control: Sequence[float], c: SkillClawConfig) -> JSON:
+    """The preregistered comparison: gain of the treatment's mean over the control's, in standard
+    errors of the difference; confirmed only above `gain_sd` with `min_arm_scores` of each."""
+    if len(treatment) < c.min_arm_scores or len(control) < c.min_arm_scores:
+        return {"confirmed": False, "verdict": "too few scores", "treatment": len(treatment), "control": len(control)}
+    gain = fmean(treatment) - fmean(control)
+    se = math.sqrt(pvariance(treatment) / len(treatment) + pvariance(control) / len(control))
+    confirmed = gain > c.gain_sd * se if se > 0 else gain > 0
+    return {
+        "confirmed": confirmed,
+        "verdict": "confirmed" if confirmed else "not confirmed",
+        "gain": round(gain, 4),
+        "se": round(se, 4),
+        "treatment": len(treatment),
+        "control": len(control),
+    }
+
+
+def consolidate(
+    pool: dict[str, Skill], failures: list[Observation], seen: dict[str, dict[str, int]], night: int, c: SkillClawConfig
+) -> tuple[dict[str, Skill], JSON]:
+    """The night's pool: add, rewrite, merge and prune (module docstring)."""
+    pool = dict(pool)
+    added, rewritten, merged, pruned = [], [], [], []
+    for theme in themes(failures, c.similarity):
+        if len(theme.members) < c.min_recurrence:
+            continue
+        name = skill_of_theme(pool, theme, c.similarity) or SKILL_PREFIX + rule_name(theme).removeprefix("fb-")
+        seen.setdefault(name, {"born": night})["seen"] = night
+        text = central_feedback(theme)[:MAX_DESCRIPTION]
+        if name not in pool:
+            pool[name] = Skill(name, text, f"Learned from {len(theme.members)} reports like: {text}\n")
+            added.append(name)
+        elif int(seen[name].get("rewritten", 0)) < 1 and int(seen[name].get("born", night)) < night:
+            pool[name] = Skill(name, f"{text} Earlier answers kept missing this.", pool[name].body)
+            seen[name]["rewritten"] = 1
+            rewritten.append(name)
+    for a, b in merge_pairs(pool, c.similarity):
+        if a in pool and b in pool:
+            pool[a] = Skill(a, pool[a].description, pool[a].body + pool[b].body)
+            del pool[b]
+            merged.append([a, b])
+    own = [n for n in pool if n.startswith(SKILL_PREFIX)]  # skills someone else wrote are never pruned
+    for name in sorted(own, key=lambda n: int(seen.get(n, {}).get("seen", 0))):
+        last = int(seen.get(name, {}).get("seen", night))
+        if night - last >= c.prune_after_nights or len(pool) > c.max_skills:
+            del pool[name]
+            pruned.append(name)
+    return pool, {"added": added, "rewritten": rewritten, "merged": merged, "pruned": pruned}
+
+
+def skill_of_theme(pool: dict[str, Skill], theme: Theme, similarity: float) -> str | None:
+    for name, skill in sorted(pool.items()):
+        if name.startswith(SKILL_PREFIX) and jaccard(normalise(skill.description), theme.words) >= similarity:
+            return name
+    return None
+
+
+def merge_pairs(pool: dict[str, Skill], similarity: float) -> list[tuple[str, str]]:
+    names = sorted(n for n in pool if n.startswith(SKILL_PREFIX))
+    words = {n: normalise(pool[n].description) for n in names}
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :] if jaccard(words[a], words[b]) >= similarity]
+
+
+def arm_of(release: Any, fraction: float) -> JSON:
+    return {"release_id": release.release_id, "content_id": release.content_id, "fraction": fraction}
+
+
+def pool_json(pool: dict[str, Skill]) -> JSON:
+    return {n: [s.description, s.body] for n, s in sorted(pool.items())}
+
+
+def pool_from_json(data: JSON) -> dict[str, Skill]:
+    return {n: Skill(n, d, b) for n, (d, b) in data.items()}
