@@ -9,12 +9,13 @@ import base64
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from reef import __version__
 from reef.client import DEFAULT_URL, ReefClient, ReefClientError
+from reef.commit.archive import archived_scenarios
 from reef.commit.state import ReefState
 from reef.core.errors import ReefError
 
@@ -69,6 +70,7 @@ def inspect(state_dir: Path, as_json: bool, store_dsn: str | None, artifacts_rem
         with _open_state(state_dir, store_dsn, artifacts_remote) as state:
             state.verify_artifacts()
             rows = [_scenario_row(state, name) for name in state.scenarios()]
+            archived = [_archived_row(state, gone) for gone in archived_scenarios(state)]
             cleared, left = state.artifacts.cleared_locks, state.artifacts.leftover_locks()
     except ReefError as exc:
         raise click.ClickException(str(exc)) from None
@@ -81,7 +83,7 @@ def inspect(state_dir: Path, as_json: bool, store_dsn: str | None, artifacts_rem
             err=as_json,
         )
     if as_json:
-        json.dump(rows, sys.stdout, indent=2)
+        json.dump(rows + archived, sys.stdout, indent=2)
         click.echo()
         return
     if not rows:
@@ -93,6 +95,11 @@ def inspect(state_dir: Path, as_json: bool, store_dsn: str | None, artifacts_rem
             + (f", open batch {', '.join(row['open_batches'])}" if row["open_batches"] else "")
             + ", {releases} release(s): weights {weights_bytes} B, optimiser {optimiser_bytes} B, "
             "shared {shared_bytes} B".format(**row["sizes"])
+        )
+    for row in archived:
+        click.echo(
+            f"archived: {row['scenario']} as {row['archived_as']} ({row['archived_at']}), "
+            f"{row['steps']} step(s), {row['records']} records, {row['reports']} reports"
         )
 
 
@@ -107,6 +114,16 @@ def log(state_dir: Path, scenario: str) -> None:
                 click.echo(json.dumps(entry.to_json(), sort_keys=True))
     except ReefError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _archived_row(state: ReefState, gone: Any) -> dict:
+    """An archived scenario (reef/commit/archive.py): its records and reports are kept under its archived name."""
+    return {
+        **gone.to_json(),
+        "archived": True,
+        "records": state.store.count_records(gone.archived_as),
+        "reports": state.store.count_reports(gone.archived_as),
+    }
 
 
 def _scenario_row(state: ReefState, name: str) -> dict:

@@ -39,10 +39,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import ContextManager, Iterator, Protocol, Sequence, runtime_checkable
 
-from reef.commit.jsonl_heads import JsonlHeads, JsonlWatch
+from reef.commit.archived_names import archived_name, split_archived
+from reef.commit.jsonl_heads import JsonlHeads, JsonlWatch, scenario_of
 from reef.core.canonical import canonical_json, check_scenario_name, scenario_key
 from reef.core.errors import Conflict, Corruption, InvalidInput, StaleHead, StorageUnavailable
 from reef.core.types import CommitEntry
+
+ARCHIVE_DIR = "archived"  # archived scenarios' logs: <key>.<stamp>.jsonl, never read as scenarios
 
 
 @runtime_checkable
@@ -75,6 +78,12 @@ class CommitLog(Protocol):
 
     def transaction(self) -> ContextManager[CommitLog]: ...
 
+    def archive(self, archived_as: str) -> None:
+        """Move every step aside under `archived_as` (`reef/commit/archived_names.py`), unchanged,
+        and close the log: the scenario's name has no steps any more. The commit point of an
+        archive; durable when it returns."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -91,6 +100,10 @@ class CommitLogs(Protocol):
     def recover(self) -> list[CommitLog]:
         """The log of every scenario that has steps, read and checked (a torn last line is
         truncated; other damage is `Corruption` naming where), each starting with a creation."""
+        ...
+
+    def archived(self) -> dict[str, int]:
+        """Every archived scenario's log: its archived name and how many steps it has."""
         ...
 
     def adopt(self, scenario: str, entries: Sequence[CommitEntry]) -> bool:
@@ -147,6 +160,16 @@ class JsonlCommitLogs:
 
     def adopt(self, scenario: str, entries: Sequence[CommitEntry]) -> bool:
         return adopt_entries(self, scenario, entries)
+
+    def archived(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for path in sorted((self.directory / ARCHIVE_DIR).glob("*.jsonl")):
+            key, _, stamp = path.stem.partition(".")
+            scenario = scenario_of(f"{key}.jsonl")
+            if scenario is not None and stamp:
+                with path.open("rb") as lines:
+                    out[archived_name(scenario, stamp)] = sum(1 for _ in lines)
+        return out
 
     def exists(self, scenario: str) -> bool:
         """Whether the scenario has a log file (a look that creates none)."""
@@ -242,6 +265,16 @@ class JsonlCommitLog:
         self._offset = start + len(line)
 
     # -- locking and parsing ---------------------------------------------------------------
+
+    def archive(self, archived_as: str) -> None:
+        scenario, stamp = split_archived(archived_as)
+        target = self.path.parent / ARCHIVE_DIR / f"{scenario_key(scenario)}.{stamp}.jsonl"
+        target.parent.mkdir(exist_ok=True)
+        with self._locked():  # no append of this process in between; the rename keeps the file whole
+            os.rename(self.path, target)
+            _fsync_dir(target.parent)
+            _fsync_dir(self.path.parent)
+        self.close()
 
     @contextmanager
     def transaction(self) -> Iterator[JsonlCommitLog]:

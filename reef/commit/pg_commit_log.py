@@ -77,7 +77,7 @@ from reef.observe.pg_connections import (
 
 T = TypeVar("T")
 
-COMMIT_LOG_VERSION = 1
+COMMIT_LOG_VERSION = 2  # 2: an archive may move a scenario's rows aside (the trigger lets only that through)
 LOCK_TIMEOUT_MS = 60_000  # a writer waits this long for another front end's hold on a scenario
 IDLE_TIMEOUT_MS = 300_000  # a holder idle this long (a hung front end) loses its hold
 _SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -99,6 +99,13 @@ CREATE TABLE IF NOT EXISTS commit_heads (
 );
 CREATE OR REPLACE FUNCTION commit_log_is_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    -- an archive moves a live scenario's steps aside, unchanged: only the key, to archived/<it>/<stamp>
+    IF TG_OP = 'UPDATE' AND OLD.scenario NOT LIKE 'archived/%'
+        AND left(NEW.scenario, length(OLD.scenario) + 10) = 'archived/' || OLD.scenario || '/'
+        AND (NEW.step, NEW.operation, NEW.body, NEW.recorded_at) = (OLD.step, OLD.operation, OLD.body, OLD.recorded_at)
+    THEN
+        RETURN NEW;
+    END IF;
     RAISE EXCEPTION 'the Reef commit log is append-only: % refused', TG_OP;
 END $$;
 CREATE OR REPLACE TRIGGER commit_log_append_only BEFORE UPDATE OR DELETE ON commit_log
@@ -106,6 +113,9 @@ CREATE OR REPLACE TRIGGER commit_log_append_only BEFORE UPDATE OR DELETE ON comm
 CREATE OR REPLACE TRIGGER commit_log_no_truncate BEFORE TRUNCATE ON commit_log
     FOR EACH STATEMENT EXECUTE FUNCTION commit_log_is_append_only();
 """
+
+
+_LIVE = "scenario NOT LIKE 'archived/%%'"  # archived scenarios' rows (reef/commit/archived_names.py) are no scenario's
 
 
 class PgCommitLogs:
@@ -147,8 +157,10 @@ class PgCommitLogs:
 
     def recover(self) -> list[PgCommitLog]:
         def work(cur: Cursor) -> tuple[list[tuple[str, int, str]], dict[str, int]]:
-            rows = cur.execute("SELECT scenario, step, body FROM commit_log ORDER BY scenario, step").fetchall()
-            heads = dict(cur.execute("SELECT scenario, last_step FROM commit_heads").fetchall())
+            rows = cur.execute(
+                f"SELECT scenario, step, body FROM commit_log WHERE {_LIVE} ORDER BY scenario, step"
+            ).fetchall()
+            heads = dict(cur.execute(f"SELECT scenario, last_step FROM commit_heads WHERE {_LIVE}").fetchall())
             return rows, heads
 
         rows, heads = self.run(work, begin=_SNAPSHOT)
@@ -176,9 +188,17 @@ class PgCommitLogs:
     def heads(self) -> dict[str, int]:
         """Every scenario's last step, in one query (what a follower compares)."""
         rows = self.run(
-            lambda cur: cur.execute("SELECT scenario, last_step FROM commit_heads WHERE last_step > 0").fetchall()
+            lambda cur: cur.execute(
+                f"SELECT scenario, last_step FROM commit_heads WHERE last_step > 0 AND {_LIVE}"
+            ).fetchall()
         )
         return {scenario: int(step) for scenario, step in rows}
+
+    def archived(self) -> dict[str, int]:
+        rows = self.run(
+            lambda cur: cur.execute(f"SELECT scenario, last_step FROM commit_heads WHERE NOT ({_LIVE})").fetchall()
+        )
+        return {name: int(step) for name, step in sorted(rows)}
 
     def watch(self) -> PgHeadWatch:
         """A listener woken by every step committed in this schema."""
@@ -246,6 +266,20 @@ class PgCommitLog:
             check_whole_log(self.where, self.scenario, self._entries, entries)
             if entries:
                 self._commit([stamped(e) for e in entries], 0)
+
+    def archive(self, archived_as: str) -> None:
+        with self.transaction():
+            with self._db("archive"):
+                self._hold()
+                assert self._conn is not None
+                with self._conn.cursor() as cur:
+                    for table in ("commit_log", "commit_heads"):
+                        cur.execute(
+                            f"UPDATE {table} SET scenario = %s WHERE scenario = %s", (archived_as, self.scenario)
+                        )
+                    cur.execute("COMMIT")
+                    self._held = False
+        self.close()
 
     @contextmanager
     def transaction(self) -> Iterator[PgCommitLog]:

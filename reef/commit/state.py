@@ -163,6 +163,14 @@ class ReefState:
         log.close()  # found meanwhile (created here, or discovered by another thread)
         return chain
 
+    def forget(self, scenario: str) -> None:
+        """Drop a scenario this state knows (archived: `reef/commit/archive.py`) and close its
+        log; its name is free for a new scenario."""
+        with self._lock:
+            chain = self._chains.pop(scenario, None)
+        if chain is not None:
+            chain.log.close()
+
     def head(self, scenario: str) -> ReleaseRef:
         return self.chain(scenario).head().ref
 

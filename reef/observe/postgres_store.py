@@ -253,6 +253,16 @@ class PostgresStore(ExperienceStore):
 
         return self._run(work)
 
+    def archive_scenario(self, scenario: str, archived_as: str) -> int:
+        def work(cur: Cursor) -> int:
+            self._reports_lock(cur, scenario)  # no report of the scenario commits halfway through
+            for table in ("reports", "tombstones"):
+                query = sql.SQL("UPDATE {} SET scenario = %s WHERE scenario = %s").format(sql.Identifier(table))
+                cur.execute(query, (archived_as, scenario))
+            return cur.execute("UPDATE records SET scenario = %s WHERE scenario = %s", (archived_as, scenario)).rowcount
+
+        return self._run(work)
+
     def count_records(self, scenario: str | None = None) -> int:
         return self._run(lambda cur: _count(cur, "records", scenario), begin=None)
 

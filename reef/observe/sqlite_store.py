@@ -367,6 +367,14 @@ class SQLiteStore(ExperienceStore):
 
         return self._submit(write)
 
+    def archive_scenario(self, scenario: str, archived_as: str) -> int:
+        def write(conn: sqlite3.Connection) -> int:
+            for table in ("reports", "tombstones"):
+                conn.execute(f"UPDATE {table} SET scenario = ? WHERE scenario = ?", (archived_as, scenario))
+            return conn.execute("UPDATE records SET scenario = ? WHERE scenario = ?", (archived_as, scenario)).rowcount
+
+        return self._submit(write)
+
     def count_records(self, scenario: str | None = None) -> int:
         return _count(self._reader(), "records", scenario)
 

@@ -25,6 +25,7 @@ from reef.core.errors import ReefError
 from reef.observe.store import ExperienceStore
 from reef.runtimes.base import Runtime
 from reef.serve import (
+    routes_archive,
     routes_candidates,
     routes_harness,
     routes_import,
@@ -131,6 +132,7 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
     app.include_router(routes_harness.build_router())
     app.include_router(routes_install.build_router())
     app.include_router(routes_import.build_router())
+    app.include_router(routes_archive.build_router())
     app.include_router(routes_train.build_router())
     app.include_router(routes_scenario_config.build_router())
 

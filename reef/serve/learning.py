@@ -192,6 +192,15 @@ class Learning:
                 "learner stopped", extra={"reef": {"event": "learner_stopped", "scenario": scenario, "reason": reason}}
             )
 
+    async def forget(self, scenario: str) -> None:
+        """The scenario is being archived: stop its learner (its candidate in flight is dropped)
+        and forget it, so a new scenario of the name gets a learner of its own."""
+        await self._stop_learner(scenario, "the scenario was archived")
+        self.idle.pop(scenario, None)
+        self.wanted.discard(scenario)
+        if self.leases is not None:
+            self.leases.release(scenario)
+
     async def _keep_leases(self) -> None:
         """Every LEASE_INTERVAL_S: stop the learners whose lease was lost, take the free leases
         of the scenarios this front end wants and start their learners, note who holds what."""

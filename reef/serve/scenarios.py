@@ -27,7 +27,7 @@ import logging
 import random
 from collections import Counter
 from contextlib import asynccontextmanager, contextmanager
-from typing import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from typing import AsyncIterator, Awaitable, Callable, Iterator, Mapping, TypeVar
 
 from reef.commit.release_chain import ReleaseChain
 from reef.commit.state import ReefState
@@ -40,6 +40,7 @@ from reef.serve.unreachable import FIX, ReleaseUnreachable, UnreachableReleases
 from reef.surfaces.inject import HarnessInjector
 from reef.surfaces.seed import HarnessSeeds
 
+T = TypeVar("T")
 log = logging.getLogger("reef.follow")
 FOLLOW_INTERVAL_S = 1.0  # a follower reads the heads this often even without a notification
 DEFAULT_MAX_SCENARIOS = 1000  # limits.max_scenarios
@@ -218,6 +219,18 @@ class ScenarioDirectory:
         ref = ReleaseRef(release.release_id, release.content_id, load_id)
         await asyncio.to_thread(chain.advance, previous.release_id, ref)
         return ref
+
+    async def retire(self, name: str, archive: Callable[[], Awaitable[T]]) -> T:
+        """Run `archive` (which moves the scenario aside) while no creation or swap of it runs;
+        then stop its canary and unload what served it once no request pins it."""
+        async with self._lock(name):
+            serving = self.state.chain(name).serving()
+            done = await archive()
+        await self.stop_canary(name)
+        if serving.runtime_load_id is not None:
+            asyncio.get_running_loop().create_task(self._unload_when_free(serving.runtime_load_id))
+        self.unreachable.clear(name)
+        return done
 
     # -- canaries (reef.serve.canary) ---------------------------------------------------------
 
