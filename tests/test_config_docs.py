@@ -56,7 +56,8 @@ def test_the_catalog_walks_every_section_and_each_declaration_once() -> None:
     )
     assert "default `0.0` (learner.ttt_discover: `0.05`)" in lines["learner.{sao,ttt_discover,openclaw_rl}.kl_coef"]
     assert lines["learner.skills.llm.url"].startswith(
-        "- `learner.skills.llm.url`, also under `learner.skills.gate.judge` and `learner.openclaw_rl.judge` "
+        "- `learner.skills.llm.url`, also under `learner.skills.gate.judge`, `learner.openclaw_rl.judge` and "
+        "`learner.skillclaw.gate.judge` "
     )
     assert len(settings()) <= 150, "every setting earns its place (issue 61): at most 150"
 

@@ -6,16 +6,16 @@ cycle started from, which serves `control_fraction` of conversations (chosen by 
 first user message) while the rest get the new pool; each record says which arm served it.
 
 Night comes after `night_records` reports of the day's head (or `night_every_s`, when set, with
-at least `min_arm_scores` on each arm). Then, in order:
+at least `MIN_ARM_SCORES` on each arm). Then, in order:
 1. The preregistered comparison: the day's mean score of the new pool (treatment) minus the
-   control's, against `gain_sd` standard errors of that difference. Above it, the cycle is
+   control's, against two standard errors of that difference. Above it, the cycle is
    confirmed and its pool becomes the next cycle's control; otherwise its changes are reverted:
    the next pool starts again from the control's.
 2. Consolidation of the pool from the day's failures (feedback grouped into themes, as the
    model-free `distill` proposer groups them): a theme recurring `min_recurrence` times with no
    skill for it adds one (`sc-<words>`), whose description (shown in every prompt) is the
    theme's central feedback; a theme that still recurs with its skill in the pool rewrites it
-   once; skills whose descriptions overlap `similarity` are merged; a skill whose theme has not
+   once; skills whose descriptions overlap by half their words are merged; a skill whose theme has not
    recurred for `prune_after_nights` nights is pruned. The pool grows and shrinks.
 3. One candidate (the consolidated pool with the next control arm) goes to the harness gate like
    any other; a night that changes nothing is abandoned and the day goes on.
@@ -48,6 +48,11 @@ NAME = "skillclaw"
 SKILL_PREFIX = "sc-"
 KEEP_NIGHTS = 30  # nights of history kept in the algorithm state
 MAX_DESCRIPTION = 400
+MIN_ARM_SCORES = 8  # reports of each arm before the comparison may decide
+GAIN_SD = 2.0  # the preregistered criterion: the gain over control beyond two standard errors
+FAILURE_BELOW = 0.5  # a reported score below this is a failure
+SIMILARITY = 0.5  # word overlap (Jaccard) of one feedback theme, or of two skills merged
+MAX_SKILLS = 16  # the largest pool; the skills unseen longest go first
 
 
 class SkillClawConfig(Strict):
@@ -55,16 +60,9 @@ class SkillClawConfig(Strict):
 
     night_records: int = Field(48, ge=2, description="Reports on the day's head that bring the night")
     night_every_s: float | None = Field(None, gt=0, description="Also bring the night after this many seconds")
-    min_arm_scores: int = Field(8, ge=2, description="Reports of each arm the comparison needs")
     control_fraction: float = Field(0.25, gt=0, lt=1, description="Conversations served by the frozen control arm")
-    gain_sd: float = Field(2.0, ge=0, description="Standard errors the gain over control must exceed")
-    failure_below: float = Field(0.5, description="A reported score below this is a failure")
     min_recurrence: int = Field(3, ge=1, description="Failures with similar feedback before a skill")
-    similarity: float = Field(
-        0.5, gt=0, le=1, description="Word overlap (Jaccard) of one theme, or of two skills merged"
-    )
     prune_after_nights: int = Field(3, ge=1, description="Nights without its theme before a skill is pruned")
-    max_skills: int = Field(16, ge=1, description="Largest pool; the oldest unseen skills go first")
     gate: HarnessGateConfig = Field(default_factory=HarnessGateConfig)
 
 
@@ -130,7 +128,7 @@ class SkillClawRecipe:
         head = view.head().release_id
         on_head = [i for i in self.day if i.release_id == head]
         if any(i.arm for i in on_head) and not all(
-            len(arm_scores(on_head, a)) >= self.config.min_arm_scores for a in ("treatment", "control")
+            len(arm_scores(on_head, a)) >= MIN_ARM_SCORES for a in ("treatment", "control")
         ):
             return None  # the comparison waits for enough of each arm
         by_count = len(on_head) >= self.config.night_records
@@ -171,7 +169,7 @@ class SkillClawRecipe:
         failures = [  # the control arm's failures are the old pool's: not this cycle's to fix
             i.observation
             for i in batch.items
-            if not i.held and i.arm != "control" and i.observation.score < c.failure_below
+            if not i.held and i.arm != "control" and i.observation.score < FAILURE_BELOW
         ]
         pool, changes = consolidate(start_pool, failures, seen, night, c)
         summary = {"night": night, "comparison": comparison, "pool": len(pool), "records": len(batch.items), **changes}
@@ -208,12 +206,12 @@ def arm_scores(items: Iterable[DayItem], arm: str) -> list[float]:
 
 def compare(treatment: Sequence[float], control: Sequence[float], c: SkillClawConfig) -> JSON:
     """The preregistered comparison: gain of the treatment's mean over the control's, in standard
-    errors of the difference; confirmed only above `gain_sd` with `min_arm_scores` of each."""
-    if len(treatment) < c.min_arm_scores or len(control) < c.min_arm_scores:
+    errors of the difference; confirmed only above two with `MIN_ARM_SCORES` of each."""
+    if len(treatment) < MIN_ARM_SCORES or len(control) < MIN_ARM_SCORES:
         return {"confirmed": False, "verdict": "too few scores", "treatment": len(treatment), "control": len(control)}
     gain = fmean(treatment) - fmean(control)
     se = math.sqrt(pvariance(treatment) / len(treatment) + pvariance(control) / len(control))
-    confirmed = gain > c.gain_sd * se if se > 0 else gain > 0
+    confirmed = gain > GAIN_SD * se if se > 0 else gain > 0
     return {
         "confirmed": confirmed,
         "verdict": "confirmed" if confirmed else "not confirmed",
@@ -230,10 +228,10 @@ def consolidate(
     """The night's pool: add, rewrite, merge and prune (module docstring)."""
     pool = dict(pool)
     added, rewritten, merged, pruned = [], [], [], []
-    for theme in themes(failures, c.similarity):
+    for theme in themes(failures, SIMILARITY):
         if len(theme.members) < c.min_recurrence:
             continue
-        name = skill_of_theme(pool, theme, c.similarity) or SKILL_PREFIX + rule_name(theme).removeprefix("fb-")
+        name = skill_of_theme(pool, theme, SIMILARITY) or SKILL_PREFIX + rule_name(theme).removeprefix("fb-")
         seen.setdefault(name, {"born": night})["seen"] = night
         text = central_feedback(theme)[:MAX_DESCRIPTION]
         if name not in pool:
@@ -243,7 +241,7 @@ def consolidate(
             pool[name] = Skill(name, f"{text} Earlier answers kept missing this.", pool[name].body)
             seen[name]["rewritten"] = 1
             rewritten.append(name)
-    for a, b in merge_pairs(pool, c.similarity):
+    for a, b in merge_pairs(pool, SIMILARITY):
         if a in pool and b in pool:
             pool[a] = Skill(a, pool[a].description, pool[a].body + pool[b].body)
             del pool[b]
@@ -251,7 +249,7 @@ def consolidate(
     own = [n for n in pool if n.startswith(SKILL_PREFIX)]  # skills someone else wrote are never pruned
     for name in sorted(own, key=lambda n: int(seen.get(n, {}).get("seen", 0))):
         last = int(seen.get(name, {}).get("seen", night))
-        if night - last >= c.prune_after_nights or len(pool) > c.max_skills:
+        if night - last >= c.prune_after_nights or len(pool) > MAX_SKILLS:
             del pool[name]
             pruned.append(name)
     return pool, {"added": added, "rewritten": rewritten, "merged": merged, "pruned": pruned}
