@@ -165,3 +165,24 @@ def test_a_killed_rank_fails_the_call_and_a_restarted_job_resumes(two_ranks: Two
     assert two_ranks.restarted_pid not in (None, two_ranks.first_pid)
     assert two_ranks.resumed == {"steps": 2.0, "resumed": 0.0}
     assert _close(two_ranks.resumed_final, two_ranks.final)  # the next step is the uninterrupted one's
+
+
+def test_reef_serve_trains_full_weights_on_two_ranks_and_serves_the_candidate(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from reef.client import ReefClient
+    from tests.helpers.reef_server import ReefServer
+    from tests.test_learning import ask_and_report, decisions, feed_until, settings
+
+    config = settings(tiny_model_dir, weights="full", ranks=2, train_threads=2)
+    with ReefServer(tmp_path, config) as reef:
+        selected = feed_until(
+            reef, "full", lambda: [d for d in decisions(reef, "full") if d["verdict"]["decision"] == "select"]
+        )
+        with ReefClient(reef.url) as client:
+            releases = client.releases("full")["releases"]
+            published = {d["release_id"] for d in selected}
+            assert [r["weights"] for r in releases if r["release_id"] in published] == ["full"] * len(published)
+            record = client.record(ask_and_report(reef, "full", 1)[0])["record"]
+            assert record["release"]["release_id"] in {r["release_id"] for r in releases}
+            assert record["release"]["release_id"] != releases[-1]["release_id"]  # not the base's release
