@@ -148,7 +148,7 @@ class SequenceModel:
         return out
 
     def _completion_logprobs(
-        self, model: Any, seqs: Sequences, temps: list[float]
+        self, model: Any, seqs: Sequences, temps: list[float], min_shared_prefix: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, C] of the completions, right-aligned (C = the longest completion), and the
         mask of real completion positions. Left padding and `cumsum(mask) - 1` positions, as in
@@ -157,8 +157,10 @@ class SequenceModel:
         Rows sharing a long prompt prefix (a system prompt, a worked example) run it once: its
         keys and values, repeated to the batch, are the cache the rows' suffixes (the rest of the
         prompt plus the completion) attend to, left-padded after it. The numbers are the same;
-        with gradients on they flow back through the cache into the weights on the prefix."""
-        shared = shared_prefix_length([p for p, _ in seqs], self.min_shared_prefix)
+        with gradients on they flow back through the cache into the weights on the prefix.
+        `min_shared_prefix` overrides the trainer's threshold."""
+        minimum = self.min_shared_prefix if min_shared_prefix is None else min_shared_prefix
+        shared = shared_prefix_length([p for p, _ in seqs], minimum)
         longest = max(len(c) for _, c in seqs)
         ids, attention, positions, cache = self._after_prefix(
             model, seqs[0][0][:shared], [p[shared:] + c for p, c in seqs]
