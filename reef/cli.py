@@ -229,6 +229,7 @@ def serve(
     from reef.serve import logs
     from reef.serve.app import create_app
     from reef.serve.connection_timeouts import timed_protocol
+    from reef.serve.recipe_choice import learning_lines
 
     worker = None
     try:
@@ -271,6 +272,8 @@ def serve(
         raise click.ClickException(str(exc)) from None
     auth = f"{len(config.tokens)} token(s)" if config.tokens else "no token (loopback only)"
     say(f"serving {built.name} runtime on http://{config.host}:{config.port} (state {config.state_dir}, auth: {auth})")
+    for line in learning_lines(config, built):
+        say(line)
     settings = uvicorn.Config(
         app,
         host=config.host,

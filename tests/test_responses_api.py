@@ -16,6 +16,7 @@ import pytest
 from openai.types.responses import response_create_params
 
 from reef.client import ReefClient
+from reef.core.errors import InvalidInput
 from reef.serve import responses_wire
 from tests.helpers.reef_server import ReefServer
 from tests.scripted_upstream import ScriptedUpstream
@@ -235,8 +236,7 @@ def test_refusals_and_bad_bodies_are_400s_that_store_nothing(
 ) -> None:
     before = client.status()["storage"]["records"]
     refused: list[tuple[dict[str, Any], str]] = [
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type: 'web_search' tools are not supported"),
-        ({"tools": [*TOOLS, {"type": "custom", "name": "apply_patch"}]}, "tools[1].type: 'custom'"),
+        ({"tools": [{"type": "namespace", "name": "ns"}]}, "tools[0].tools: Field required"),
         ({"previous_response_id": "resp_123"}, "previous_response_id: Reef is stateless"),
         ({"background": True}, "background:"),
         ({"text": {"format": {"type": "json_object"}}}, "text:"),
@@ -264,6 +264,27 @@ def test_refusals_and_bad_bodies_are_400s_that_store_nothing(
     missing = httpx.post(f"{reef.base_url}/responses", json={"model": "m"}, headers=headers)
     assert missing.status_code == 400 and missing.json()["error"]["message"].startswith("input")
     assert client.status()["storage"]["records"] == before
+
+
+def test_tools_reef_cannot_serve_are_left_out_with_a_warning_and_a_namespace_is_served(
+    oai: openai.OpenAI, client: ReefClient, upstream: ScriptedUpstream
+) -> None:
+    namespace = {"type": "namespace", "name": "agents", "description": "Sub-agents", "tools": TOOLS}
+    tools = [{"type": "web_search"}, namespace, {"type": "custom", "name": "apply_patch"}]
+    upstream.script(tool_calls=[{"name": "get_weather", "arguments": {"city": "Oslo"}}])
+    raw = oai.responses.with_raw_response.create(model="m", input="weather?", tools=tools)  # type: ignore[arg-type]
+    call = raw.parse().output[0]
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert call.namespace == "agents"  # called back as a function of its namespace (the SDK has the field)
+    assert raw.headers["x-reef-warning"].startswith("tools left out, Reef cannot serve them: web_search, custom")
+    assert [t["function"]["name"] for t in upstream.requests[-1].body["tools"]] == ["get_weather"]
+    record = client.record(raw.headers["x-reef-agent-record-id"])["record"]
+    assert record["request"]["dropped_tools"] == ["web_search", "custom"]
+    upstream.script(text="plain")
+    plain = oai.responses.with_raw_response.create(model="m", input="hi", tools=TOOLS)  # type: ignore[arg-type]
+    assert "x-reef-warning" not in plain.headers
+    with pytest.raises(InvalidInput, match=r"tools\[0\]\.type: 'web_search' tools are not supported"):
+        responses_wire.parse_responses_request({"model": "m", "input": "hi", "tools": tools}, "refuse")
 
 
 def test_provider_failures_are_502s_with_receipts_and_in_stream_errors(

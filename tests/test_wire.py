@@ -233,7 +233,6 @@ OPENAI_BASE = {
         ("seed", 1.5, "seed"),
         ("n", "1", "n"),
         ("tools", {"f": 1}, "tools"),
-        ("tools.0.type", "custom", "tools[0].type"),
         ("tools.0.function.name", DELETE, "tools[0].function.name"),
         ("tools.0.function.parameters", "x", "tools[0].function.parameters"),
         ("tool_choice", "sometimes", "tool_choice"),
@@ -253,6 +252,14 @@ def test_openai_other_malformed_bodies() -> None:
         parse_chat_request,
         {"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
     )
+
+
+def test_openai_tools_other_than_functions_are_left_out_or_refused() -> None:
+    body = {**OPENAI_BASE, "tools": [{"type": "custom", "custom": {"name": "patch"}}, *OPENAI_BASE["tools"]]}
+    request = parse_chat_request(body)
+    assert [t.name for t in request.tools] == ["f"] and request.to_json()["dropped_tools"] == ["custom"]
+    assert "dropped_tools" not in parse_chat_request(OPENAI_BASE).to_json()  # a record without any keeps its hash
+    raises_naming("tools[0].type", lambda b: parse_chat_request(b, "refuse"), body)
 
 
 def test_openai_every_sdk_field_is_decided_and_documented() -> None:

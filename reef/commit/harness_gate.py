@@ -16,12 +16,12 @@ import re
 from typing import Any, Sequence
 
 from reef.commit.gate import Scorer, _messages, load_scorer, load_tasks
-from reef.config import HarnessGateConfig
+from reef.config import HarnessGateConfig, ModelEndpointConfig
 from reef.core.chat import ChatRequest, ChatResult, Message
 from reef.core.errors import InvalidInput, RuntimeFailure
 from reef.core.fence import Fence
 from reef.core.types import ReleaseRef, Verdict
-from reef.runtimes.base import Runtime
+from reef.runtimes.base import Runtime, loads_trained_weights
 from reef.runtimes.endpoint import ModelEndpoint
 from reef.surfaces.harness import HarnessTree, render_system
 from reef.surfaces.inject import request_text, with_system_prefix
@@ -41,9 +41,15 @@ class HarnessGate:
         self.runtime = runtime
         self.tasks = load_tasks(config.tasks) if config.tasks else []
         self.scorer: Scorer | None = load_scorer(config.scorer) if config.scorer else None
-        self.judge = ModelEndpoint(config.judge, runtime) if config.judge and not self.scorer else None
+        judge = config.judge
+        if judge is None and not loads_trained_weights(runtime):
+            judge = ModelEndpointConfig()  # a hosted model judges with itself, so harness learning needs no setting
+        self.judge = ModelEndpoint(judge, runtime) if judge and not self.scorer else None
         if self.scorer is None and self.judge is None:
-            raise InvalidInput("the harness gate needs a scorer (module:function) or a judge model")
+            raise InvalidInput(
+                f"the harness gate needs a scorer (module:function) or a judge model on the {runtime.name} "
+                "runtime (learner.skills.gate.scorer or .judge)"
+            )
         self._cache: dict[tuple[str, str], list[tuple[float, str]]] = {}  # fixed tasks only
 
     async def judge_candidate(
@@ -112,11 +118,15 @@ class HarnessGate:
         assert self.judge is not None
         fence = Fence()
         task_text = "\n".join(f"[{m.role}] {m.content}" for m in _messages(task))
+        # a held-out record's report says what its user wanted of an answer: the judge reads it too
+        feedback = (
+            fence.block("user feedback on an earlier answer", task["feedback"]) + "\n" if task.get("feedback") else ""
+        )
         messages = [
             Message("system", JUDGE_INSTRUCTIONS.format(fence_rule=fence.rule())),
             Message(
                 "user",
-                f"{fence.block('task', task_text)}\n{fence.block('answer', text)}\n"
+                f"{fence.block('task', task_text)}\n{feedback}{fence.block('answer', text)}\n"
                 "Grade the answer: one number from 0 to 1.",
             ),
         ]

@@ -91,6 +91,11 @@ class ServeConfig(Strict):
         False, description="Allow a non-loopback address without a token (the Host check is then off)"
     )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; past it, 413")
+    unsupported_tools: Literal["drop", "refuse"] = Field(
+        "drop",
+        description="A client tool Reef cannot serve (a provider-run web_search, a custom tool): drop leaves "
+        "it out with an x-reef-warning header and a note in the record, refuse answers 400",
+    )
     max_batch_bytes: int = Field(
         64 * 1024 * 1024,
         ge=1024,

@@ -53,10 +53,11 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     seed: int | None = None
+    dropped_tools: tuple[str, ...] = ()  # client tools Reef cannot serve, left out (`unsupported_tools: drop`)
 
     def to_json(self) -> dict[str, Any]:
         """The request as recorded: plain JSON, in Reef's own shape."""
-        return {
+        data: dict[str, Any] = {
             "model": self.model,
             "dialect": self.dialect,
             "messages": [_message_json(m) for m in self.messages],
@@ -69,6 +70,9 @@ class ChatRequest:
             "stream": self.stream,
             "seed": self.seed,
         }
+        if self.dropped_tools:  # absent unless some were: records without any keep their hash
+            data["dropped_tools"] = list(self.dropped_tools)
+        return data
 
 
 def _message_json(m: Message) -> dict[str, Any]:

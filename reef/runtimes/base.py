@@ -47,3 +47,9 @@ class Runtime(ABC):
     @abstractmethod
     async def unload(self, runtime_load_id: str) -> None:
         """Forget a load; generating with it afterwards is an error."""
+
+
+def loads_trained_weights(runtime: Runtime) -> bool:
+    """Whether the runtime can serve weights Reef trains (an upstream provider cannot; SGLang
+    only with its model folder here, `sglang.model_dir`)."""
+    return getattr(runtime, "model_dir", None) is not None

@@ -97,7 +97,7 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
         state.store,
         runtime,
         scenarios,
-        InferenceService(state.store, scenarios, runtime, metrics, config.limits, tracing),
+        InferenceService(state.store, scenarios, runtime, metrics, config.limits, tracing, config.unsupported_tools),
         metrics,
         learning,
     )

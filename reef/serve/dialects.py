@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from reef.core.chat import ChatRequest, ChatResult, Delta
 from reef.serve import anthropic_wire, openai_wire, responses_wire
+from reef.serve.tool_policy import UnsupportedTools
 
 
 class StreamEncoder(Protocol):
@@ -27,7 +28,7 @@ class Dialect(Protocol):
     counts_input_tokens: bool  # whether a stream's first event reports the prompt's token count
     receipt_in_body: bool  # whether a plain response body carries Reef's receipt under `reef`
 
-    def parse(self, body: Any) -> ChatRequest: ...
+    def parse(self, body: Any, unsupported_tools: UnsupportedTools = "drop") -> ChatRequest: ...
     def response(self, result: ChatResult, record_id: str, model: str) -> dict[str, Any]: ...
     def stream(self, body: Any, record_id: str, model: str, input_tokens: int) -> StreamEncoder: ...
     def error_body(self, kind: str, message: str) -> dict[str, Any]: ...
@@ -38,8 +39,8 @@ class OpenAIDialect:
     counts_input_tokens = False
     receipt_in_body = False
 
-    def parse(self, body: Any) -> ChatRequest:
-        return openai_wire.parse_chat_request(body)
+    def parse(self, body: Any, unsupported_tools: UnsupportedTools = "drop") -> ChatRequest:
+        return openai_wire.parse_chat_request(body, unsupported_tools)
 
     def response(self, result: ChatResult, record_id: str, model: str) -> dict[str, Any]:
         return openai_wire.chat_completion(
@@ -77,8 +78,8 @@ class AnthropicDialect:
     counts_input_tokens = True
     receipt_in_body = False
 
-    def parse(self, body: Any) -> ChatRequest:
-        return anthropic_wire.parse_messages_request(body)
+    def parse(self, body: Any, unsupported_tools: UnsupportedTools = "drop") -> ChatRequest:
+        return anthropic_wire.parse_messages_request(body)  # server tools stay refused here
 
     def response(self, result: ChatResult, record_id: str, model: str) -> dict[str, Any]:
         return anthropic_wire.message_response(result, message_id=f"msg_{record_id}", model=model)
@@ -115,8 +116,8 @@ class ResponsesDialect:
     counts_input_tokens = False
     receipt_in_body = True
 
-    def parse(self, body: Any) -> ChatRequest:
-        return responses_wire.parse_responses_request(body)
+    def parse(self, body: Any, unsupported_tools: UnsupportedTools = "drop") -> ChatRequest:
+        return responses_wire.parse_responses_request(body, unsupported_tools)
 
     def response(self, result: ChatResult, record_id: str, model: str) -> dict[str, Any]:
         return responses_wire.response_body(result, record_id=record_id, created_at=int(time.time()), model=model)

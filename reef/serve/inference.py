@@ -38,6 +38,8 @@ from reef.serve.http_errors import status_of
 from reef.serve.logs import REQUEST_LOG, emit
 from reef.serve.metrics import Metrics
 from reef.serve.scenarios import ScenarioDirectory
+from reef.serve.tool_policy import WARNING_HEADER, UnsupportedTools
+from reef.serve.tool_policy import warning as tool_warning
 from reef.surfaces.inject import client_request
 
 if TYPE_CHECKING:  # opentelemetry is imported only when traces are on
@@ -83,7 +85,8 @@ def _client(headers: Mapping[str, str]) -> str | None:
     return agent[:CLIENT_MAX_CHARS] or None
 
 
-AGENT_SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id")  # Claude Code's, opencode's
+# Claude Code's, opencode's, Codex CLI's (it sends both of its own, equal for a top-level agent)
+AGENT_SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id", "session-id", "thread-id")
 
 
 def _session(headers: Mapping[str, str]) -> str | None:
@@ -136,7 +139,9 @@ class InferenceService:
         metrics: Metrics,
         limits: RequestLimits | None = None,
         tracing: Tracing | None = None,
+        unsupported_tools: UnsupportedTools = "drop",
     ) -> None:
+        self.unsupported_tools: UnsupportedTools = unsupported_tools
         self.limits = limits or RequestLimits()
         self.store = store
         self.scenarios = scenarios
@@ -158,7 +163,7 @@ class InferenceService:
     async def _handle(self, call: _Call, raw_body: bytes, headers: Mapping[str, str]) -> Response:
         dialect = call.dialect
         body = parse_json(raw_body)
-        request = dialect.parse(body)
+        request = dialect.parse(body, self.unsupported_tools)
         for tool in request.tools:
             check_depth(tool.parameters, self.limits.max_json_depth, f"the schema of tool {tool.name!r}")
         check_depth(request.tool_choice, self.limits.max_json_depth, "tool_choice")
@@ -568,7 +573,10 @@ def _body(dialect: Dialect, result: ChatResult, record: Record, model: str) -> d
 
 
 def _receipt(record: Record, release: ReleaseRef) -> dict[str, str]:
-    return {"x-reef-agent-record-id": record.id, "x-reef-release-id": release.release_id}
+    headers = {"x-reef-agent-record-id": record.id, "x-reef-release-id": release.release_id}
+    if record.request.get("dropped_tools"):
+        headers[WARNING_HEADER] = tool_warning(record.request["dropped_tools"])
+    return headers
 
 
 def _result_from(record: Record) -> ChatResult:

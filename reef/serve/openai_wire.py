@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta, Tool, ToolCall, ToolCallDelta
 from reef.core.errors import InvalidInput
+from reef.serve.tool_policy import ToolPolicy, UnsupportedTools
 from reef.serve.wire_validation import check_body, validate_wire
 
 SUPPORTED = frozenset(
@@ -136,8 +137,9 @@ class _TextPart(_Wire):
 _validate = validate_wire  # shared with the other dialect: errors name the field path
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
-    """Validate an OpenAI chat completions body into a `ChatRequest` (dialect "openai")."""
+def parse_chat_request(body: Any, unsupported_tools: UnsupportedTools = "drop") -> ChatRequest:
+    """Validate an OpenAI chat completions body into a `ChatRequest` (dialect "openai"); tools
+    other than functions are left out or refused as `unsupported_tools` says."""
     check_body(body, REFUSED)
     b: _Body = _validate(_Body, body, "")
     if b.n is not None and b.n != 1:
@@ -152,7 +154,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
     for j, s in enumerate(stop):
         if not isinstance(s, str) or not s:
             raise InvalidInput(f"stop[{j}]: must be a non-empty string")
-    tools = tuple(_tool(raw, i) for i, raw in enumerate(b.tools or []))
+    policy = ToolPolicy(unsupported_tools)
+    tools = tuple(t for i, raw in enumerate(b.tools or []) if (t := _tool(raw, i, policy)) is not None)
     return ChatRequest(
         model=b.model,
         messages=tuple(_message(raw, i) for i, raw in enumerate(b.messages)),
@@ -165,6 +168,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stop=tuple(stop),
         stream=bool(b.stream),
         seed=b.seed,
+        dropped_tools=tuple(policy.dropped),
     )
 
 
@@ -230,10 +234,11 @@ def _tool_call(raw: Any, path: str) -> ToolCall:
     return ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments)
 
 
-def _tool(raw: Any, i: int) -> Tool:
+def _tool(raw: Any, i: int, policy: ToolPolicy) -> Tool | None:
     path = f"tools[{i}]"
     if isinstance(raw, dict) and raw.get("type") != "function":
-        raise InvalidInput(f"{path}.type: only function tools are supported, got {raw.get('type')!r}")
+        policy.unsupported(raw.get("type"), path)  # e.g. a `custom` tool: left out, or a 400
+        return None
     t: _ToolIn = _validate(_ToolIn, raw, path)
     f = t.function
     if f.parameters is None:

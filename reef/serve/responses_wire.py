@@ -1,7 +1,8 @@
 """The OpenAI Responses API wire format (`POST /v1/responses`): one conversion in, one out.
 
 `parse_responses_request` turns a request body (`input` items, `instructions`, function
-`tools`) into Reef's `ChatRequest`; `response_body` and `EventEncoder` turn a `ChatResult` or a
+`tools`, and the functions of `namespace` tools, served under their own names and called back
+with their namespace) into Reef's `ChatRequest`; `response_body` and `EventEncoder` turn a `ChatResult` or a
 stream of deltas back into the `response` object and the semantic SSE events
 (`response.created` ... `response.completed`, each with a `sequence_number`) the official
 `openai` SDK parses. No I/O here. Every top-level field the SDK knows is decided in
@@ -40,6 +41,7 @@ from reef.core.chat import (
 )
 from reef.core.errors import InvalidInput
 from reef.serve.openai_wire import parse_tool_choice
+from reef.serve.tool_policy import ToolPolicy, UnsupportedTools
 from reef.serve.wire_validation import check_body, validate_wire
 
 SUPPORTED = frozenset(
@@ -171,6 +173,11 @@ class _FunctionCallOutputIn(_Wire):
     output: Any
 
 
+class _NamespaceIn(_Wire):
+    name: str = Field(min_length=1)
+    tools: list[Any]
+
+
 class _ToolIn(_Wire):
     type: str
     name: str = Field(min_length=1)
@@ -182,8 +189,9 @@ class _ToolIn(_Wire):
 _validate = validate_wire  # errors name the field path, as in the other dialects
 
 
-def parse_responses_request(body: Any) -> ChatRequest:
-    """Validate a Responses API body into a `ChatRequest` (dialect "responses")."""
+def parse_responses_request(body: Any, unsupported_tools: UnsupportedTools = "drop") -> ChatRequest:
+    """Validate a Responses API body into a `ChatRequest` (dialect "responses"); tools Reef
+    cannot serve are left out or refused as `unsupported_tools` says (`reef/serve/tool_policy.py`)."""
     check_body(body, REFUSED)
     b: _Body = _validate(_Body, body, "")
     messages: list[Message] = []
@@ -198,13 +206,14 @@ def parse_responses_request(body: Any) -> ChatRequest:
             _item(raw, f"input[{i}]", messages)
     else:
         raise InvalidInput("input: must be a string or a list of input items")
-    parsed = [_tool(raw, i) for i, raw in enumerate(b.tools or [])]
-    tools = tuple(t for t, _ in parsed)
+    policy = ToolPolicy(unsupported_tools)
+    tools, echoes, namespaces = _tools(b.tools or [], policy)
     tool_choice = parse_tool_choice(b.tool_choice, tools, nested=False)
     _ECHO.set(
         {
             "instructions": b.instructions,
-            "tools": [echo for _, echo in parsed],
+            "tools": echoes,
+            "namespaces": namespaces,
             "tool_choice": "auto" if b.tool_choice is None else b.tool_choice,
             "parallel_tool_calls": True if b.parallel_tool_calls is None else b.parallel_tool_calls,
             "max_output_tokens": b.max_output_tokens,
@@ -222,6 +231,7 @@ def parse_responses_request(body: Any) -> ChatRequest:
         temperature=b.temperature,
         top_p=b.top_p,
         stream=bool(b.stream),
+        dropped_tools=tuple(policy.dropped),
     )
 
 
@@ -294,13 +304,40 @@ def _text(content: Any, path: str, *, assistant: bool = False) -> str:
     return "\n".join(texts)
 
 
-def _tool(raw: Any, i: int) -> tuple[Tool, dict[str, Any]]:
+def _tools(raws: list[Any], policy: ToolPolicy) -> tuple[tuple[Tool, ...], list[dict[str, Any]], dict[str, str]]:
+    """The function tools served, how the response echoes the request's tools, and the
+    namespace of each function that came from a `namespace` tool (its calls name it again).
+    A namespace's functions are served under their own names; other tools go to `policy`."""
+    tools: dict[str, Tool] = {}
+    echoes: list[dict[str, Any]] = []
+    namespaces: dict[str, str] = {}
+    for i, raw in enumerate(raws):
+        path = f"tools[{i}]"
+        if not isinstance(raw, dict):
+            raise InvalidInput(f"{path}: must be an object")
+        if raw.get("type") == "function":
+            tool, echo = _tool(raw, path)
+            tools.setdefault(tool.name, tool)
+            echoes.append(echo)
+        elif raw.get("type") == "namespace":
+            namespace = _validate(_NamespaceIn, raw, path)
+            for j, inner in enumerate(namespace.tools):
+                where = f"{path}.tools[{j}]"
+                if not (isinstance(inner, dict) and inner.get("type") == "function"):
+                    policy.unsupported(inner.get("type") if isinstance(inner, dict) else None, where)
+                    continue
+                tool, _ = _tool(inner, where)
+                if tool.name not in tools:  # a function tool of the same name keeps it
+                    tools[tool.name] = tool
+                    namespaces[tool.name] = namespace.name
+            echoes.append(raw)
+        else:
+            policy.unsupported(raw.get("type"), path)
+    return tuple(tools.values()), echoes, namespaces
+
+
+def _tool(raw: dict[str, Any], path: str) -> tuple[Tool, dict[str, Any]]:
     """A function tool, and how the response echoes it."""
-    path = f"tools[{i}]"
-    if not isinstance(raw, dict):
-        raise InvalidInput(f"{path}: must be an object")
-    if raw.get("type") != "function":
-        raise InvalidInput(f"{path}.type: {raw.get('type')!r} tools are not supported; Reef serves function tools only")
     t: _ToolIn = _validate(_ToolIn, raw, path)
     tool = (
         Tool(name=t.name, description=t.description)
@@ -341,7 +378,7 @@ def _message_item(item_id: str, status: str, content: list[dict[str, Any]]) -> d
 
 
 def _call_item(item_id: str, call: ToolCall, status: str, arguments: str | None = None) -> dict[str, Any]:
-    return {
+    item: dict[str, Any] = {
         "id": item_id,
         "type": "function_call",
         "status": status,
@@ -349,6 +386,10 @@ def _call_item(item_id: str, call: ToolCall, status: str, arguments: str | None 
         "name": call.name,
         "arguments": call.arguments if arguments is None else arguments,
     }
+    namespace = _ECHO.get().get("namespaces", {}).get(call.name)
+    if namespace is not None:  # a function of a `namespace` tool: its call names the namespace
+        item["namespace"] = namespace
+    return item
 
 
 def _usage(usage: Usage) -> dict[str, Any]:

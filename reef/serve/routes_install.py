@@ -1,6 +1,6 @@
 """The agent-wrapper routes: the install script and the harness laid out for one agent.
 
-    GET /reef/harness/install?adapter=claude|opencode|pi|generic[&scenario=S][&url=U]
+    GET /reef/harness/install?adapter=claude|opencode|pi|codex|generic[&scenario=S][&url=U]
         a POSIX sh script installing `reef-agent` (see reef/surfaces/agent_install.py), naming
         Reef at U, else at the `public_url` setting, else at the request's (checked) Host
     GET /reef/harness/files?adapter=A&scenario=S[&release_id=R]

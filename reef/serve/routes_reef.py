@@ -25,6 +25,7 @@ from reef.core.provenance import verified
 from reef.core.types import Operation, Report
 from reef.serve.inference import parse_json
 from reef.serve.openapi_bodies import model_body
+from reef.serve.recipe_choice import recipe_bindings
 
 
 class _Body(BaseModel):
@@ -202,6 +203,7 @@ def build_router() -> APIRouter:
                 "unreachable": app.scenarios.unreachable.status(),
             },
             "learning": app.learning.status(),
+            "recipes": recipe_bindings(app.state, app.config.recipes, app.runtime),  # per scenario, and why
             "provenance": {
                 "runtime_verifies_tokens": app.runtime.verifies_tokens,
                 "unverified_records": _counter_total(app.metrics.unverified),

@@ -35,7 +35,7 @@ from reef.config import HarnessConfig, RecipeConfig
 from reef.core.canonical import check_scenario_name, content_id_of
 from reef.core.errors import Conflict, Forbidden, MissingArtifact, NotFound, ReefError
 from reef.core.types import Release, ReleaseRef
-from reef.runtimes.base import Runtime
+from reef.runtimes.base import Runtime, loads_trained_weights
 from reef.serve.unreachable import FIX, ReleaseUnreachable, UnreachableReleases
 from reef.surfaces.inject import HarnessInjector
 from reef.surfaces.seed import HarnessSeeds
@@ -132,7 +132,7 @@ class ScenarioDirectory:
     async def create(self, name: str, recipe: str | None = None, release_id: str | None = None) -> ReleaseChain:
         """Create (or return, if the binding matches) a scenario and load its head."""
         check_scenario_name(name)
-        bound_recipe = self.recipes.for_scenario(name)
+        bound_recipe = self.recipes.for_scenario(name, loads_trained_weights(self.runtime))
         if recipe is not None and recipe != bound_recipe:
             raise Conflict(
                 f"scenario {name!r} binds recipe {bound_recipe!r} (from the config); x-reef-recipe says {recipe!r}"

@@ -19,6 +19,7 @@ from importlib import resources
 from reef.core.errors import InvalidInput
 from reef.core.urls import checked_url
 from reef.surfaces.agent_layout import BLOCK_BEGIN, BLOCK_END, EXTENSIONS_DIR, Adapter
+from reef.surfaces.codex_config import codex_sections
 
 _UNQUOTABLE = re.compile(r"['\\\n\r\0]")
 _HEREDOC_END = "REEF_AGENT_WRAPPER_EOF"
@@ -68,6 +69,8 @@ def wrapper_script(adapter: Adapter, url: str, scenario: str) -> str:
 def install_script(adapter: Adapter, url: str, scenario: str) -> str:
     wrapper = wrapper_script(adapter, url, scenario)
     base = checked_url(url)
+    # Codex CLI ignores OPENAI_BASE_URL: its config gets a provider pointing at Reef
+    codex_announce, codex_write = codex_sections(base) if adapter.name == "codex" else ("", "")
     writes = (
         f"{adapter.memory_file} (only the block between Reef's marker lines), "
         f"{adapter.skills_dir}/reef-*/SKILL.md and {EXTENSIONS_DIR}/"
@@ -78,8 +81,10 @@ def install_script(adapter: Adapter, url: str, scenario: str) -> str:
 # Read it before you run it. It writes exactly one file, the reef-agent wrapper that follows
 # verbatim below (a quoted here-document: nothing in it is expanded), into
 # ${{REEF_AGENT_BIN:-$HOME/.local/bin}}/${{REEF_AGENT_NAME:-reef-agent}}.
-# Set REEF_AGENT_DRY_RUN=1 to see what it would write and write nothing.
+# Set REEF_AGENT_DRY_RUN=1 (or pass --dry-run: sh -s -- --dry-run) to see what it would write
+# and write nothing.
 set -eu
+if [ "${{1:-}}" = --dry-run ]; then REEF_AGENT_DRY_RUN=1; fi
 
 adapter={_quoted(adapter.name)}
 reef_url={_quoted(base)}
@@ -95,7 +100,7 @@ echo "It will write: $target (the reef-agent wrapper, mode 755)"
 echo "Each run of $name then writes, in the directory you run it in:"
 echo "  {writes}"
 echo "and remembers the session in ${{REEF_AGENT_HOME:-$HOME/.reef-agent}}/."
-if [ -n "${{REEF_AGENT_DRY_RUN:-}}" ]; then
+{codex_announce}if [ -n "${{REEF_AGENT_DRY_RUN:-}}" ]; then
   echo "REEF_AGENT_DRY_RUN is set: nothing was written."
   exit 0
 fi
@@ -109,7 +114,7 @@ chmod 755 "$tmp"
 mv -f -- "$tmp" "$target"
 trap - EXIT
 echo "Installed $target"
-case ":$PATH:" in
+{codex_write}case ":$PATH:" in
   *":$bin_dir:"*) ;;
   *) echo "Note: $bin_dir is not on your PATH; add it, or run $target directly." ;;
 esac

@@ -49,11 +49,13 @@ class Adapter:
 
 # Documented project-level locations: Claude Code reads ./CLAUDE.md and .claude/skills/<name>/SKILL.md;
 # opencode reads ./AGENTS.md and .opencode/skills/<name>/SKILL.md; pi reads ./AGENTS.md and
-# .pi/skills/; `.agents/skills/` is the cross-agent (Agent Skills) folder for anything else.
+# .pi/skills/; Codex CLI reads ./AGENTS.md and .agents/skills/, the cross-agent (Agent Skills)
+# folder, which the generic adapter uses for anything else.
 ADAPTERS: dict[str, Adapter] = {
     "claude": Adapter("claude", "CLAUDE.md", ".claude/skills", "claude"),
     "opencode": Adapter("opencode", "AGENTS.md", ".opencode/skills", "opencode"),
     "pi": Adapter("pi", "AGENTS.md", ".pi/skills", "pi"),
+    "codex": Adapter("codex", "AGENTS.md", ".agents/skills", "codex"),
     "generic": Adapter("generic", "AGENTS.md", ".agents/skills", ""),
 }
 

@@ -361,6 +361,9 @@ run_agent() {
     write_pi_extension
     set -- --extension "$state_dir/pi-reef-provider.ts" --provider reef --model reef "$@"
   fi
+  if [ "$ADAPTER" = codex ]; then  # the provider the install script added to Codex's config.toml
+    set -- -c model_provider=reef -c model=reef "$@"
+  fi
   say "session $session (scenario $scenario); report on it with: reef-agent report --score X --feedback TEXT"
   rm -rf -- "$work"
   trap - EXIT
