@@ -229,6 +229,7 @@ def serve(
     from reef.serve import logs
     from reef.serve.app import create_app
     from reef.serve.connection_timeouts import timed_protocol
+    from reef.serve.first_steps import when_ready
     from reef.serve.recipe_choice import learning_lines
 
     worker = None
@@ -267,7 +268,7 @@ def serve(
         _check_shared_artifacts(config)
         _check_gate(config)
         built = build_runtime(config, progress=say)
-        app = create_app(config, built)
+        app = create_app(config, built, on_ready=when_ready(config, built, say) if worker is None else None)
     except (ReefError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     auth = f"{len(config.tokens)} token(s)" if config.tokens else "no token (loopback only)"

@@ -49,6 +49,11 @@ class EmbeddedConfig(Strict):
         description="Decoding steps one load's batch runs before another load "
         "with work (a gate's candidate, the serving release) takes a turn",
     )
+    warm_start: bool = Field(
+        True,
+        description="reef serve: create the default scenario and generate one token on it before saying "
+        "it is ready, so the first request does not wait for the model and the learner to load",
+    )
 
 
 class VLLMConfig(Strict):

@@ -10,7 +10,7 @@ import os
 import socket
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -74,7 +74,10 @@ def open_store(config: ServeConfig) -> ExperienceStore | None:
     raise ReefError(f"store must be 'sqlite' or a postgresql:// DSN, got {config.store!r}")
 
 
-def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
+def create_app(
+    config: ServeConfig, runtime: Runtime, on_ready: Callable[[ReefApp], Awaitable[None]] | None = None
+) -> FastAPI:
+    """The app; `on_ready` runs once everything started, before the server says it is ready."""
     tracing = build_tracing(config.traces, runtime)  # None when off: then opentelemetry is never imported
     state = ReefState.open(
         config.state_dir,
@@ -152,7 +155,7 @@ def create_app(config: ServeConfig, runtime: Runtime) -> FastAPI:
         BodyLimit,
         max_bytes=config.max_body_bytes,
         max_header_bytes=config.limits.max_header_bytes,
-        routes={routes_import.BATCH_PATH: (config.max_batch_bytes, "max_batch_bytes")},
+        routes={routes_import.BATCH_PATH: routes_import.body_limit(config.max_body_bytes)},
     )
     app.add_middleware(JsonBodies)  # inside the token check: a request without the token still gets 401
     app.add_middleware(TokenAuth, tokens=config.tokens)

@@ -41,6 +41,8 @@ class ReefServer:
             "log_level": "warning",
             **(settings or {}),
         }
+        # no warm start (the default scenario and its learner made before "ready") unless a test asks
+        self.settings["embedded"] = {"warm_start": False, **(self.settings.get("embedded") or {})}
         self.env = env or {}
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
