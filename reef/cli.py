@@ -754,8 +754,11 @@ def export_release(
 
 from reef.cli_compact import compact, scenario_sizes  # noqa: E402  (a command of its own module, registered here)
 from reef.cli_import import import_records  # noqa: E402  (a command of its own module, registered here)
+from reef.cli_train import config, mode, train, train_now  # noqa: E402  (commands of their own module)
 from reef.demo.cli import demo  # noqa: E402  (a command of its own module, registered here)
 
 main.add_command(compact)
 main.add_command(demo)
 main.add_command(import_records)
+for command in (train, train_now, mode, config):
+    main.add_command(command)

@@ -11,7 +11,7 @@ Errors come back as `ReefClientError` with the HTTP status and the server's mess
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import httpx
 
@@ -100,6 +100,33 @@ class ReefClient:
         """Publish and serve a release the gate held for review."""
         body = {"release_id": release_id, **({"expected_head": expected_head} if expected_head else {})}
         return self._call("POST", f"/reef/scenarios/{scenario}/promote", json=body)
+
+    def train(
+        self, scenario: str, instruction: str, references: Sequence[str] = (), instruction_id: str | None = None
+    ) -> dict[str, Any]:
+        """Give a scenario an instruction to learn from (`POST /reef/train`); its receipt is `instruction_id`."""
+        headers = {"x-reef-agent-record-id": instruction_id} if instruction_id else {}
+        body = {"scenario": scenario, "instruction": instruction, "references": list(references)}
+        return self._call("POST", "/reef/train", json=body, headers=headers)
+
+    def training(self, instruction_id: str) -> dict[str, Any]:
+        """Where an instruction stands: queued, candidate, judged, published or rejected."""
+        return self._call("GET", f"/reef/train/{instruction_id}")
+
+    def train_now(self, scenario: str) -> dict[str, Any]:
+        return self._call("POST", f"/reef/scenarios/{scenario}/train-now", json={})
+
+    def set_training_mode(self, scenario: str, mode: str) -> dict[str, Any]:
+        return self._call("POST", f"/reef/scenarios/{scenario}/update", json={"training_mode": mode})
+
+    def config(self, scenario: str) -> dict[str, Any]:
+        """The scenario's effective settings; `revision` is what `set_config` names."""
+        return self._call("GET", f"/reef/scenarios/{scenario}/config")
+
+    def set_config(self, scenario: str, changes: dict[str, Any], revision: int | None) -> dict[str, Any]:
+        """Change live settings if they are still at `revision` (None: whatever they are now)."""
+        headers = {"if-match": "*" if revision is None else f'"{revision}"'}
+        return self._call("POST", f"/reef/scenarios/{scenario}/config", json=changes, headers=headers)
 
     def status(self) -> dict[str, Any]:
         return self._call("GET", "/reef/status")

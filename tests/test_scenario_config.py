@@ -6,13 +6,16 @@ candidate."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from uuid import uuid4
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
+from reef.cli import main
 from reef.commit.scenario_settings import (
     StaleRevision,
     change_settings,
@@ -98,27 +101,21 @@ def test_config_changes_need_the_current_revision_and_survive_a_restart(
 
 def test_a_live_gate_margin_reaches_the_next_candidate(model: ScriptedUpstream, tmp_path: Path) -> None:
     """With the margin raised past what 4 tasks can show, the instruction's candidate, which the
-    config's margin (1) would publish, is rejected: the learner read the live value."""
-    with (
-        ReefServer(tmp_path, settings(model, write_tasks(tmp_path / "tasks.jsonl"))) as reef,
-        httpx.Client(timeout=30) as http,
-    ):
+    config's margin (1) would publish, is rejected: the learner read the live value. Through the
+    `reef config set` and `reef train` commands."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    with ReefServer(tmp_path, settings(model, tasks)) as reef:
         ask(reef)
-        raised = http.post(
-            f"{reef.url}{CONFIG}", json={"gate_margin": 10, "training_mode": "hybrid"}, headers={"if-match": "*"}
-        )
-        assert raised.status_code == 200 and raised.json()["live"]["gate_margin"] == 10
-        given = http.post(
-            f"{reef.url}/reef/train", json={"scenario": "fmt", "instruction": "Answer with a single word only."}
-        )
-        receipt = given.headers["x-reef-agent-record-id"]
-        done = wait_for(
-            lambda: (
-                (p := http.get(f"{reef.url}/reef/train/{receipt}").json())["state"] in ("published", "rejected") and p
-            ),
-            what="the instruction's verdict",
-        )
+        cli = CliRunner()
+        raised = cli.invoke(main, ["config", "set", "fmt", "gate_margin=10", "training_mode=hybrid", "--url", reef.url])
+        assert raised.exit_code == 0, raised.output
+        assert json.loads(raised.output)["live"]["gate_margin"] == 10
+        given = cli.invoke(main, ["train", "fmt", "Answer with a single word only.", "--wait", "60", "--url", reef.url])
+        assert given.exit_code == 0, given.output
+        done = json.loads(given.output)
         assert done["state"] == "rejected" and done["verdict"]["metrics"]["margin"] == 10, done
+        refused = cli.invoke(main, ["config", "set", "fmt", "lora_r=4", "--url", reef.url])
+        assert refused.exit_code != 0 and "lora_r" in refused.output
 
 
 def _learner(reef: ReefServer, http: httpx.Client) -> dict[str, Any] | None:

@@ -47,9 +47,7 @@ class Steering:
             "training_mode": self.settings.training_mode,
             "train_now_pending": bool(self.settings.train_now),
             "settings_revision": self.settings.revision,
-            "instructions": [
-                {"instruction_id": i.id, **instruction_progress(self.history, i.id)} for i in reversed(recent)
-            ],
+            "instructions": [instruction_row(self.history, i.id) for i in reversed(recent)],
         }
 
     def from_traffic(self) -> bool:
@@ -71,3 +69,8 @@ class Steering:
             if fraction is not None:
                 self.canary.fraction = fraction
         self.gate_overrides = {GATE_FIELDS[k]: v for k, v in live.items() if k in GATE_FIELDS}
+
+
+def instruction_row(history: list[CommitEntry], instruction_id: str) -> dict[str, Any]:
+    """One instruction as the learner status lists it (as `GET /reef/train/{id}` gives its progress)."""
+    return {"instruction_id": instruction_id, **instruction_progress(history, instruction_id)}
