@@ -108,7 +108,7 @@ def _refused(lines: list[int], exc: ReefClientError) -> click.ClickException:
     type=click.IntRange(min=1024),
     default=16 * 1024 * 1024,
     show_default=True,
-    help="Send a batch once it holds this much JSON (the server's limit is max_batch_bytes).",
+    help="Send a batch once it holds this much JSON (the server takes up to 16 times its max_body_bytes).",
 )
 def import_records(url: str | None, token: str | None, file: Path, scenario: str | None, max_batch_bytes: int) -> None:
     """Import FILE, a JSONL of `reef export records`, into a running server.

@@ -23,7 +23,7 @@ LAYERS = [  # lowest first; a package may import its own modules and those of lo
     {"recipes"},
     {"serve"},
     {"demo"},
-    {"cli"},
+    {"cli", "cli_import"},
     {"__main__"},
 ]
 

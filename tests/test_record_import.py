@@ -201,7 +201,7 @@ def test_the_route_needs_the_token(reef: ReefServer) -> None:
 
 
 def test_a_full_batch_may_be_larger_than_the_body_limit_of_other_routes(http: httpx.Client) -> None:
-    """1000 records of 5 KB are 5 MB: over `max_body_bytes` (4 MiB), under `max_batch_bytes`."""
+    """1000 records of 5 KB are 5 MB: over `max_body_bytes` (4 MiB), under the batch route's 16 times that."""
     filler = "x" * 5000
     items = [openai_item(i) for i in range(1000)]
     for item in items:

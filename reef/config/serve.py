@@ -90,16 +90,15 @@ class ServeConfig(Strict):
     insecure: bool = Field(
         False, description="Allow a non-loopback address without a token (the Host check is then off)"
     )
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Largest request body; past it, 413")
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body; past it, 413 (a batch import's: 16 times this)",
+    )
     unsupported_tools: Literal["drop", "refuse"] = Field(
         "drop",
         description="A client tool Reef cannot serve (a provider-run web_search, a custom tool): drop leaves "
         "it out with an x-reef-warning header and a note in the record, refuse answers 400",
-    )
-    max_batch_bytes: int = Field(
-        64 * 1024 * 1024,
-        ge=1024,
-        description="Largest body of POST /reef/records/batch (an import of up to 1000 records); past it, 413",
     )
     limits: RequestLimits = Field(default_factory=RequestLimits)
     runtime: Literal["embedded", "upstream", "vllm", "sglang"] | None = Field(
