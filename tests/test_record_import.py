@@ -19,10 +19,13 @@ from click.testing import CliRunner
 
 from reef.cli import main
 from reef.core.errors import RecordConflict
-from reef.core.types import Record, RecordStatus, Report
-from reef.grow.rollouts import rollout_problem
+from reef.core.types import Record, RecordStatus, Report, ReportedRecords
+from reef.grow.recipe import LearnerView
 from reef.observe.sqlite_store import SQLiteStore
 from reef.observe.store import ExperienceStore
+from reef.recipes.proposers.distill import DistillProposer
+from reef.recipes.sao import SAOConfig, SAORecipe
+from reef.recipes.skills import SkillsConfig, SkillsRecipe
 from tests.helpers.reef_server import ReefServer
 from tests.pg import postgres_dsn  # noqa: F401  (session fixture used by the postgres param)
 from tests.scripted_upstream import ScriptedUpstream
@@ -334,13 +337,25 @@ def test_import_names_the_line_a_refused_batch_stopped_at(reef: ReefServer, tmp_
 # -- what learns from them -------------------------------------------------------------------
 
 
-def test_a_weights_recipe_drops_an_imported_record_with_its_reason() -> None:
-    served = Record("r1", SCENARIO, None, {"messages": []}, RecordStatus.COMPLETE, response={"text": "a"})
-    imported = Record(
-        "r2", SCENARIO, None, {"messages": []}, RecordStatus.COMPLETE, response={"text": "a"}, imported=True
-    )
-    assert rollout_problem(imported, set()) == "imported"
-    assert rollout_problem(served, set()) == "no_tokens"  # the reason it had before: not "imported"
+def test_sao_drops_an_imported_record_by_its_reason_and_the_harness_recipe_learns_from_it() -> None:
+    async def no_files() -> dict[str, bytes]:
+        return {}
+
+    def view() -> LearnerView:
+        return LearnerView(SCENARIO, set(), lambda release_id: 0, lambda: None, no_files)  # type: ignore[arg-type,return-value]
+
+    record = Record(
+        "imp-1", SCENARIO, None, {"messages": [{"role": "user", "content": "q"}]}, RecordStatus.COMPLETE,
+        response={"text": "a long answer"}, imported=True,
+    )  # fmt: skip
+    scored = ReportedRecords(Report("rep-1", SCENARIO, ("imp-1",), 0.0, "answer in one word", seq=1), (record,))
+    sao, sao_view = SAORecipe(SAOConfig()), view()
+    sao.intake([scored], sao_view)
+    assert sao_view.dropped == {"imported": 1}
+    config = SkillsConfig.model_validate({"gate": {"holdout_fraction": 0.0}})
+    skills, skills_view = SkillsRecipe(config, proposer=DistillProposer(config)), view()
+    skills.intake([scored], skills_view)
+    assert not skills_view.dropped and [obs.record_id for obs in skills.failures] == ["imp-1"]
 
 
 # -- the store -------------------------------------------------------------------------------
