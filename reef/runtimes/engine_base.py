@@ -7,7 +7,14 @@ same name; refuses requests with 503 (`EngineUnavailable`) while the engine is d
 the engine's streamed answer into deltas (the stream's errors, its end, the tool calls, the
 `Finish`). What differs stays in `vllm.py` and `sglang.py`: how the engine is started or attached
 (`_attach`), its routes and request bodies (`_answer`, `_body`), how one chunk of its stream reads
-(`EngineAnswer.read`) and how it refuses a request (`_refused`, `_stream_error`).
+(`EngineAnswer.read`), how it refuses a request (`_refused`, `_stream_error`) and how it takes new
+weights (`_push_weights`).
+
+A full-weight release is pushed into the engine instead (`engine_weights.py`): the engine holds one
+set of weights at a time, the base's or one full-weight release's, swapped between requests; a
+release without weights loaded while the engine holds full weights pushes the base back first (a
+rollback to the base is served), and an engine that came back is given the resident weights again
+before its adapters.
 """
 
 from __future__ import annotations
@@ -26,10 +33,13 @@ import aiohttp
 
 from reef.core.chat import ChatRequest, Delta, Finish, FinishReason, TextDelta, ToolCallDelta, Usage
 from reef.core.errors import RuntimeFailure
+from reef.core.training import weights_kind
 from reef.core.types import ReleaseRef
 from reef.runtimes.base import Runtime
 from reef.runtimes.chatml import TextStream
 from reef.runtimes.engine_common import EngineUnavailable, adapter_files, error_message, load_adapter
+from reef.runtimes.engine_weights import ResidentWeights
+from reef.runtimes.full_weights import write_full_weights
 from reef.runtimes.upstream_wire import SSEParser, UpstreamProblem, loads_json
 
 FAILURES_BEFORE_DOWN = 3  # health checks failed in a row before an attached engine counts as down
@@ -93,6 +103,8 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
         self._incarnation = secrets.token_hex(4)
         self._counter = itertools.count(1)
         self._loads: dict[str, Path | None] = {}  # load name -> its PEFT folder (None: the base model)
+        self._full: dict[str, Path] = {}  # load name -> its full-weight release's folder
+        self.weights = ResidentWeights()
         self._client: aiohttp.ClientSession | None = None
         self._down: str | None = down
         self._watchdog: asyncio.Task[None] | None = None
@@ -167,11 +179,18 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
 
     async def _recover(self) -> None:
         try:
-            await self._reload_adapters()
+            await self._restore()
         except Exception as exc:  # tried again at the next health check
             self.log.error("reloading adapters into %s failed: %s", self.engine, exc)
             return
         self._serving_again()
+
+    async def _restore(self) -> None:
+        """An engine that came back (restarted on its base weights): the resident full weights
+        pushed again, then every adapter."""
+        if self.weights.folder is not None:
+            await asyncio.wait_for(self._push_weights(self.weights.folder), self.load_timeout)
+        await self._reload_adapters()
 
     async def _reload_adapters(self) -> None:
         """Load every adapter this runtime holds again under its same name (unloading it first:
@@ -195,6 +214,10 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
         """A release without weights serves the base model; one with a PEFT LoRA adapter gets it
         loaded into the engine under a fresh name, which is also its runtime_load_id."""
         name = f"reef-{self._incarnation}-{next(self._counter)}"
+        if weights_kind(files) == "full":
+            return await self._load_full(name, content_id, files)
+        if self.weights.folder is not None:  # the engine holds full weights: the base goes back first
+            await self._swap(None, name, content_id)
         adapter = adapter_files(files)
         if adapter is None:
             self._loads[name] = None
@@ -214,7 +237,83 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
         self._loads[name] = folder
         return name
 
+    async def _load_full(self, name: str, content_id: str, files: Mapping[str, bytes]) -> str:
+        if self._down:
+            raise EngineUnavailable(f"cannot load content {content_id}: {self._down}")
+        folder = await asyncio.to_thread(write_full_weights, files, self.adapter_dir / name)
+        try:
+            await self._swap(folder, name, content_id)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self._loads[name] = None
+        self._full[name] = folder
+        return name
+
+    async def _swap(self, folder: Path | None, name: str, content_id: str) -> None:
+        """Push `folder` (None: the base model's folder) into the engine (engine_weights.py), then
+        give it its adapters again (a reload drops them)."""
+        previous = self.weights.folder
+
+        async def push() -> None:
+            await self._push_weights(self._folder_of(folder))
+            if self.resident_adapters():
+                await self._reload_adapters()
+
+        async def restore(back: Path | None) -> None:
+            await self._push_weights(self._folder_of(back))
+
+        try:
+            await self.weights.swap(folder, name, push, restore, self.load_timeout)
+        except RuntimeFailure as exc:
+            raise RuntimeFailure(f"{self.engine} could not load content {content_id} as its weights: {exc}") from None
+        except Exception as exc:
+            raise RuntimeFailure(f"{self.engine} could not load content {content_id} as its weights: {exc!r}") from None
+        if previous is not None and previous not in self._full.values():  # its load went meanwhile
+            shutil.rmtree(previous, ignore_errors=True)
+
+    def _weights_of(self, load_id: str) -> Path | None | str:
+        """The weights a load is served on: its full-weight folder, None (the base) for a load
+        without weights, "adapter" for a LoRA adapter (rides on the base, never restamped)."""
+        if self._loads.get(load_id) is not None:
+            return "adapter"
+        return self._full.get(load_id)
+
+    def _stamp(self, resident: str) -> str:
+        """The load to stamp an answer with that the resident weights serve: the full-weight
+        release's load, or, on the base, a load of the base (any: they are the same weights)."""
+        if self.weights.folder is not None:
+            return resident
+        return next((n for n, f in self._loads.items() if f is None and n not in self._full), resident)
+
+    def _folder_of(self, folder: Path | None) -> Path:
+        if folder is not None:
+            return folder
+        if self.model_dir is None:
+            raise RuntimeFailure(f"the base model's folder is unknown here: set the {self.engine} model_dir")
+        return self.model_dir
+
+    async def _push_weights(self, folder: Path) -> None:
+        """Have the engine reload its weights from `folder` and drop its prefix cache."""
+        raise RuntimeFailure(f"{self.engine} takes no full-weight releases here")
+
+    async def post_json(self, path: str, body: dict[str, Any] | None = None, **params: str) -> Any:
+        """POST to the engine; its JSON answer (None if empty), or RuntimeFailure saying what it
+        answered (an error status, or SGLang's `success: false`)."""
+        assert self._client is not None
+        try:
+            async with self._client.post(f"{self.url}{path}", json=body, params=params or None) as response:
+                text = await response.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise RuntimeFailure(f"{self.engine} {path} failed: {type(exc).__name__} {exc}") from None
+        if response.status != 200 or self._says_failed(text):
+            raise RuntimeFailure(f"{self.engine} {path} answered {response.status}: {error_message(text)}")
+        return loads_json(text) if text.strip() else None
+
     async def unload(self, runtime_load_id: str) -> None:
+        full = self._full.pop(runtime_load_id, None)
+        if full is not None and full != self.weights.folder:  # the resident folder stays: a restart reloads it
+            shutil.rmtree(full, ignore_errors=True)
         folder = self._loads.pop(runtime_load_id, None)
         if folder is None:
             return
@@ -280,7 +379,15 @@ class EngineRuntime(Runtime, Generic[AnswerT]):
             raise RuntimeFailure(f"the {self.engine} runtime is not started")
         if self._down:
             raise EngineUnavailable(f"{self.engine} is not serving ({self._down}); retry shortly")
-        answer = self._answer(request, release)
+        async with self.weights.serving() as resident:
+            answer = self._answer(request, release)
+            weights = self._weights_of(answer.load_id)
+            if resident is not None and weights != "adapter" and weights != self.weights.folder:
+                answer.load_id = self._stamp(resident)  # served by the weights the engine holds
+            async for delta in self._stream(request, answer):
+                yield delta
+
+    async def _stream(self, request: ChatRequest, answer: AnswerT) -> AsyncIterator[Delta]:
         assert self._client is not None
         try:
             async with self._client.post(

@@ -15,7 +15,9 @@ Releases: `load` writes a release's LoRA adapter as a PEFT folder and calls
 release is sent with `lora_path` = that name, so every token it gets comes from that adapter and
 each `TextDelta` is stamped with it by construction (`verifies_tokens`). A release without
 weights is the base model (no `lora_path`). A failed or timed-out load is unloaded again and
-raises; `unload` calls `/unload_lora_adapter`.
+raises; `unload` calls `/unload_lora_adapter`. A full-weight release is pushed with
+`/update_weights_from_disk` instead (`_push_weights`, engine_weights.py): one at a time, between
+requests; `sglang.model_dir` must name the base model's folder for a rollback to the base.
 
 Supervision: a watchdog asks `/health` every second; after three failures in a row requests are
 refused with 503 (`EngineUnavailable`, Retry-After) until SGLang answers again and every adapter
@@ -156,6 +158,19 @@ class SGLangRuntime(EngineRuntime[_GenerateAnswer]):
         except ValueError:
             return False
         return isinstance(body, dict) and body.get("success") is False
+
+    async def _push_weights(self, folder: Path) -> None:
+        """SGLang's `/update_weights_from_disk` (its cache flushed), between `/pause_generation`
+        (retract: what runs goes back to the queue, recomputed on the new weights) and
+        `/continue_generation`, which always follows."""
+        await self.post_json("/pause_generation", {"mode": "retract"})
+        try:
+            await self.post_json(
+                "/update_weights_from_disk",
+                {"model_path": str(folder), "weight_version": folder.name, "flush_cache": True},
+            )
+        finally:
+            await self.post_json("/continue_generation", {})
 
     # -- generation ----------------------------------------------------------------------------
 

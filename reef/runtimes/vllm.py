@@ -12,7 +12,9 @@ Releases: `load` writes a release's LoRA adapter as a PEFT folder and loads it i
 fresh name, and that name is the `runtime_load_id`; a request frozen to a release is sent with
 `model` = that name, so every token it gets was produced by that adapter, and each `TextDelta`
 is stamped with it by construction (`verifies_tokens`). A release without weights is a load of
-the base model. A failed or timed-out load is unloaded again and raises; `unload` unloads.
+the base model. A failed or timed-out load is unloaded again and raises; `unload` unloads. A
+full-weight release is pushed into vLLM instead (`_push_weights`, engine_weights.py): one at a
+time, between requests, the base pushed back for a rollback to it.
 
 Supervision: a vLLM that Reef started and that exits (killed, out of memory, an engine fault) is
 started again on a fresh port and every adapter this runtime holds is loaded again under its
@@ -169,11 +171,24 @@ class VLLMRuntime(EngineRuntime[_ChatAnswer]):
             try:
                 await self.process.stop(grace=2)  # its engine core and workers too
                 await self.process.start()
-                await self._reload_adapters()
+                await self._restore()  # on the resident full weights again, then the adapters
             except Exception as exc:  # try again next round
                 self.log.error("restarting vLLM failed: %s", exc)
                 continue
             self._serving_again()
+
+    async def _push_weights(self, folder: Path) -> None:
+        """vLLM's disk path (its RL and dev routes, VLLM_SERVER_DEV_MODE=1): pause once the requests
+        in flight finished, reload the weights in place from `folder` on every worker, drop the
+        prefix cache, resume (whatever failed: a paused vLLM serves nobody)."""
+        await self.post_json("/pause", mode="wait")
+        try:
+            await self.post_json(
+                "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+            )
+            await self.post_json("/reset_prefix_cache")
+        finally:
+            await self.post_json("/resume")
 
     async def engine_adapters(self) -> list[str]:
         """The adapters vLLM itself lists in /v1/models (tests; /reef/status uses resident_adapters)."""
@@ -298,13 +313,19 @@ def build_vllm_runtime(config: ServeConfig, progress: Callable[[str], None] | No
         Path(model_dir),
         name,
         args=args,
-        env={"VLLM_CPU_KVCACHE_SPACE": str(v.kv_cache_gb)},
+        env={"VLLM_CPU_KVCACHE_SPACE": str(v.kv_cache_gb), **_full_weight_routes(config)},
         log_path=cache / "vllm-logs" / f"vllm-{os.getpid()}.log",
         startup_timeout=v.startup_timeout,
     )
     if progress:
         progress(f"starting vLLM on {model_dir} (about a minute on a CPU; log {process.log_path})")
     return VLLMRuntime(process=process, engine_dtype=engine_dtype(config), **common)  # type: ignore[arg-type]
+
+
+def _full_weight_routes(config: ServeConfig) -> dict[str, str]:
+    """vLLM's weight-reload routes (`/pause`, `/collective_rpc`, `/reset_prefix_cache`,
+    `/resume`) are development routes: on only where the learner trains full weights."""
+    return {"VLLM_SERVER_DEV_MODE": "1"} if getattr(config.learner, "weights", "lora") == "full" else {}
 
 
 def engine_dtype(config: ServeConfig) -> str:

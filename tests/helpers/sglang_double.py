@@ -33,6 +33,12 @@ advanced_features/lora) and its HTTP server (`srt/entrypoints/http_server.py`,
   name already loaded, an unknown name, a folder peft cannot load, LoRA not enabled).
 - `POST /pause_generation {mode: abort | retract | in_place}` (abort: running requests end
   with an abort finish reason) and `POST /continue_generation`: generation waits in between.
+- `POST /update_weights_from_disk {model_path, load_format, abort_all_requests, weight_version,
+  flush_cache, ...}` (`UpdateWeightFromDiskReqInput`; docs/advanced_features/sglang_for_rl): the
+  weights read from the folder's safetensors, in place, once the running request ends;
+  `{success, message, num_paused_requests}`, 400 with `success: false` when the folder cannot be
+  read or names a weight the model lacks (the model keeps its weights). `weight_version` then
+  shows in `/get_model_info` and every answer's `meta_info`.
 
 Sampling is SGLang's: the log-prob of a sampled token is taken from the temperature-scaled
 distribution before top-k/top-p (SGLang's default; `SGLANG_RETURN_ORIGINAL_LOGPROB` unset), the
@@ -98,6 +104,7 @@ class Model:
         self.running = asyncio.Event()
         self.running.set()
         self.aborts = 0  # bumped by pause_generation(abort): running requests end
+        self.weight_version = "default"
 
     def use(self, adapter: str | None) -> None:
         if adapter is None:
@@ -120,6 +127,29 @@ class Model:
                 self.model.delete_adapter(name)
             raise
         self.adapters[name] = path
+
+    def update_from_disk(self, path: str) -> None:
+        """Every weight in the folder's safetensors files, copied into the model in place (all
+        checked first, so a bad folder changes nothing); a weight wrapped by a LoRA layer is its
+        `base_layer`'s."""
+        import torch
+        from safetensors.torch import load_file
+
+        files = sorted(Path(path).glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"no safetensors files in {path}")
+        tensors = {name: t for f in files for name, t in load_file(str(f)).items()}
+        params = dict(self.model.named_parameters())
+        targets = {}
+        for name, tensor in tensors.items():
+            head, _, leaf = name.rpartition(".")
+            target = params[name] if name in params else params.get(f"{head}.base_layer.{leaf}")
+            if target is None or target.shape != tensor.shape:
+                raise ValueError(f"weight {name} {tuple(tensor.shape)} is not the model's")
+            targets[name] = target
+        with torch.no_grad():
+            for name, target in targets.items():
+                target.copy_(tensors[name])
 
     def unload(self, name: str) -> None:
         self.model.delete_adapter(name)
@@ -156,7 +186,7 @@ class Request:
             "id": self.rid,
             "finish_reason": self.finish,
             "prompt_tokens": len(self.prompt),
-            "weight_version": "default",
+            "weight_version": self.model.weight_version,
             "completion_tokens": len(self.ids),
             "cached_tokens": 0,
         }
@@ -316,7 +346,7 @@ def create_app(model: Model) -> FastAPI:
             "tokenizer_path": args.tokenizer_path or args.model_path,
             "is_generation": True,
             "preferred_sampling_params": None,
-            "weight_version": "default",
+            "weight_version": model.weight_version,
         }
 
     @app.get("/v1/models")
@@ -365,6 +395,21 @@ def create_app(model: Model) -> FastAPI:
         async with model.lock:
             model.unload(name)
         return lora_result(True)
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(http: HTTPRequest) -> JSONResponse:
+        body = await http.json()
+        path = str(body.get("model_path") or "")
+        async with model.lock:  # the running request ends first
+            try:
+                await asyncio.to_thread(model.update_from_disk, path)
+            except Exception as exc:  # SGLang answers a failed update with success false
+                message = f"Failed to update weights: {exc}. Rolling back to original weights."
+                return JSONResponse({"success": False, "message": message, "num_paused_requests": 0}, status_code=400)
+            if body.get("weight_version") is not None:
+                model.weight_version = str(body["weight_version"])
+        message = "Succeeded to update model weights."
+        return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
 
     @app.post("/pause_generation")
     async def pause_generation(http: HTTPRequest) -> JSONResponse:
