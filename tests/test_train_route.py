@@ -12,6 +12,8 @@ import httpx
 import pytest
 
 from reef.client import ReefClient
+from reef.commit.state import ReefState
+from reef.observe.export import examples
 from tests.helpers.reef_server import ReefServer
 from tests.scripted_upstream import ScriptedUpstream
 from tests.test_harness_learning import (
@@ -100,6 +102,9 @@ def test_an_instruction_becomes_a_rule_the_gate_publishes(model: ScriptedUpstrea
         ]
         history = [e for e in http.get(f"{reef.url}/reef/scenarios/fmt/config").json()["history"]]
         assert history[-1]["changes"] == {"training_mode": "hybrid"}
+    with ReefState.open(reef.state_dir) as state:  # a chat dataset holds exchanges, not instructions
+        exported = [row["metadata"]["record_id"] for row in examples(state.store, "fmt")]
+        assert exported and "instr-1" not in exported
 
 
 def test_manual_mode_refuses_bad_instructions_reads_reports_and_trains_only_when_asked(

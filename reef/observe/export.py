@@ -79,6 +79,8 @@ def examples(
         page_size=page_size,
     )
     for item in items:
+        if item.record.tags.get("reef.kind") == "instruction":  # an operator's words (POST /reef/train), no exchange
+            continue
         example = chat_example(item, request_of)
         score = example["score"]
         if filters.min_score is not None and (score is None or score < filters.min_score):
