@@ -158,7 +158,7 @@ def test_a_cycle_that_does_not_beat_its_control_is_reverted_to_the_control_pool(
     from reef.core.types import Operation, Release
     from reef.recipes.skillclaw import Day, DayItem, SkillClawRecipe
 
-    control = {"release_id": "rel-c", "content_id": "sha256:c", "fraction": 0.5}
+    control = {"release_id": "rel-c", "content_id": "sha256:c", "fraction": 0.5, "pool": {}}
     head_tree = HarnessTree(skills={"sc-x": Skill("sc-x", "Say x.", "")}, config={"control": control})
     head = Release(
         "s", 2, Operation.TRAINING, ReleaseRef("rel-t", head_tree.content_id, None), "rel-c", None, False, {}, 0.0
@@ -173,10 +173,15 @@ def test_a_cycle_that_does_not_beat_its_control_is_reverted_to_the_control_pool(
         for i in range(16)
         for arm in ("treatment", "control")
     )  # both arms score alike: no gain
-    job = SimpleNamespace(head=head, head_files=head_tree.to_files(), algorithm_state={"control_pool": {}, "night": 1})
+    job = SimpleNamespace(head=head, head_files=head_tree.to_files(), algorithm_state={"night": 1})
     made = asyncio.run(SkillClawRecipe(CONFIG).candidate(Day(items), job))  # type: ignore[arg-type]
     night = made.metrics["night"]
     assert night["comparison"]["verdict"] == "not confirmed" and night["night"] == 2
     tree = HarnessTree.from_files(made.files)
     assert "sc-x" not in tree.skills and list(tree.skills) == ["sc-use-bullet-points"]  # reverted, then consolidated
     assert tree.config["control"] == control  # the frozen control stays
+    # a head confirmed on an earlier night stays, and becomes the next candidate's control
+    job.algorithm_state = {"night": 1, "confirmed": ["rel-t"]}
+    kept = HarnessTree.from_files(asyncio.run(SkillClawRecipe(CONFIG).candidate(Day(items), job)).files)  # type: ignore[arg-type]
+    assert set(kept.skills) == {"sc-x", "sc-use-bullet-points"}
+    assert kept.config["control"]["release_id"] == "rel-t" and list(kept.config["control"]["pool"]) == ["sc-x"]

@@ -8,9 +8,9 @@ first user message) while the rest get the new pool; each record says which arm 
 Night comes after `night_records` reports of the day's head (or `night_every_s`, when set, with
 at least `MIN_ARM_SCORES` on each arm). Then, in order:
 1. The preregistered comparison: the day's mean score of the new pool (treatment) minus the
-   control's, against two standard errors of that difference. Above it, the cycle is
-   confirmed and its pool becomes the next cycle's control; otherwise its changes are reverted:
-   the next pool starts again from the control's.
+   control's, against two standard errors of that difference. Above it, the cycle is confirmed:
+   its pool stays and becomes the next candidate's control. A cycle not (yet) confirmed is
+   reverted: the next pool starts again from the control's (kept in the control arm's entry).
 2. Consolidation of the pool from the day's failures (feedback grouped into themes, as the
    model-free `distill` proposer groups them): a theme recurring `min_recurrence` times with no
    skill for it adds one (`sc-<words>`), whose description (shown in every prompt) is the
@@ -159,12 +159,14 @@ class SkillClawRecipe:
         on_head = [i for i in batch.items if i.release_id == job.head.release_id]
         comparison = compare(arm_scores(on_head, "treatment"), arm_scores(on_head, "control"), c)
         control = head.config.get(CONTROL_KEY)
-        if control is None or comparison["confirmed"]:
-            start_pool, next_control = dict(head.skills), job.head
-            state["control_pool"] = pool_json(head.skills)
+        confirmed = [*(state.get("confirmed") or [])]  # heads confirmed on an earlier night stay
+        if comparison["confirmed"] and job.head.release_id not in confirmed:
+            confirmed = [*confirmed, job.head.release_id][-KEEP_NIGHTS:]
+        keep = control is None or job.head.release_id in confirmed
+        if keep:
+            start_pool, arm = dict(head.skills), arm_of(job.head, head.skills, c.control_fraction)
         else:  # the cycle did not beat its control: start again from the control's pool
-            start_pool = pool_from_json(state.get("control_pool") or {})
-            next_control = None
+            start_pool, arm = pool_from_json(control.get("pool") or {}), control
         seen: dict[str, dict[str, int]] = {k: dict(v) for k, v in (state.get("skills") or {}).items()}
         failures = [  # the control arm's failures are the old pool's: not this cycle's to fix
             i.observation
@@ -173,12 +175,12 @@ class SkillClawRecipe:
         ]
         pool, changes = consolidate(start_pool, failures, seen, night, c)
         summary = {"night": night, "comparison": comparison, "pool": len(pool), "records": len(batch.items), **changes}
-        state.update(night=night, skills=seen, nights=[*(state.get("nights") or []), summary][-KEEP_NIGHTS:])
-        self.nights = state["nights"]
-        if pool_json(pool) == pool_json(head.skills) and next_control is not None:
-            raise Abandon("no_change", f"night {night}: the pool stays as it is ({comparison['verdict']})")
-        arm = control if next_control is None else arm_of(next_control, c.control_fraction)
+        nights = [*(state.get("nights") or []), summary][-KEEP_NIGHTS:]
+        state.update(night=night, skills=seen, nights=nights, confirmed=confirmed)
+        self.nights = nights
         tree = HarnessTree(head.system, head.rules, pool, {**head.config, CONTROL_KEY: arm}, head.extensions)
+        if pool_json(pool) == pool_json(head.skills) and (keep or tree.content_id == head.content_id):
+            raise Abandon("no_change", f"night {night}: the pool stays as it is ({comparison['verdict']})")
         return Made(
             merge_files(job.head_files, tree),
             metadata={"night": night},
@@ -268,8 +270,15 @@ def merge_pairs(pool: dict[str, Skill], similarity: float) -> list[tuple[str, st
     return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :] if jaccard(words[a], words[b]) >= similarity]
 
 
-def arm_of(release: Any, fraction: float) -> JSON:
-    return {"release_id": release.release_id, "content_id": release.content_id, "fraction": fraction}
+def arm_of(release: Any, pool: dict[str, Skill], fraction: float) -> JSON:
+    """The control arm a candidate names: the release it starts from, with that release's pool
+    (what a cycle that is not confirmed goes back to)."""
+    return {
+        "release_id": release.release_id,
+        "content_id": release.content_id,
+        "fraction": fraction,
+        "pool": pool_json(pool),
+    }
 
 
 def pool_json(pool: dict[str, Skill]) -> JSON:
