@@ -144,7 +144,6 @@ def test_a_learned_release_appears_without_reloading_and_a_record_opens_in_full(
     newest = rows.first
     sync_api.expect(newest).to_contain_text("right")
     sync_api.expect(newest).to_contain_text("unverified")  # an upstream provider gives no token ids
-    shot(page, "records")
     newest.get_by_role("link").first.click()  # the receipt (the session is a link too)
     record = page.get_by_test_id("record")
     sync_api.expect(record).to_be_visible()

@@ -44,7 +44,7 @@ class RecordingLine:
     async def left_gate(self, queued: Queued) -> None:
         self.left.append(queued[0].batch_id)
 
-    async def abandon(self, batch_id: str, reason: str, routine: bool = False) -> None:
+    async def abandon(self, batch_id: str, reason: str, routine: bool = False, metrics: dict | None = None) -> None:
         self.abandoned.append((batch_id, reason.split(":")[0]))
 
     def failed(self, exc: Exception) -> None:

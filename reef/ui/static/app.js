@@ -324,7 +324,7 @@
     const learner = l.learner;
     return h("div", {},
       h("h1", {}, name, " ", pill(sc.recipe, "recipe")),
-      scenarioMode(status, name),
+      scenarioMode(status, sc),
       h("div", { class: "cards" },
         card("Serving", short(sc.serving.release_id), `step ${sc.head.step} · ${sc.head.operation}`),
         learnerCard(l, fates.counts),
@@ -345,18 +345,22 @@
     return el;
   }
 
-  // What `/reef/status` says of how this scenario learns, where it says it (`recipes`, and a
-  // learner's `training_mode` or `instructions`); nothing where it says nothing.
-  function scenarioMode(status, name) {
-    const entries = [status.recipes, status.learning && status.learning.learners, status.learning && status.learning.idle,
-      status.scenarios].filter(Array.isArray).flat().filter((e) => e && e.scenario === name);
-    const find = (key) => entries.map((e) => e[key]).find((v) => v !== undefined && v !== null && v !== "");
+  // How this scenario learns, where the server says it (the scenario's `training_mode` and
+  // `instructions`; `/reef/status`'s `recipes` and learners); nothing where it says nothing.
+  function scenarioMode(status, sc) {
+    const entries = [sc, ...[status.recipes, status.learning && status.learning.learners, status.learning && status.learning.idle,
+      status.scenarios].filter(Array.isArray).flat().filter((e) => e && e.scenario === sc.name)];
+    const given = (v) => v !== undefined && v !== null && v !== "" && !(Array.isArray(v) && !v.length);
+    const find = (key) => entries.map((e) => e[key]).find(given);
     const mode = find("training_mode"), instructions = find("instructions"), why = find("why");
     if (!mode && !instructions && !why) return null;
+    const said = (i) => (typeof i === "string" ? i : [i.instruction || i.text || i.instruction_id, i.state || i.status]
+      .filter(Boolean).join(" · "));
     return h("div", { class: "mode small", testid: "scenario-mode" },
-      mode ? [h("span", { class: "muted", text: "training mode " }), pill(String(mode), "state")] : null,
-      instructions ? h("span", { testid: "instructions", text: ` ${typeof instructions === "string" ? instructions : JSON.stringify(instructions)}` }) : null,
-      why ? h("span", { class: "muted", text: ` ${why}` }) : null);
+      mode ? [h("span", { class: "muted", text: "training mode" }), pill(String(mode), "state")] : null,
+      instructions ? [h("span", { class: "muted", text: "instructions" }),
+        h("span", { testid: "instructions", text: [instructions].flat().map(said).join("; ") })] : null,
+      why ? h("span", { class: "muted", text: `recipe ${sc.recipe}: ${why}` }) : null);
   }
 
   function canaryCard(c) {

@@ -86,8 +86,8 @@
       svg.append(s("circle", { cx: x(p.recorded_at), cy: y(p.gate_score), r: 5, class: "gate-dot" },
         s("title", {}, `step ${p.step} (${p.operation}): gate score ${fmtScore(p.gate_score)}`)));
     }
-    svg.append(s("g", { transform: `translate(${W - R - 340}, 8)` },
-      s("rect", { x: 0, y: 0, width: 340, height: 22, class: "legend-bg" }),
+    svg.append(s("g", { transform: `translate(${W - R - 380}, 8)` },
+      s("rect", { x: 0, y: 0, width: 380, height: 22, class: "legend-bg" }),
       s("circle", { cx: 12, cy: 11, r: 5, class: "gate-dot" }), s("text", { x: 22, y: 15, class: "axis" }, "gate score"),
       s("line", { x1: 102, x2: 122, y1: 11, y2: 11, class: "live-bar" }), s("text", { x: 128, y: 15, class: "axis" }, "live mean score"),
       s("path", { d: "M236 5 L241 11 L236 17 L231 11 Z", class: "canary-dot" }), s("text", { x: 248, y: 15, class: "axis" }, "canary's live mean")));
