@@ -97,5 +97,8 @@ def test_margin_and_configuration_errors() -> None:
     before, after = [(0.0, ""), (1.0, ""), (0.5, "")], [(1.0, ""), (0.0, ""), (1.0, "")]
     assert harness_verdict(tasks, before, after, margin=1, source="file").decision == "select"  # 2 wins, 1 loss
     assert harness_verdict(tasks, before, after, margin=2, source="file").decision == "reject"
+    assert HarnessGate(HarnessGateConfig(), RuleFollower()).judge is not None  # a hosted model judges itself
+    loads_weights = RuleFollower()
+    loads_weights.model_dir = Path("model")  # type: ignore[attr-defined]  # a runtime Reef trains: no default judge
     with pytest.raises(InvalidInput, match="scorer .* or a judge"):
-        HarnessGate(HarnessGateConfig(), RuleFollower())
+        HarnessGate(HarnessGateConfig(), loads_weights)

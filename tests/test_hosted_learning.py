@@ -23,11 +23,19 @@ FEEDBACK = ["Answer with a single word only.", "Only a single word answer, pleas
 _ANSWER_BLOCK = re.compile(r'label="answer">\n(.*?)\n</', re.S)
 
 
+def _system(body: dict[str, Any]) -> str:
+    return "\n".join(m["content"] for m in body["messages"] if m["role"] == "system")
+
+
+def _is_judge(body: dict[str, Any]) -> bool:
+    return _system(body).startswith("You grade one answer")
+
+
 def hosted_model(body: dict[str, Any]) -> str:
     """A stand-in provider: as a judge it grades a one-word answer 1, anything else 0; as the
     served model it answers in one word only when its system prompt carries the rule."""
-    system = "\n".join(m["content"] for m in body["messages"] if m["role"] == "system")
-    if system.startswith("You grade one answer"):
+    system = _system(body)
+    if _is_judge(body):
         answer = _ANSWER_BLOCK.search(body["messages"][-1]["content"])
         return "1" if answer and answer.group(1).strip() == GOOD else "0"
     return GOOD if RULE_MARKER in system else CHATTY
@@ -35,12 +43,7 @@ def hosted_model(body: dict[str, Any]) -> str:
 
 def served_system_prompts(upstream: ScriptedUpstream) -> list[str]:
     """The system prompt of each served request the provider received (the judge's left out)."""
-    prompts = []
-    for request in upstream.requests:
-        system = "\n".join(m["content"] for m in request.body["messages"] if m["role"] == "system")
-        if not system.startswith("You grade one answer"):
-            prompts.append(system)
-    return prompts
+    return [_system(r.body) for r in upstream.requests if not _is_judge(r.body)]
 
 
 def test_no_recipe_configured_on_the_upstream_runtime_learns_the_harness(tmp_path: Path) -> None:
@@ -51,7 +54,9 @@ def test_no_recipe_configured_on_the_upstream_runtime_learns_the_harness(tmp_pat
             oai = openai.OpenAI(base_url=reef.base_url, api_key="x", max_retries=0, timeout=30)
             deadline, sent, published = time.monotonic() + 60, 0, []
             while not published:
-                assert time.monotonic() < deadline, f"nothing published after {sent} reports: {client.status()}"
+                assert time.monotonic() < deadline and sent < 200, (
+                    f"nothing published after {sent} reports: {client.status()}"
+                )
                 raw = oai.chat.completions.with_raw_response.create(
                     model="any", messages=[{"role": "user", "content": "What is 2+2?"}]
                 )
@@ -78,6 +83,8 @@ def test_no_recipe_configured_on_the_upstream_runtime_learns_the_harness(tmp_pat
                 assert time.monotonic() < deadline, "the published harness never reached a request"
             assert "Answer with a single word" in served_system_prompts(upstream)[-1]
             assert RULE_MARKER not in served_system_prompts(upstream)[0]
+            judged = [r.body["messages"][-1]["content"] for r in upstream.requests if _is_judge(r.body)]
+            assert judged and all('label="user feedback on an earlier answer"' in text for text in judged)
         assert "a new scenario learns its harness (system prompt, rules, skills)" in reef.logs()
 
 
