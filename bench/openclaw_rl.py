@@ -74,12 +74,8 @@ def settings(
         "embedded": embedded,
         "recipes": {"default": "openclaw_rl"},
         "learner": {
-            "openclaw_rl": {
-                "turns_per_batch": args.turns_per_batch,
-                "steps_per_candidate": args.steps_per_candidate,
-                "lr": args.lr,
-                "session_idle_s": 60,
-                "judge": {"url": judge_url, "model": "scripted-judge", "votes": args.votes},
+            "openclaw_rl": {  # the recipe's defaults, but for what the command line changes
+                **recipe_overrides(args, judge_url),
             },
             "gate": {
                 "tasks": str(heldout.resolve()),
@@ -88,6 +84,19 @@ def settings(
                 "temperature": 0,
             },
         },
+    }
+
+
+def recipe_overrides(args: argparse.Namespace, judge_url: str) -> dict[str, Any]:
+    """What the command line changes of the recipe's defaults (nothing, by default, but the judge)."""
+    tuned = {"turns_per_batch": args.turns_per_batch, "steps_per_candidate": args.steps_per_candidate, "lr": args.lr}
+    judge = {} if args.own_judge else {"url": judge_url, "model": "scripted-judge"}
+    if args.votes is not None:
+        judge["votes"] = args.votes
+    return {
+        **{k: v for k, v in tuned.items() if v is not None},
+        **({"judge": judge} if judge else {}),
+        **({"hints": {"enabled": True}} if args.hints else {}),
     }
 
 
@@ -176,15 +185,19 @@ async def test_success(url: str, concurrency: int) -> dict[str, Any]:
         return await measure_test(client, demo_tasks.SHOWN_EXAMPLES, concurrency)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=15.0, help="of user traffic (at most 15 for the issue's run)")
     parser.add_argument("--concurrency", type=int, default=4, help="scripted users at once")
     parser.add_argument("--tries", type=int, default=2, help="answers a user waits for before moving on")
-    parser.add_argument("--votes", type=int, default=3, help="judge calls per turn")
-    parser.add_argument("--turns-per-batch", type=int, default=16, help="(8 with 1 step published nothing in 11 min)")
-    parser.add_argument("--steps-per-candidate", type=int, default=4, help="optimiser steps over a batch")
-    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--votes", type=int, default=None, help="judge calls per turn (default: the recipe's)")
+    parser.add_argument("--turns-per-batch", type=int, default=None, help="default: the recipe's")
+    parser.add_argument("--steps-per-candidate", type=int, default=None, help="default: the recipe's")
+    parser.add_argument("--lr", type=float, default=None, help="default: the recipe's")
+    parser.add_argument(
+        "--own-judge", action="store_true", help="the recipe's default judge, the scenario's own model (not scripted)"
+    )
+    parser.add_argument("--hints", action="store_true", help="hindsight hints on (the judge writes them)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--settle-minutes",
@@ -194,7 +207,7 @@ def main() -> None:
     )
     parser.add_argument("--model-dir", type=Path, default=None, help="default: SmolLM2-135M-Instruct")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "openclaw_rl.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix="reef-bench-openclaw-") as work,
@@ -214,6 +227,7 @@ def main() -> None:
             start = asyncio.run(test_success(server.url, args.concurrency))
             print(f"  start release {start['release_id']}: test success {start['success']:.3f}")
             tally = Tally()
+            traffic_began = time.time()
             asyncio.run(users(server.url, args.minutes, args.concurrency, args.tries, args.seed, tally))
             settle(server.url, args.settle_minutes)
             status, found = learner_status(server.url), decisions(server.url)
@@ -223,6 +237,8 @@ def main() -> None:
             log_tail = server.log_tail(40)
             server.stop()
     published = sum(d["verdict"]["decision"] == "select" for d in found)
+    selected_at = [d["recorded_at"] for d in found if d["verdict"]["decision"] == "select" and "recorded_at" in d]
+    first_minute = round((min(selected_at) - traffic_began) / 60, 1) if selected_at else None
     record = {
         "benchmark": "openclaw_rl",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
@@ -234,6 +250,7 @@ def main() -> None:
             "final_release_id": final["release_id"],
             "test_questions": final["n"],
             "published": published,
+            "first_publication_minute": first_minute,
             "rejected": len(found) - published,
             "judge_calls": judge_calls,
             "turns_trained": status.get("turns_trained"),
@@ -261,7 +278,8 @@ def main() -> None:
     print(
         f"openclaw_rl bench ({args.minutes:g} min of users): test success {r['start_test_success']:.3f} -> "
         f"{r['final_test_success']:.3f} on {r['test_questions']} questions never trained on; "
-        f"{published} published, {r['rejected']} rejected; {r['turns_trained']} turns trained; "
+        f"{published} published (the first at minute {first_minute}), {r['rejected']} rejected; "
+        f"{r['turns_trained']} turns trained; "
         f"{judge_calls} judge calls; {r['conversations']} conversations, {r['turns']} turns; wrote {args.out}"
     )
 
