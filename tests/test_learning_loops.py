@@ -119,7 +119,8 @@ def test_the_canary_loop_alone_serves_the_live_line_and_withdraws_a_worse_canary
         loop = CanaryLoop("s", serving, None, LearnerStats())
         await loop.serve(candidate("b1"), lambda: False)  # a line the head left: never served
         assert serving.calls == [] and not loop.live.running
-        await loop.serve(candidate("b1"), lambda: True)
+        first = candidate("b1")
+        await loop.serve(first, lambda: True)
         assert serving.calls == ["start b1"] and loop.batch == "b1"
         await loop.left_gate("b0", line_dropped=False)  # another candidate's verdict: it keeps serving
         assert loop.live.running
@@ -128,9 +129,13 @@ def test_the_canary_loop_alone_serves_the_live_line_and_withdraws_a_worse_canary
             if not loop.live.running:
                 break
         assert serving.calls == ["start b1", "stop"] and loop.live.withdrawn == 1
-        await loop.serve(candidate("b2"), lambda: True)
+        # its commit-log line (a verdict or an abandon, written from its metrics) says so: it outlives the process
+        assert first.metrics["canary"]["withdrawn"] is True and first.metrics["canary"]["scores"] >= 1
+        second = candidate("b2")
+        await loop.serve(second, lambda: True)
         await loop.left_gate("b2", line_dropped=False)  # judged: it stops
         assert serving.calls[-2:] == ["start b2", "stop"] and loop.batch is None
+        assert "canary" not in second.metrics
 
     asyncio.run(main())
 

@@ -244,7 +244,7 @@ class CanaryLoop:
         self.live.add(items, serving_id)
         if self.live.worse():
             self.live.withdrawn += 1
-            self.batch_metrics["canary"] = {"withdrawn": True, **self.live.summary(fraction=self.fraction)}
+            self.batch_metrics["canary"] = {**self.live.summary(fraction=self.fraction), "withdrawn": True}
             log.warning(
                 "learner %s: canary withdrawn, its live scores are worse: %s", self.scenario, self.live.summary()
             )
