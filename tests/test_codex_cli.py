@@ -2,7 +2,7 @@
 included): Reef on the upstream runtime in front of a scripted provider, Codex configured by the
 `codex` adapter's install script, `codex exec` through `reef-agent` doing one `exec_command`
 round trip, then a report on the session; and plain `codex --profile reef`, whose own
-`session-id` header names the session. Codex is installed once with npm into a cache folder
+`session-id` header names the session, calling one of its sub-agent (`namespace`) tools. Codex is installed once with npm into a cache folder
 (~/.cache/reef/codex, or REEF_CODEX_PREFIX); the test is skipped, saying why, without node/npm
 or when the install fails."""
 
@@ -146,16 +146,18 @@ def test_codex_exec_with_its_default_flags_does_a_tool_round_trip_through_reef(
     reported = httpx.get(f"{server.url}/reef/records/{last.id}").json()
     assert reported["reports"] and reported["reports"][0]["score"] == 1.0
 
-    upstream.script(text="hello from the profile")  # plain codex, no wrapper: its own session id
+    # plain codex, no wrapper: its own session id; a call of a namespace's function (a sub-agent
+    # tool) reaches Codex's handler of that namespace, which answers for the unknown agent id
+    upstream.script(tool_calls=[{"name": "wait_agent", "arguments": {"targets": ["nobody"], "timeout_ms": 10}}])
     direct = subprocess.run(
-        [str(binary), "--profile", "reef", "exec", "Say hello"],
+        [str(binary), "--profile", "reef", "exec", "Wait for the agent"],
         cwd=project,
         capture_output=True,
         text=True,
         timeout=120,
         env=_env(home, REEF_TOKEN="none", REEF_SCENARIO=SCENARIO),
     )
-    assert direct.returncode == 0 and "hello from the profile" in direct.stdout, direct.stderr
+    assert direct.returncode == 0 and "The command printed: invalid agent id nobody" in direct.stdout, direct.stderr
     codex_session = next(
         line.split(":", 1)[1].strip() for line in direct.stderr.splitlines() if line.startswith("session id:")
     )

@@ -5,8 +5,8 @@ the `codex` adapter therefore adds `[model_providers.reef]` (Reef's `/v1`, the R
 token from REEF_TOKEN, the scenario and session from REEF_SCENARIO and REEF_SESSION when set) to
 `$CODEX_HOME/config.toml` (default `~/.codex`): between Reef's marker lines, replacing only an
 earlier such block and keeping the rest of the file, after copying the file to a dated backup.
-It refuses (and writes nothing there) when the file already defines that provider outside the
-block. It also writes the profile `$CODEX_HOME/reef.config.toml`, so `codex --profile reef` goes
+When the file already defines that provider outside the block, the script stops before it
+writes anything. It also writes the profile `$CODEX_HOME/reef.config.toml`, so `codex --profile reef` goes
 through Reef; `reef-agent` passes `-c model_provider=reef` itself. Every value baked in passed
 `checked_url` or the scenario-name check, so none can carry a quote or a newline.
 """
