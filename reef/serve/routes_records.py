@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any, Sequence
 
 from fastapi import APIRouter, Request
@@ -22,9 +21,10 @@ from reef.core.errors import InvalidInput
 from reef.core.provenance import verified
 from reef.core.types import Record, RecordStatus, Report
 from reef.observe.record_query import StoredRecord
+from reef.observe.rules import NO_SEQ_ABOVE
 
 MAX_RECORDS_LIMIT = 500
-MAX_SCAN = 5000  # rows one filtered call reads at most
+MAX_SCAN = 2000  # rows one filtered call reads at most (about 0.1-0.3 s on one core)
 MAX_SESSION_TURNS = 500
 _EXCERPT = 160
 
@@ -90,7 +90,7 @@ def build_router() -> APIRouter:
             _whole(limit, "limit", 1, MAX_RECORDS_LIMIT),
             check_id(release_id, "release_id") if release_id else None,
             wanted,
-            before_seq=_whole(before_seq, "before_seq", 1, None) if before_seq else None,
+            before_seq=_whole(before_seq, "before_seq", 1, NO_SEQ_ABOVE) if before_seq else None,
             statuses=_statuses(status),
         )
         return {"scenario": name, **page}
@@ -138,14 +138,6 @@ def listing(
         if wanted.matches(stored):
             found.append(record_row(stored))
     return {"records": found, "next_before_seq": last_seq if more else None, "scanned": scanned}
-
-
-def recent_records(store: Any, scenario: str, limit: int, release_id: str | None) -> list[dict[str, Any]]:
-    """The newest `limit` records, newest first, read backwards along the store's index: a quiet
-    scenario with many old records costs `limit` rows, not all of them (a dashboard polls this)."""
-    page_size = limit if release_id is None else max(limit, 500)  # a release filter skips rows in between
-    newest = store.iter_records(scenario, release_id=release_id, newest_first=True, page_size=page_size)
-    return [record_row(stored) for stored in islice(newest, limit)]
 
 
 def record_row(stored: StoredRecord) -> dict[str, Any]:
@@ -197,10 +189,9 @@ def _excerpt(text: str) -> str:
     return text if len(text) <= _EXCERPT else text[: _EXCERPT - 1] + "…"
 
 
-def _whole(raw: str, name: str, low: int, high: int | None) -> int:
-    if not (raw.isascii() and raw.isdigit() and low <= int(raw) and (high is None or int(raw) <= high)):
-        bound = f"{low}..{high}" if high is not None else f"{low} or more"
-        raise InvalidInput(f"{name} must be a whole number {bound}, got {raw!r}")
+def _whole(raw: str, name: str, low: int, high: int) -> int:
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19 and low <= int(raw) <= high):
+        raise InvalidInput(f"{name} must be a whole number {low}..{high}, got {raw!r}")
     return int(raw)
 
 
