@@ -33,6 +33,7 @@ from tests.scripted_upstream import ScriptedUpstream
 TOKEN = "import-token-8c2f"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 SCENARIO = "imports"
+SMALL_BODY = 64 * 1024  # the module server's max_body_bytes: its batch route takes 16 times that
 
 
 def openai_item(n: int, **extra: Any) -> dict[str, Any]:
@@ -73,7 +74,8 @@ def anthropic_item(n: int, **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def reef(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReefServer]:
-    with ReefServer(tmp_path_factory.mktemp("reef-import"), server_settings(upstream)) as server:
+    settings = {**server_settings(upstream), "max_body_bytes": SMALL_BODY}
+    with ReefServer(tmp_path_factory.mktemp("reef-import"), settings) as server:
         yield server
 
 
@@ -203,16 +205,26 @@ def test_the_route_needs_the_token(reef: ReefServer) -> None:
     assert answer.status_code == 401
 
 
-def test_a_full_batch_may_be_larger_than_the_body_limit_of_other_routes(http: httpx.Client) -> None:
-    """1000 records of 5 KB are 5 MB: over `max_body_bytes` (4 MiB), under the batch route's 16 times that."""
-    filler = "x" * 5000
-    items = [openai_item(i) for i in range(1000)]
-    for item in items:
-        item["request"]["messages"][0]["content"] += filler
-    assert len(json.dumps({"records": items})) > 4 * 1024 * 1024
-    answer = http.post("/reef/records/batch", json={"records": items}, headers={"x-reef-scenario": "big"})
+def test_the_batch_route_takes_sixteen_times_the_body_limit_and_no_more(http: httpx.Client) -> None:
+    def batch(filler: int) -> dict[str, Any]:
+        items = [openai_item(i) for i in range(1000)]
+        for item in items:
+            item["request"]["messages"][0]["content"] += "x" * filler
+            del item["scenario"]  # the x-reef-scenario header's, then
+        return {"records": items}
+
+    fits, too_big = batch(200), batch(1200)
+    assert SMALL_BODY < len(json.dumps(fits)) < 16 * SMALL_BODY < len(json.dumps(too_big))
+    answer = http.post("/reef/records/batch", json=too_big, headers={"x-reef-scenario": "big"})
+    assert answer.status_code == 413 and "16 times max_body_bytes" in answer.json()["error"]["message"]
+    assert records_of(http, "big") == 0
+    answer = http.post("/reef/records/batch", json=fits, headers={"x-reef-scenario": "big"})
     assert answer.status_code == 200, answer.text[:300]
-    assert answer.json()["imported"] == 1000
+    assert answer.json()["imported"] == 1000 and records_of(http, "big") == 1000
+    assert (
+        http.post("/reef/report", json={"references": ["x"], "score": 1, "feedback": "y" * SMALL_BODY}).status_code
+        == 413
+    )
 
 
 def test_a_server_killed_during_a_batch_keeps_all_of_it_or_none(upstream: ScriptedUpstream, tmp_path: Path) -> None:
@@ -246,44 +258,41 @@ def test_a_server_killed_during_a_batch_keeps_all_of_it_or_none(upstream: Script
     first.stop()
     sender.join(timeout=30)
     assert answers and isinstance(answers[0], httpx.HTTPError), "the kill came after the answer"
-    with ReefServer(tmp_path, server_settings(upstream)) as second:
-        with httpx.Client(base_url=second.url, headers=AUTH, timeout=30) as http:
-            kept = records_of(http, "killed")
-            assert kept in (0, len(ids)), f"{kept} of {len(ids)} records survived: a torn batch"
-            assert http.get("/reef/scenarios/killed").json()["reports"] == kept  # each item has its report
-            assert http.post("/reef/records/batch", json={"records": items}).status_code == 200  # the retry stores it
-            assert records_of(http, "killed") == len(ids)
+    with SQLiteStore(first.state_dir / "experience.db") as store:  # what a restarted server opens
+        kept = store.count_records("killed")
+        assert kept in (0, len(ids)), f"{kept} of {len(ids)} records survived: a torn batch"
+        assert store.count_reports("killed") == kept  # each item has its report
+        items_again = [(imported(f"kill-{i}"), None) for i in range(3)] if not kept else []
+        assert len(store.put_batch(items_again)) == len(items_again)  # the store takes writes again
 
 
-def test_export_then_import_round_trips(upstream: ScriptedUpstream, tmp_path: Path) -> None:
+def test_export_then_import_round_trips(reef: ReefServer, upstream: ScriptedUpstream, tmp_path: Path) -> None:
     """`reef export records` of a served, scored scenario, `reef import` into another server,
     and its export again: the same lines but for what serving elsewhere changes (the release,
     when it was stored)."""
     runner = CliRunner()
-    source = tmp_path / "source"
-    with ReefServer(source, server_settings(upstream)) as first:
-        with httpx.Client(base_url=first.url, headers={**AUTH, "x-reef-scenario": "trip"}, timeout=30) as http:
-            for i in range(3):
-                served = http.post(
-                    "/v1/chat/completions",
-                    json={
-                        "model": "m",
-                        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"q{i}"}],
-                    },
-                    headers={"x-reef-session": "sess-a", "x-reef-tag-team": "blue"},
+    with httpx.Client(base_url=reef.url, headers={**AUTH, "x-reef-scenario": "trip"}, timeout=30) as http:
+        for i in range(3):
+            served = http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "m",
+                    "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"q{i}"}],
+                },
+                headers={"x-reef-session": "sess-a", "x-reef-tag-team": "blue"},
+            )
+            assert served.status_code == 200, served.text
+            receipt = served.headers["x-reef-agent-record-id"]
+            if i < 2:
+                assert (
+                    http.post(
+                        "/reef/report", json={"references": [receipt], "score": i, "feedback": f"f{i}"}
+                    ).status_code
+                    == 200
                 )
-                assert served.status_code == 200, served.text
-                receipt = served.headers["x-reef-agent-record-id"]
-                if i < 2:
-                    assert (
-                        http.post(
-                            "/reef/report", json={"references": [receipt], "score": i, "feedback": f"f{i}"}
-                        ).status_code
-                        == 200
-                    )
     exported = tmp_path / "trip.jsonl"
     done = runner.invoke(
-        main, ["export", "records", "trip", "--state-dir", str(source / "state"), "--out", str(exported)]
+        main, ["export", "records", "trip", "--state-dir", str(reef.state_dir), "--out", str(exported)]
     )
     assert done.exit_code == 0, done.output
     with ReefServer(tmp_path / "target", server_settings(upstream)) as second:

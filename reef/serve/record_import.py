@@ -31,6 +31,7 @@ from reef.serve import anthropic_wire, openai_wire
 from reef.serve.inference import parse_json
 
 MAX_ITEMS = 1000
+_AN = {"openai": "an OpenAI chat completion", "anthropic": "an Anthropic message"}
 
 
 class ImportItem(BaseModel):
@@ -122,9 +123,9 @@ def _parse_response(item: ImportItem) -> dict[str, Any]:
         for delta in parser.whole(item.response):
             result.add(delta)
     except UpstreamProblem as exc:
-        raise InvalidInput(f"not a {item.dialect} response body: it {exc}") from None
+        raise InvalidInput(f"not {_AN[item.dialect]} response body: it {exc}") from None
     except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:
-        raise InvalidInput(f"not a {item.dialect} response body ({type(exc).__name__}: {exc})") from None
+        raise InvalidInput(f"not {_AN[item.dialect]} response body ({type(exc).__name__}: {exc})") from None
     return result.response_json()
 
 

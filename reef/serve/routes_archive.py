@@ -26,7 +26,12 @@ def build_router() -> APIRouter:
         app = request.app.state.reef
         app.state.chain(check_scenario_name(name))  # 404 for an unknown scenario, before anything stops
         await app.learning.forget(name)
-        done = await app.scenarios.retire(name, lambda: asyncio.to_thread(archive_scenario, app.state, name))
+        try:
+            done = await app.scenarios.retire(name, lambda: asyncio.to_thread(archive_scenario, app.state, name))
+        except BaseException:
+            if name in app.state.scenarios():  # not archived (the store or the log refused): it learns on
+                await app.learning.ensure(name)
+            raise
         return {"archived": done.to_json()}
 
     return router
