@@ -73,7 +73,7 @@ def reef(
         "log_level": "info",
         "log_format": request.param,
         "upstream": {"url": upstream.base_url, "model": "provider-model", "api_key": UPSTREAM_KEY, "timeout": 5},
-        "recipes": {"scenarios": {"fmt": "skills"}},
+        "recipes": {"scenarios": {"fmt": "skills", "logs": "sao"}},  # logs: a weights recipe, idle here
         "learner": {
             "poll_interval": 0.05,
             "skills": {
