@@ -47,6 +47,7 @@ class TwoRanks:
     first_pid: int | None = None
     resumed: dict[str, float] = field(default_factory=dict)
     resumed_final: list[list[float]] = field(default_factory=list)
+    after_close: str = ""
 
 
 async def _step(worker: TrainingWorker, record: TwoRanks) -> None:
@@ -80,14 +81,17 @@ async def _run(model_dir: Path) -> TwoRanks:
                 await asyncio.sleep(0.1)
         except TrainingFailed as exc:
             record.killed_error = str(exc)
-        await worker.start()
+        record.resumed = await worker.call(KEY, "load_state", record.checkpoints[1], LoraShape())  # a new job
         record.restarted_pid = worker.pid
-        record.resumed = await worker.call(KEY, "load_state", record.checkpoints[1], LoraShape())
         await _step(worker, TwoRanks())
         files = await worker.call(KEY, "save_state")
         record.resumed_final = await worker.logprobs(files, PROBE)
     finally:
         await worker.close()
+    try:
+        await worker.logprobs(None, PROBE)
+    except TrainingFailed as exc:  # closed on purpose: no new job
+        record.after_close = str(exc)
     return record
 
 
@@ -160,11 +164,12 @@ def test_one_rank_resumes_a_two_rank_checkpoint(two_ranks: TwoRanks, one_rank: A
     assert _close(one_rank.logprobs(files, PROBE), two_ranks.final)  # the moments came back too
 
 
-def test_a_killed_rank_fails_the_call_and_a_restarted_job_resumes(two_ranks: TwoRanks) -> None:
+def test_a_killed_rank_fails_the_call_and_the_next_call_resumes_on_a_new_job(two_ranks: TwoRanks) -> None:
     assert "training process died" in two_ranks.killed_error
     assert two_ranks.restarted_pid not in (None, two_ranks.first_pid)
     assert two_ranks.resumed == {"steps": 2.0, "resumed": 0.0}
     assert _close(two_ranks.resumed_final, two_ranks.final)  # the next step is the uninterrupted one's
+    assert "not running" in two_ranks.after_close
 
 
 def test_reef_serve_trains_full_weights_on_two_ranks_and_serves_the_candidate(

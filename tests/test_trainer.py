@@ -450,23 +450,20 @@ def test_worker_reports_a_failed_job_and_goes_on(
     assert on(loop, worker.logprobs(None, [(p, c)]))[0]  # the child survived its job's failure
 
 
-def test_a_killed_child_fails_pending_jobs_and_start_recovers(
+def test_a_killed_child_fails_pending_jobs_and_the_next_call_recovers(
     worker: TrainingWorker, loop: asyncio.AbstractEventLoop, rollouts: list[Rollout]
 ) -> None:
     seqs = [(p, c) for p, c, _, _ in rollouts] * 40  # long enough to be killed mid-job
     samples = samples_of(rollouts[:2], [1.0, -1.0])
 
-    # a child that dies while idle is noticed by the next call, and start() replaces it
+    # a child that dies while idle is replaced by the next call (nobody else calls start())
     pid = worker.pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     while worker.running():
         time.sleep(0.01)
-    with pytest.raises(TrainingFailed, match="not running"):
-        on(loop, worker.logprobs(None, seqs[:1]))
-    on(loop, worker.start())
-    assert worker.pid != pid
     files, metrics = on(loop, worker.train("after", None, samples, TrainConfig()))
+    assert worker.pid != pid
     assert metrics["tokens"] > 0 and "adapter_model.safetensors" in files
 
     # one that dies mid-job fails that job and the queued ones, with a clear error
@@ -484,8 +481,6 @@ def test_a_killed_child_fails_pending_jobs_and_start_recovers(
     died = on(loop, kill_mid_job())
     assert all(isinstance(o, TrainingFailed) and "died" in str(o) for o in died), died
     assert worker.pending() == {} and not worker.running()
-    with pytest.raises(TrainingFailed, match="not running"):
-        on(loop, worker.train("later", None, samples, TrainConfig()))
     # (the module fixture then closes the dead worker, which must not hang)
 
 

@@ -10,8 +10,8 @@ scenario with ten queued steps does not starve one with a single step; the gate'
 (`BACKGROUND_KEYS`) go when no training job waits and none has come for `BACKGROUND_GRACE_S`,
 or, with a trainer that never waits for samples, for `BACKGROUND_SHARE` of the trainer's time.
 Only one job is in the child at a time, which keeps `pending()` exact and makes a crash lose at
-most that job. If the child dies, every pending call fails with `TrainingFailed` and `start()`
-makes a new child.
+most that job. If the child dies, every pending call fails with `TrainingFailed` and the next
+call (or `start()`) makes a new child, until `close()`.
 
 With full weights (`weights="full"`) the child trains a `FullTrainer`; with more than one rank
 (`layout`), the child is a torchrun job (`reef.grow.rank_launch`) whose rank 0 answers here as
@@ -110,12 +110,14 @@ class TrainingWorker:
         self._dispatcher: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._closing = False
+        self._started = False  # start() was called and close() was not: a dead child is replaced
         self._start_lock: asyncio.Lock | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start the child and wait until it has loaded the model. A no-op while one runs."""
+        self._started = True
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:  # two callers must not both spawn a child
@@ -171,6 +173,7 @@ class TrainingWorker:
     async def close(self) -> None:
         """Fail queued jobs, let the job in the child finish (up to `close_timeout`), stop the
         child, and kill it if it does not stop."""
+        self._started = False
         if self._process is None:
             return
         self._closing = True
@@ -258,6 +261,8 @@ class TrainingWorker:
         return await self._submit(key, "generate", (adapter_files, requests, max_tokens))  # type: ignore[no-any-return]
 
     async def _submit(self, key: str, method: str, args: tuple[Any, ...]) -> Any:
+        if not self.running() and self._started:
+            await self.start()  # the child died (a killed rank, a crash): the next call gets a new one
         if not self.running():
             raise TrainingFailed("the training worker is not running (start() it)")
         job = _Job(key, method, args)
