@@ -94,9 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     for ranks in args.ranks:
         result = asyncio.run(
-            measure(
-                args.model_dir, ranks, args.weights, args.steps, args.rows, args.tokens, args.threads, args.device
-            )
+            measure(args.model_dir, ranks, args.weights, args.steps, args.rows, args.tokens, args.threads, args.device)
         )
         print(json.dumps(result), flush=True)
 
