@@ -2,7 +2,10 @@
 
 `Dashboard` is ASGI middleware that sits outside the token check: the files hold no data, so
 the login page can load without a token; every data call the page makes goes to the `/reef/*`
-routes with `Authorization: Bearer` and is checked there. The page keeps the token in the
+routes with `Authorization: Bearer` and is checked there (its first, `GET /reef/status` without
+a token, tells it whether the server needs one: a server without tokens opens with no sign-in).
+The page is app.js (routing, polling, sign-in, scenarios, the chain, rollback and promote) and
+one file per view it adds: curve.js, candidates.js, records.js, release.js. The page keeps the token in the
 browser's sessionStorage, never in a URL (so never in an access log). Nothing is fetched from
 anywhere else (a Content-Security-Policy of 'self' says so to the browser): it works offline.
 """
