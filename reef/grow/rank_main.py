@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = None
     except Exception as exc:  # noqa: BLE001 - reported to the worker, which raises it
         trainer, error = None, f"{type(exc).__name__}: {exc}"
-    if not _agree(error is None, control) or trainer is None:
+    if not _agree(error is None, control, everywhere=True) or trainer is None:
         if conn is not None:
             conn.send(("error", error or "another rank could not start"))
         return 1
