@@ -243,6 +243,38 @@ def test_gate_verdicts_become_the_heldout_curve_and_the_live_view_shows_them() -
     assert "test success" in text and "33.3% at the start" in text
 
 
+def test_traffic_goes_on_past_its_minutes_while_the_gate_judges_a_candidate() -> None:
+    """A short demo's verdict lands while its traffic runs: past --minutes the traffic stops only
+    once no canary serves (the gate is not judging), or the grace is spent."""
+    import time
+
+    from rich.console import Console
+
+    from reef.demo.live import live_view
+    from reef.demo.run import VERDICT_GRACE_MINUTES, DemoStats
+
+    judging = {"learners": [{"scenario": "demo", "state": "training", "canary": {"running": True}}]}
+    idle = {"learners": [{"scenario": "demo", "state": "training", "canary": {"running": False}}]}
+    stats = DemoStats(minutes=2)
+    assert stats.traffic_goes_on()  # within its minutes, whatever the gate does
+    stats.started -= 2.5 * 60  # half a minute past them
+    stats.learning = judging
+    assert stats.traffic_goes_on()
+    out = io.StringIO()
+    Console(file=out, width=160).print(live_view(stats))
+    assert "traffic goes on until the gate's verdict" in out.getvalue()
+    stats.decisions = [{"step": 9, "verdict": {"decision": "reject"}}]  # the verdict landed
+    assert not stats.traffic_goes_on()  # whether or not the gate goes on to judge the next candidate
+    stats.decisions, stats.verdicts_at_minutes = [], None
+    stats.learning = idle
+    assert not stats.traffic_goes_on()
+    stats.learning = {"learners": [{"scenario": "other", "canary": {"running": True}}]}
+    assert not stats.traffic_goes_on()  # another scenario's canary is not the demo's verdict
+    stats.learning = judging
+    stats.started = time.monotonic() - (2 + VERDICT_GRACE_MINUTES) * 60
+    assert not stats.traffic_goes_on()  # the grace is spent
+
+
 def test_the_table_reports_the_test_questions_at_the_start_and_the_end() -> None:
     from rich.console import Console
 
@@ -260,7 +292,7 @@ def test_the_table_reports_the_test_questions_at_the_start_and_the_end() -> None
 def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: Path) -> None:
     from rich.console import Console
 
-    from reef.demo.run import run_demo
+    from reef.demo.run import VERDICT_GRACE_MINUTES, run_demo
 
     out = io.StringIO()
     result = run_demo(
@@ -276,8 +308,9 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tiny_model_dir: Path, tmp_path: 
     assert result.requests > 0, out.getvalue()
     assert result.reports > 0 and result.reports <= result.requests
     assert result.errors < result.requests
-    assert 0.3 <= result.minutes <= 0.45
     curve = json.loads((tmp_path / "out" / "learning_curve.json").read_text())
+    assert 0.3 <= result.minutes <= 0.45 + VERDICT_GRACE_MINUTES
+    assert result.minutes <= 0.45 or curve["decisions"]  # past its minutes only while the gate judged
     assert len(curve["traffic"]) == result.reports and curve["summary"]["requests"] == result.requests
     assert sum(r["requests"] for r in curve["releases"]) == result.reports
     assert (tmp_path / "out" / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"

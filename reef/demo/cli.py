@@ -14,7 +14,9 @@ import click
     type=click.FloatRange(min=0.05),
     default=15.0,
     show_default=True,
-    help="How long to send traffic (after the server is up).",
+    help="How long to send traffic (after the server is up); a verdict of the gate under way then keeps "
+    "it going until the verdict lands (at most 4 minutes more), so what the traffic trained is published "
+    "while it runs.",
 )
 @click.option(
     "--concurrency", type=click.IntRange(min=1), default=8, show_default=True, help="Requests kept in flight at once."

@@ -55,7 +55,12 @@ def live_view(stats: DemoStats) -> Group:
     overview = Table.grid(padding=(0, 2))
     overview.add_column(style="bold")
     overview.add_column()
-    overview.add_row("time", f"{elapsed:.1f} of {stats.minutes:g} min ({max(0.0, stats.minutes - elapsed):.1f} left)")
+    if elapsed < stats.minutes:
+        overview.add_row("time", f"{elapsed:.1f} of {stats.minutes:g} min ({stats.minutes - elapsed:.1f} left)")
+    else:
+        overview.add_row(
+            "time", f"{elapsed:.1f} min: traffic goes on until the gate's verdict on the candidate it judges"
+        )
     overview.add_row(
         "requests",
         f"{stats.requests} sent, {stats.in_flight} in flight, {stats.reports} reported"

@@ -44,6 +44,11 @@ from reef.demo.server import (
 SCENARIO = "demo"
 HEADERS = {"x-reef-scenario": SCENARIO}
 POLL_SECONDS = 2.0
+# A verdict of the gate under way when --minutes are up keeps the traffic going until it lands, at
+# most this much longer: what the traffic trained is published (or rejected) while traffic runs.
+# Without it a short demo's first publication came after its traffic had stopped, while the
+# demo waited for that verdict with nothing to show.
+VERDICT_GRACE_MINUTES = 4.0
 
 
 @dataclass
@@ -97,6 +102,8 @@ class DemoStats:
     per_release: dict[str, dict[str, float]] = field(default_factory=dict)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     decisions_route: bool = True
+    traffic_minutes: float | None = None  # when the traffic stopped (past --minutes while a verdict was under way)
+    verdicts_at_minutes: int | None = None  # the gate's verdicts seen when --minutes were up
     learning: dict[str, Any] = field(default_factory=dict)
     test: dict[str, dict[str, Any]] = field(
         default_factory=dict
@@ -104,6 +111,20 @@ class DemoStats:
 
     def elapsed(self) -> float:
         return (time.monotonic() - self.started) / 60
+
+    def traffic_goes_on(self) -> bool:
+        """Within --minutes; after them, until the verdict the gate was reaching then has landed
+        (a canary serves while it judges), within the grace."""
+        elapsed = self.elapsed()
+        if elapsed < self.minutes:
+            return True
+        if self.verdicts_at_minutes is None:
+            self.verdicts_at_minutes = len(self.decisions)
+        return (
+            elapsed < self.minutes + VERDICT_GRACE_MINUTES
+            and canary_running(self.learning)
+            and len(self.decisions) == self.verdicts_at_minutes
+        )
 
     def record(self, release_id: str, value: float, ok: bool) -> None:
         self.starting_release = self.starting_release or release_id
@@ -298,16 +319,22 @@ async def measure_test(client: httpx.AsyncClient, examples: int, concurrency: in
     }
 
 
+def canary_running(learning: dict[str, Any]) -> bool:
+    """Whether a canary serves the demo's scenario: the gate is judging a candidate."""
+    return any(
+        (learner.get("canary") or {}).get("running")
+        for learner in learning.get("learners") or []
+        if learner.get("scenario") == SCENARIO
+    )
+
+
 async def canary_settled(client: httpx.AsyncClient, timeout: float = 240.0) -> bool:
     """Wait until no canary serves the demo's scenario (the gate has judged the last candidates
     the traffic's samples made), so the test questions reach the published head only."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         response = await client.get("/reef/status", timeout=30.0)
-        learners = response.json().get("learning", {}).get("learners", []) if response.status_code == 200 else []
-        if not any(
-            (learner.get("canary") or {}).get("running") for learner in learners if learner.get("scenario") == SCENARIO
-        ):
+        if not canary_running(response.json().get("learning", {}) if response.status_code == 200 else {}):
             return True
         await asyncio.sleep(1.0)
     return False
@@ -329,12 +356,13 @@ async def drive(url: str, stats: DemoStats, concurrency: int, server: DemoServer
         poller = asyncio.create_task(_poller(client, stats, stop))
         try:
             with Live(live_view(stats), console=console, refresh_per_second=2) as live:
-                while stats.elapsed() < stats.minutes:
+                while stats.traffic_goes_on():
                     for task in workers:
                         if task.done() and task.exception() is not None:
                             raise task.exception()  # type: ignore[misc]
                     live.update(live_view(stats))
                     await asyncio.sleep(0.5)
+                stats.traffic_minutes = stats.elapsed()
                 stop.set()  # no new requests; let the ones in flight finish (briefly)
                 await asyncio.wait(workers, timeout=30)
                 live.update(live_view(stats))
@@ -388,6 +416,7 @@ def run_demo(
     with _sigterm_as_interrupt():
         try:
             server.start()
+            console.print(f"reef demo: the dashboard, while the demo runs: {server.url}/ui")
             stats = DemoStats(
                 minutes=minutes,
                 examples=examples,
@@ -453,7 +482,7 @@ def _finish(stats: DemoStats, out_dir: Path, server: DemoServer, interrupted: bo
         requests=stats.requests,
         reports=stats.reports,
         errors=stats.errors,
-        minutes=round(min(stats.elapsed(), stats.minutes), 3),
+        minutes=round(stats.traffic_minutes if stats.traffic_minutes is not None else stats.elapsed(), 3),
         live_success_first=sum(successes[:window]) / window if window else None,
         live_success_last=sum(successes[-window:]) / window if window else None,
         start_test_success=stats.test.get("start", {}).get("success"),
