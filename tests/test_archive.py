@@ -6,8 +6,9 @@ scripted upstream), real git, real SQLite; the state part on SQLite and a real P
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 from uuid import uuid4
 
 import httpx
@@ -29,13 +30,23 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def settings(upstream: ScriptedUpstream) -> dict[str, Any]:
+def settings(upstream: ScriptedUpstream, state_dir: Path) -> dict[str, Any]:
+    """Two servers on one state directory (`shared_state_dir`), as workers share one."""
     return {
         "tokens": [TOKEN],
+        "state_dir": str(state_dir),
+        "shared_state_dir": True,
         "recipes": {"default": "skills"},
         "limits": {"max_scenarios": 1},
         "upstream": {"url": upstream.base_url, "model": "provider-model", "timeout": 5},
     }
+
+
+def poll(condition: Callable[[], Any], what: str, deadline_s: float = 20.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} in {deadline_s}s"
+        time.sleep(0.05)
 
 
 def learners(http: httpx.Client) -> list[str]:
@@ -49,23 +60,32 @@ def ask(http: httpx.Client, scenario: str) -> httpx.Response:
 def test_an_archived_scenario_is_kept_aside_and_its_name_starts_afresh(
     upstream: ScriptedUpstream, tmp_path: Path
 ) -> None:
-    with ReefServer(tmp_path, settings(upstream)) as reef, httpx.Client(base_url=reef.url, headers=AUTH) as http:
+    state = tmp_path / "state"
+    with (
+        ReefServer(tmp_path / "a", settings(upstream, state)) as reef,
+        httpx.Client(base_url=reef.url, headers=AUTH) as http,
+    ):
         receipts = [ask(http, "old").headers["x-reef-agent-record-id"] for _ in range(2)]
         assert http.post("/reef/report", json={"references": receipts[:1], "score": 1.0}).status_code == 200
-        assert "old" in learners(http)
+        poll(lambda: "old" in learners(http), "learner of the scenario")
         assert ask(http, "other").status_code == 403  # limits.max_scenarios: 1
+        other = ReefServer(tmp_path / "b", settings(upstream, state)).start()  # another process on the state
+        beside = httpx.Client(base_url=other.url, headers=AUTH)
+        assert ask(beside, "old").status_code == 200  # it serves the scenario too
 
         assert httpx.delete(f"{reef.url}/reef/scenarios/old").status_code == 401  # the token, like any write
         assert http.delete("/reef/scenarios/nope").status_code == 404
         assert http.delete("/reef/scenarios/bad name!").status_code == 400
-        assert http.get("/reef/scenarios/old").json()["records"] == 2  # none of those changed anything
+        assert http.get("/reef/scenarios/old").json()["records"] == 3  # none of those changed anything
         gone = http.delete("/reef/scenarios/old")
         assert gone.status_code == 200, gone.text
         archived = gone.json()["archived"]
         assert archived["scenario"] == "old" and archived["archived_as"].startswith("archived/old/")
-        assert archived["records"] == 2 and archived["steps"] >= 1
+        assert archived["records"] == 3 and archived["steps"] >= 1
         assert http.get("/reef/scenarios/old").status_code == 404
         assert "old" not in learners(http)
+        poll(lambda: beside.get("/reef/scenarios/old").status_code == 404, "let go by the other process")
+        other.stop()
         assert http.delete("/reef/scenarios/old").status_code == 404
         kept = http.get(f"/reef/records/{receipts[0]}").json()  # nothing deleted
         assert [r["score"] for r in kept["reports"]] == [1.0]
@@ -78,13 +98,13 @@ def test_an_archived_scenario_is_kept_aside_and_its_name_starts_afresh(
         assert http.post("/reef/report", json={"references": receipts[1:], "score": 0.0}).status_code == 404
 
     refs = subprocess.run(
-        ["git", "--git-dir", str(tmp_path / "state" / "artifacts.git"), "for-each-ref", "--format=%(objectname)", "refs/reef/archived/"],
+        ["git", "--git-dir", str(state / "artifacts.git"), "for-each-ref", "--format=%(objectname)", "refs/reef/archived/"],
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     assert refs == [archived["head_release_id"]]
-    shown = CliRunner().invoke(main, ["inspect", "--state-dir", str(tmp_path / "state")])
+    shown = CliRunner().invoke(main, ["inspect", "--state-dir", str(state)])
     assert shown.exit_code == 0, shown.output
-    assert f"archived: old as {archived['archived_as']}" in shown.output and "2 records, 1 reports" in shown.output
+    assert f"archived: old as {archived['archived_as']}" in shown.output and "3 records, 1 reports" in shown.output
     assert "old: step 1" in shown.output
 
 

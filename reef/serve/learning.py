@@ -95,6 +95,7 @@ class Learning:
         for name in self.state.scenarios():
             await self.ensure(name)
         self.scenarios.on_created.append(self.ensure)
+        self.scenarios.on_archived.append(self.forget)
         if self.leases is not None:
             self._lease_task = asyncio.get_running_loop().create_task(self._keep_leases(), name="learner-leases")
 
@@ -193,13 +194,12 @@ class Learning:
             )
 
     async def forget(self, scenario: str) -> None:
-        """The scenario is being archived: stop its learner (its candidate in flight is dropped)
-        and forget it, so a new scenario of the name gets a learner of its own."""
+        """The scenario is archived: stop its learner (its candidate in flight is dropped) and
+        forget it, so a new scenario of the name gets a learner of its own. A lease on the name is
+        kept: another front end that has not yet let go of the archived scenario cannot take it."""
         await self._stop_learner(scenario, "the scenario was archived")
         self.idle.pop(scenario, None)
         self.wanted.discard(scenario)
-        if self.leases is not None:
-            self.leases.release(scenario)
 
     async def _keep_leases(self) -> None:
         """Every LEASE_INTERVAL_S: stop the learners whose lease was lost, take the free leases

@@ -68,6 +68,7 @@ class ScenarioDirectory:
         self.canaries: dict[str, tuple[ReleaseRef, float]] = {}  # scenario -> (the canary, its fraction)
         self._random = random.Random()
         self.on_created: list[Callable[[str], Awaitable[None]]] = []  # e.g. start its learner
+        self.on_archived: list[Callable[[str], Awaitable[None]]] = []  # e.g. stop its learner
         self.unreachable = UnreachableReleases()  # releases this front end cannot read, per scenario
 
     async def start(self) -> None:
@@ -226,11 +227,28 @@ class ScenarioDirectory:
         async with self._lock(name):
             serving = self.state.chain(name).serving()
             done = await archive()
+        await self._let_go(name, serving)
+        return done
+
+    async def forget(self, name: str) -> None:
+        """Another process archived the scenario (its log left the shared heads): stop serving
+        it and forget it here too (the `on_archived` hooks run), so its name starts afresh."""
+        async with self._lock(name):
+            if name not in self.state.scenarios():
+                return  # archived here (`retire`), or never known
+            serving = self.state.chain(name).serving()
+            self.state.forget(name)
+        for hook in self.on_archived:
+            await hook(name)
+        await self._let_go(name, serving)
+        log.info("scenario archived elsewhere", extra={"reef": {"event": "scenario_forgotten", "scenario": name}})
+
+    async def _let_go(self, name: str, serving: ReleaseRef) -> None:
+        """Stop an archived scenario's canary; unload what served it once no request pins it."""
         await self.stop_canary(name)
         if serving.runtime_load_id is not None:
             asyncio.get_running_loop().create_task(self._unload_when_free(serving.runtime_load_id))
         self.unreachable.clear(name)
-        return done
 
     # -- canaries (reef.serve.canary) ---------------------------------------------------------
 
@@ -359,6 +377,23 @@ class HeadFollower:
             if first_look:  # e.g. created by another front end, or found by `ReefState.chain`
                 for hook in self.scenarios.on_created:
                     await hook(name)
+        await self._forget_archived(heads)
+
+    async def _forget_archived(self, heads: dict[str, int]) -> None:
+        """Scenarios this front end serves whose log left the heads: another process archived
+        them (reef/commit/archive.py). The heads are read again first: a scenario created here
+        after the first read is in the second."""
+        for name in [n for n in self.seen if n not in heads]:
+            del self.seen[name]  # a new scenario of the name is a first look again
+        gone = set(self.state.scenarios()) - set(heads)
+        if not gone:
+            return
+        try:
+            again: dict[str, int] = await asyncio.to_thread(self.state.commit_logs.heads)  # type: ignore[attr-defined]
+        except ReefError:
+            return  # tried again next time
+        for name in sorted(gone - set(again)):
+            await self.scenarios.forget(name)
 
     def _note(self, name: str, problem: str) -> None:
         if self._failing.get(name) != problem:  # once per distinct problem, not once a second
