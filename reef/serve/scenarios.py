@@ -14,7 +14,9 @@ second regardless, it reads every scenario's last step, and for each that moved 
 head (`follow_head`: fetch the content if this front end lacks it, load it, move the serving
 pointer; the previous load is unloaded once no request of this front end pins it). Scenarios
 another front end created become known here, and the `on_created` hooks run for each scenario
-the first time the follower sees it (`Learning.ensure`, which is idempotent, wants its lease).
+the first time the follower sees it (`Learning.ensure`, which is idempotent, wants its lease);
+a scenario gone from the heads (another process archived it, reef/commit/archive.py) is
+forgotten here too (`ScenarioDirectory.forget`: the `on_archived` hooks, its serving unloaded).
 A head whose content this front end cannot read is not served: it keeps serving the last
 release it has loaded (503 where it has none), says so (`reef/serve/unreachable.py`), and
 tries again every second.
