@@ -24,6 +24,7 @@ from reef.commit.scenario_settings import (
     settings_of,
 )
 from reef.commit.state import ReefState
+from reef.core.errors import StaleHead
 from reef.core.types import Operation
 from tests.helpers.reef_server import ReefServer
 from tests.pg import postgres_dsn  # noqa: F401  (session fixture)
@@ -163,3 +164,7 @@ def test_both_commit_logs_carry_settings_instructions_and_train_now(reopen: Call
             Operation.TRAIN_NOW,
         ]
         assert chain.head().step == 1  # notes move no release
+        # a learner that read the step before an operator's note still logs its batch; not across a batch
+        chain.begin_batch("b-1", ["r-1"], ["p-1"], high_water=0, expected_step=1)
+        with pytest.raises(StaleHead):
+            chain.begin_batch("b-2", ["r-2"], ["p-2"], high_water=0, expected_step=1, max_open=2)

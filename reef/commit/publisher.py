@@ -61,7 +61,8 @@ class CandidatePublisher:
                 candidate.held_out,
                 starved=candidate.starved,
                 live=candidate.live,
-                thresholds=candidate.gate_overrides,
+                # an operator's live margin or confidence (GET/POST /reef/scenarios/{s}/config); none: the config's
+                **({"thresholds": candidate.gate_overrides} if candidate.gate_overrides else {}),
             )
         # the head's harness (a seeded one) stays with the new weights
         files = {**candidate.files, **{p: d for p, d in head_files.items() if p.startswith(HARNESS_PREFIX)}}

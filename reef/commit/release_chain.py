@@ -19,6 +19,9 @@ the log is what makes check-head, commit-artifact, append one compare-and-swap e
   A batch closes once (naming a closed one is a `Conflict`) and a record is in one batch at
   most, so two learners on one scenario (a lease changing hands) cannot train a batch twice.
 - `compact` deletes consumed records from the experience store, logged first.
+- `note` logs an operator's step that moves no release and closes no batch (a settings change,
+  an instruction, a train-now request); a batch begun against the step before such notes is
+  still logged, since they change nothing it depends on.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from reef.commit.commit_log import CommitLog
 from reef.core.errors import Conflict, InvalidInput, NotFound, StaleHead
 from reef.core.types import (
     JSON,
-    RELEASE_OPERATIONS,
     ArtifactKind,
     Candidate,
     CommitEntry,
@@ -238,7 +240,8 @@ class ReleaseChain:
         """Log a batch before training on it. At most `max_open` batches may be open at once (a
         learner that trains its next candidate while the gate judges the last one has two)."""
         with self.log.transaction():
-            if self.log.last_step != expected_step:
+            since = self._entries()[expected_step:] if 0 <= expected_step <= self.log.last_step else None
+            if since is None or any(e.operation not in NOTES for e in since):  # an operator's note changes no batch
                 raise StaleHead(f"expected step {expected_step}, the last step is {self.log.last_step}")
             open_ = self.open_batches()
             if len(open_) >= max_open:
@@ -288,7 +291,7 @@ class ReleaseChain:
         """Log a step that moves no release (a settings change, an instruction, a train-now
         request) on the head; `check` sees every step first, under the log's lock, so a caller's
         revision check and this append are one compare-and-swap."""
-        if operation in RELEASE_OPERATIONS or operation in (Operation.BATCH, Operation.ABANDON):
+        if operation not in NOTES:
             raise InvalidInput(f"{operation.value} is not a note")
         with self.log.transaction():
             entries = self._entries()
@@ -387,6 +390,11 @@ class ReleaseChain:
         if self.artifacts.scenario_head(self.scenario) != logged:
             self.artifacts.reset_scenario_head(self.scenario, logged)
         return logged
+
+
+# Steps an operator logs beside learning (reef/commit/scenario_settings.py): they move no release
+# and close no batch, so a learner's batch logged against the step before one is still sound.
+NOTES = frozenset({Operation.SETTINGS, Operation.INSTRUCTION, Operation.TRAIN_NOW})
 
 
 def last_artifact_release(entries: Sequence[CommitEntry]) -> str | None:
