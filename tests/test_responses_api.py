@@ -287,6 +287,15 @@ def test_tools_reef_cannot_serve_are_left_out_with_a_warning_and_a_namespace_is_
         responses_wire.parse_responses_request({"model": "m", "input": "hi", "tools": tools}, "refuse")
 
 
+def test_unsupported_tools_refuse_answers_400(upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    settings = {"unsupported_tools": "refuse", "upstream": {"url": upstream.base_url, "model": "provider-model"}}
+    with ReefServer(tmp_path, settings) as server:
+        refusing = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=20)
+        with pytest.raises(openai.BadRequestError, match=r"tools\[1\]\.type: 'web_search' tools are not supported"):
+            refusing.responses.create(model="m", input="hi", tools=[*TOOLS, {"type": "web_search"}])  # type: ignore[list-item]
+    assert upstream.requests == []
+
+
 def test_provider_failures_are_502s_with_receipts_and_in_stream_errors(
     oai: openai.OpenAI, client: ReefClient, upstream: ScriptedUpstream
 ) -> None:
