@@ -3,8 +3,9 @@
 requests in flight during a push finish on the weights they started with; after it the engine
 answers with the release's weights; a request frozen to the older release is stamped with the
 load that served it (every token's load is known); a broken release is refused and the engine
-keeps the weights it had; a release without weights pushes the base back (a rollback to the base
-serves the base's greedy ids again); the engine's weights swap one at a time."""
+keeps the weights it had; an engine killed and started again (on the base) is given the release
+again before it serves; a release without weights pushes the base back (a rollback to the base
+serves the base's greedy ids again)."""
 
 from __future__ import annotations
 
@@ -43,8 +44,10 @@ def test_full_weights_pushed_into_the_engine_and_back_to_the_base(tiny_model_dir
     command = [sys.executable, "-m", "tests.helpers.sglang_double", "--model-path", str(tiny_model_dir)]
     env = {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
-    async def main(url: str) -> None:
-        runtime = SGLangRuntime(url, adapter_dir=tmp_path / "loads", model_dir=tiny_model_dir, load_timeout=60)
+    async def main(double: EngineProcess) -> None:
+        runtime = SGLangRuntime(
+            double.url, adapter_dir=tmp_path / "loads", model_dir=tiny_model_dir, load_timeout=60, health_interval=0.2
+        )
         await runtime.start()
         try:
             base = await runtime.load("base", {})
@@ -64,14 +67,20 @@ def test_full_weights_pushed_into_the_engine_and_back_to_the_base(tiny_model_dir
                 await runtime.load("broken", broken)
             assert (await answer(runtime, full)).token_ids == served.token_ids  # the engine kept its weights
 
+            await asyncio.to_thread(double.kill)  # back on its base weights once started again
+            await asyncio.to_thread(double.start)
+            while runtime.restarts < 1:  # the watchdog pushes the resident release before it serves again
+                await asyncio.sleep(0.1)
+            assert (await answer(runtime, full)).token_ids == served.token_ids
+
             back = await runtime.load("base again", {})  # a rollback to the base
             assert (await answer(runtime, back)).token_ids == base_ids
             assert (await answer(runtime, base)).token_ids == base_ids
-            assert runtime.weights.swaps == 2 and runtime.weights.folder is None
+            assert runtime.weights.swaps == 2 and runtime.weights.folder is None  # the restart's push is no swap
             await runtime.unload(full)
             assert not (tmp_path / "loads" / full).exists()
         finally:
             await runtime.close()
 
     with EngineProcess(command + ["--port", str(port)], port, log_path=tmp_path / "double.log", env=env) as double:
-        asyncio.run(main(double.url))
+        asyncio.run(asyncio.wait_for(main(double), 240))

@@ -6,7 +6,9 @@ exported as a PEFT folder (`reef export release`) loaded into vLLM directly, ans
 token ids Reef served for it; a kill -9 of vLLM
 answered with 503s until Reef has restarted it and loaded the serving adapter again; the learner
 trains on vLLM's records and vLLM serves what it published; a canary (the candidate under test)
-loaded into vLLM serves an opted-in scenario, its records verified and taken in as samples.
+loaded into vLLM serves an opted-in scenario, its records verified and taken in as samples; a
+full-weight release pushed into vLLM (its disk path) under load with no request failed, and the
+base pushed back by a rollback to it.
 
 One vLLM for the module (it takes about 50 s to start and 25 s more for its first request here).
 It needs the vLLM environment (`scripts/setup --vllm`, or `.ci/run`); without it these tests skip.
@@ -57,6 +59,7 @@ def releases(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     from reef.commit.release_chain import Candidate
     from reef.commit.state import ReefState
     from reef.core.types import ArtifactKind, Verdict
+    from tests.helpers.full_weights import full_weight_files
     from tests.helpers.lora import lora_files
     from tests.helpers.vllm_model import build_vllm_tiny_model
 
@@ -72,6 +75,12 @@ def releases(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         adapter = chain.publish(Candidate(good, ArtifactKind.WEIGHTS), base.release_id, verdict=select)
         broken = chain.publish(Candidate(corrupt, ArtifactKind.WEIGHTS), adapter.release_id, verdict=select)
         chain.rollback(base.release_id, broken.release_id)
+        full_chain = state.create("full", "sao")  # a full-weight release, its base serving at first
+        full_base = full_chain.head()
+        full = full_chain.publish(
+            Candidate(full_weight_files(model, seed=1), ArtifactKind.WEIGHTS), full_base.release_id, verdict=select
+        )
+        full_chain.rollback(full_base.release_id, full.release_id)
     finally:
         state.close()
     return {
@@ -80,6 +89,8 @@ def releases(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         "base": base.release_id,
         "adapter": adapter.release_id,
         "broken": broken.release_id,
+        "full_base": full_base.release_id,
+        "full": full.release_id,
     }
 
 
@@ -100,7 +111,8 @@ def reef(releases: dict[str, object]) -> Iterator[ReefServer]:
         },
     }  # no compile: no 25 s warm-up
     started = time.monotonic()
-    with ReefServer(work, settings, env={"REEF_CACHE_DIR": str(work / "cache")}, startup_timeout=300) as server:
+    env = {"REEF_CACHE_DIR": str(work / "cache"), "VLLM_SERVER_DEV_MODE": "1"}  # the weight-reload routes
+    with ReefServer(work, settings, env=env, startup_timeout=300) as server:
         print(f"\nvLLM runtime: reef serve healthy after {time.monotonic() - started:.1f}s")
         yield server
 
@@ -313,14 +325,14 @@ def test_a_killed_vllm_is_restarted_with_the_serving_adapter(
     assert client.status()["serving"]["adapters"] == [load]
 
 
-def _keep_asking(reef: ReefServer, stop: threading.Event) -> list[tuple[int, str | None]]:
+def _keep_asking(reef: ReefServer, stop: threading.Event, scenario: str = "tuned") -> list[tuple[int, str | None]]:
     """Plain requests until `stop`: (status, receipt) of each."""
     answers = []
     with httpx.Client(timeout=120) as http:
         while not stop.is_set():
             response = http.post(
                 f"{reef.base_url}/chat/completions",
-                headers={"x-reef-scenario": "tuned"},
+                headers={"x-reef-scenario": scenario},
                 json={"model": "tiny", "messages": USER, "max_tokens": 8, "temperature": 1.0},
             )
             answers.append((response.status_code, response.headers.get("x-reef-agent-record-id")))
@@ -350,6 +362,37 @@ def _wait_until_served_again(reef: ReefServer, killed: float) -> None:
         assert time.monotonic() - killed < 240, "vLLM was not restarted"
         time.sleep(1)
     assert refusals >= 1
+
+
+def test_a_full_weight_release_is_pushed_into_vllm_under_load(
+    reef: ReefServer, oai: openai.OpenAI, client: ReefClient, releases: dict[str, object]
+) -> None:
+    """A rollback to scenario `full`'s full-weight release pushes it into vLLM (pause, reload
+    from its folder, prefix cache reset, resume) while three clients ask in that scenario: none
+    fails, the greedy answer changes and its record is verified (the release's load served every
+    token); a rollback to the base pushes the base back and its answer returns."""
+
+    def greedy_ids() -> list[int]:
+        record = fetch(client, greedy(oai, "full")[1])
+        assert record["verified"] is True
+        return record["token_ids"]
+
+    base_ids = greedy_ids()
+    stop = threading.Event()
+    with ThreadPoolExecutor(3) as pool:
+        runs = [pool.submit(_keep_asking, reef, stop, "full") for _ in range(3)]
+        time.sleep(0.5)
+        started = time.monotonic()
+        client.rollback("full", str(releases["full"]))
+        pushed = time.monotonic() - started
+        time.sleep(0.5)
+        stop.set()
+        answers = [a for run in runs for a in run.result()]
+    assert answers and {status for status, _ in answers} == {200}
+    assert greedy_ids() != base_ids
+    client.rollback("full", str(releases["full_base"]))
+    assert greedy_ids() == base_ids
+    print(f"vLLM full-weight push by a rollback: {pushed:.2f}s, {len(answers)} requests meanwhile, 0 failed")
 
 
 def test_the_learner_trains_on_vllms_records_and_vllm_serves_what_it_published(
