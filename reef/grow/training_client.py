@@ -1,7 +1,8 @@
 """The training primitives of one key (a scenario), as a recipe calls them from the parent.
 
 Each call is one job in the training process (`reef.grow.worker`), queued behind the key's
-earlier jobs; the adapter and its optimiser stay resident there between calls. Nothing here
+earlier jobs; the weights trained (a LoRA adapter, or the whole model with `learner.weights:
+full`) and their optimiser stay resident there between calls. Nothing here
 imports torch: the data are plain (`reef.core.training`). With traces on, each call is a span
 `reef.train.{method}` (a child of the learner's `reef.learn`, whose scenario, batch and recipe
 it carries), with the call's numeric results as `reef.train.*` attributes.
@@ -27,7 +28,8 @@ class TrainingClient:
         self.steps: list[dict[str, float]] = []  # the candidate being made: one compact record per step
 
     async def load_state(self, checkpoint: Checkpoint | None, lora: LoraShape = LoraShape()) -> dict[str, float]:
-        """Train from `checkpoint` (a release's content: adapter + optimiser), or a fresh adapter."""
+        """Train from `checkpoint` (a release's content: its adapter or full weights, and the
+        optimiser), or from the base (a fresh adapter shaped by `lora`; full weights ignore it)."""
         self.steps = []
         return await self._call("load_state", checkpoint, lora)  # type: ignore[no-any-return]
 
@@ -59,13 +61,15 @@ class TrainingClient:
         return steps
 
     async def save_state(self) -> Checkpoint:
-        """The checkpoint: the adapter files and, under `training/`, the optimiser's state."""
+        """The checkpoint: the adapter files (or the full weights' Hugging Face folder) and, under
+        `training/`, the optimiser's state."""
         return await self._call("save_state")  # type: ignore[no-any-return]
 
     async def logprobs(
         self, sequences: list[tuple[list[int], list[int]]], adapter: Checkpoint | None = None, temperature: float = 1.0
     ) -> list[list[float]]:
-        """Per-token log-probs of each (prompt, completion) under `adapter` (None: the base model)."""
+        """Per-token log-probs of each (prompt, completion) under `adapter` (a release's weights of
+        the trainer's kind; None: the base model)."""
         return await self.worker.logprobs(adapter, sequences, temperature, key=self.key)
 
     async def _call(self, method: str, *args: Any, attributes: dict[str, Any] | None = None) -> Any:
