@@ -13,14 +13,17 @@ step, so a change on any front end reaches the learner wherever it runs, and sur
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from reef.commit.scenario_settings import RECENT_INSTRUCTIONS, ScenarioSettings
 from reef.config import GateConfig
+from reef.core.errors import InvalidInput
 from reef.core.types import CommitEntry
 from reef.grow.instructions import instruction_progress, takes_instructions
 from reef.grow.live_settings import LiveBase, resolve
 
+log = logging.getLogger("reef.learner")
 GATE_FIELDS = {"gate_margin": "margin", "gate_confidence": "confidence"}
 
 
@@ -61,10 +64,14 @@ class Steering:
     def _apply(self, live: dict[str, Any]) -> None:
         if self.base is not None:
             base = LiveBase(self.recipe.surface, self.base, GateConfig(), self.base_fraction, 1.0)
-            settings, _, fraction = resolve(base, live)
+            try:
+                settings, _, fraction = resolve(base, live)
+            except InvalidInput as exc:  # checked when logged; a later Reef's stricter bounds keep the config's
+                log.warning("scenario settings changed live are not valid here, the config's stay: %s", exc)
+                settings, fraction = self.base, self.base_fraction
             self.recipe.config = settings
             proposer = getattr(self.recipe, "proposer", None)
-            if proposer is not None and hasattr(proposer, "config"):
+            if isinstance(getattr(proposer, "config", None), type(settings)):
                 proposer.config = settings  # the skills proposers read the recipe's settings
             if fraction is not None:
                 self.canary.fraction = fraction
