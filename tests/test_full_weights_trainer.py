@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from reef.core.chat import ChatRequest, Message  # noqa: E402
 from reef.core.training import AdamParams, Datum, LoraShape, LossConfig, weights_kind  # noqa: E402
 from reef.grow.rank_launch import RankLayout  # noqa: E402
 from reef.grow.worker import TrainingFailed, TrainingWorker  # noqa: E402
@@ -32,6 +33,10 @@ DATA = [
     Datum([7, 8], [9, 9, 9], [], [1.0] * 3, [1.0] * 3),
 ]
 PROBE = [([5, 6, 7, 8], [9, 10, 11, 12]), ([5, 6, 13], [14, 15])]
+QUESTIONS = [
+    ChatRequest(model="m", messages=(Message("user", q),), dialect="openai", max_tokens=6, temperature=0.0)
+    for q in ("Name a colour.", "What is two and two? Answer in one long sentence, please.")
+]
 
 
 @dataclass
@@ -42,6 +47,7 @@ class TwoRanks:
     base: list[list[float]] = field(default_factory=list)
     checkpoints: list[dict[str, bytes]] = field(default_factory=list)  # after steps 1, 2, 3
     final: list[list[float]] = field(default_factory=list)  # under the step-3 checkpoint
+    answers: list[str] = field(default_factory=list)  # greedy, under the step-3 checkpoint
     killed_error: str = ""
     restarted_pid: int | None = None
     first_pid: int | None = None
@@ -71,6 +77,7 @@ async def _run(model_dir: Path) -> TwoRanks:
             if step == 0:
                 record.after_first = await worker.logprobs(record.checkpoints[0], PROBE)
         record.final = await worker.logprobs(record.checkpoints[2], PROBE)
+        record.answers = await worker.generate(record.checkpoints[2], QUESTIONS, 6)
 
         ranks = [pid for pid in descendants(worker.pid or 0) if b"reef.grow.rank_main" in _cmdline(pid)]
         assert len(ranks) == 2, ranks
@@ -154,6 +161,11 @@ def test_one_rank_takes_the_step_two_ranks_take(two_ranks: TwoRanks, one_rank: A
     assert stepped["grad_norm"] == pytest.approx(two_ranks.norms[0], rel=1e-4)
     files = one_rank.save_state("fresh")
     assert _close(one_rank.logprobs(files, PROBE), two_ranks.after_first)
+
+
+def test_one_rank_and_two_ranks_answer_alike(two_ranks: TwoRanks, one_rank: Any) -> None:
+    assert two_ranks.answers == one_rank.generate(two_ranks.checkpoints[2], QUESTIONS, 6)
+    assert all(two_ranks.answers)
 
 
 def test_one_rank_resumes_a_two_rank_checkpoint(two_ranks: TwoRanks, one_rank: Any) -> None:
