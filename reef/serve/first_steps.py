@@ -70,6 +70,9 @@ async def warm_start(scenarios: ScenarioDirectory, runtime: Runtime) -> float | 
     except ReefError as exc:
         log.warning("warm start failed (the first request loads what it needs instead): %s", exc)
         return None
+    except Exception:  # a warm-up is never worth not serving
+        log.exception("warm start failed (the first request loads what it needs instead)")
+        return None
     return time.monotonic() - started
 
 
