@@ -26,6 +26,10 @@ from reef.commit.scenario_settings import (
 from reef.commit.state import ReefState
 from reef.core.errors import StaleHead
 from reef.core.types import Operation
+from reef.grow.canary import CanaryLoop
+from reef.grow.learner_stats import LearnerStats
+from reef.grow.steering import Steering
+from reef.recipes.sao import SAOConfig, SAORecipe
 from tests.helpers.reef_server import ReefServer
 from tests.pg import postgres_dsn  # noqa: F401  (session fixture)
 from tests.scripted_upstream import ScriptedUpstream
@@ -168,3 +172,23 @@ def test_both_commit_logs_carry_settings_instructions_and_train_now(reopen: Call
         chain.begin_batch("b-1", ["r-1"], ["p-1"], high_water=0, expected_step=1)
         with pytest.raises(StaleHead):
             chain.begin_batch("b-2", ["r-2"], ["p-2"], high_water=0, expected_step=1, max_open=2)
+
+
+def test_the_learner_reads_live_settings_at_its_next_step(tmp_path: Path) -> None:
+    """What a weights learner's steering makes of a logged change: the recipe's lr and batch size
+    for its next batch and candidate, the gate's thresholds for its next candidate, the mode."""
+    with ReefState.open(tmp_path / "state") as state:
+        chain = state.create("w", recipe="sao")
+        recipe = SAORecipe(SAOConfig())
+        steering = Steering(recipe, CanaryLoop("w", None, None, LearnerStats()))
+        steering.refresh(chain.history())
+        assert recipe.train_config().lr == SAOConfig().lr and steering.gate_overrides == {}
+        live = {"lr": 0.002, "batch_size": 2, "gate_margin": 0.1, "gate_confidence": 0.9, "training_mode": "manual"}
+        change_settings(chain, live, expected_revision=0)
+        steering.refresh(chain.history())
+        assert recipe.train_config().lr == 0.002 and recipe.candidate_size == 2 * SAOConfig().steps_per_candidate
+        assert steering.gate_overrides == {"margin": 0.1, "confidence": 0.9}
+        assert not steering.may_ask()  # manual, and sao takes no instructions: no batch from traffic
+        request_train_now(chain)
+        steering.refresh(chain.history())
+        assert steering.from_traffic() and steering.status()["train_now_pending"] is True
