@@ -24,12 +24,15 @@ from reef.commit.scenario_settings import (
     settings_of,
 )
 from reef.commit.state import ReefState
-from reef.core.errors import StaleHead
+from reef.config import GateConfig
+from reef.core.errors import InvalidInput, StaleHead
 from reef.core.types import Operation
 from reef.grow.canary import CanaryLoop
 from reef.grow.learner_stats import LearnerStats
+from reef.grow.live_settings import LiveBase, check_changes, effective
 from reef.grow.steering import Steering
 from reef.recipes.sao import SAOConfig, SAORecipe
+from reef.recipes.skills import SkillsConfig
 from tests.helpers.reef_server import ReefServer
 from tests.pg import postgres_dsn  # noqa: F401  (session fixture)
 from tests.scripted_upstream import ScriptedUpstream
@@ -183,12 +186,31 @@ def test_the_learner_reads_live_settings_at_its_next_step(tmp_path: Path) -> Non
         steering = Steering(recipe, CanaryLoop("w", None, None, LearnerStats()))
         steering.refresh(chain.history())
         assert recipe.train_config().lr == SAOConfig().lr and steering.gate_overrides == {}
-        live = {"lr": 0.002, "batch_size": 2, "gate_margin": 0.1, "gate_confidence": 0.9, "training_mode": "manual"}
+        live = {"lr": 0.002, "batch_size": 2, "gate_margin": 0.1, "gate_confidence": 0.9, "canary_fraction": 0.05}
+        live["training_mode"] = "manual"
         change_settings(chain, live, expected_revision=0)
         steering.refresh(chain.history())
         assert recipe.train_config().lr == 0.002 and recipe.candidate_size == 2 * SAOConfig().steps_per_candidate
         assert steering.gate_overrides == {"margin": 0.1, "confidence": 0.9}
+        assert steering.canary.fraction == 0.05  # its next candidate's canary
         assert not steering.may_ask()  # manual, and sao takes no instructions: no batch from traffic
         request_train_now(chain)
         steering.refresh(chain.history())
         assert steering.from_traffic() and steering.status()["train_now_pending"] is True
+
+
+def test_the_live_allow_list_checks_each_value_against_its_bounds() -> None:
+    weights = LiveBase("weights", SAOConfig(), GateConfig(), 0.05, 0.1)
+    assert check_changes(weights, {"canary_fraction": 0.08, "lr": 1e-4}) == {"canary_fraction": 0.08, "lr": 1e-4}
+    for bad, named in (
+        ({"canary_fraction": 0.2}, "canary_max_fraction"),
+        ({"lr": -1.0}, "lr"),
+        ({"gate_confidence": 1.5}, "confidence"),
+        ({"batch_size": True}, "number"),
+        ({"lora_r": 4}, "lora_r"),
+    ):
+        with pytest.raises(InvalidInput, match=named):
+            check_changes(weights, bad)
+    harness = LiveBase("harness", SkillsConfig(), GateConfig(), 0.05, 0.1)
+    assert harness.supported() == ["batch_size", "gate_margin"]  # no lr, no canary: nothing trains weights
+    assert effective(harness, {"gate_margin": 3}) == {"batch_size": 8, "gate_margin": 3}

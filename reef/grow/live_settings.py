@@ -59,7 +59,7 @@ class LiveBase:
             names.append("gate_margin")
         if self.surface == "weights":
             names.append("gate_confidence")
-        if self.canary_fraction is not None:
+        if self.canary_fraction is not None and self.surface == "weights":  # a canary serves weights candidates
             names.append("canary_fraction")
         return names
 
