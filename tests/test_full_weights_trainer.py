@@ -48,6 +48,7 @@ class TwoRanks:
     checkpoints: list[dict[str, bytes]] = field(default_factory=list)  # after steps 1, 2, 3
     final: list[list[float]] = field(default_factory=list)  # under the step-3 checkpoint
     answers: list[str] = field(default_factory=list)  # greedy, under the step-3 checkpoint
+    base_after: list[list[float]] = field(default_factory=list)  # the base's, after training
     killed_error: str = ""
     restarted_pid: int | None = None
     first_pid: int | None = None
@@ -78,6 +79,7 @@ async def _run(model_dir: Path) -> TwoRanks:
                 record.after_first = await worker.logprobs(record.checkpoints[0], PROBE)
         record.final = await worker.logprobs(record.checkpoints[2], PROBE)
         record.answers = await worker.generate(record.checkpoints[2], QUESTIONS, 6)
+        record.base_after = await worker.logprobs(None, PROBE)
 
         ranks = [pid for pid in descendants(worker.pid or 0) if b"reef.grow.rank_main" in _cmdline(pid)]
         assert len(ranks) == 2, ranks
@@ -129,6 +131,7 @@ def test_two_ranks_lower_the_loss_on_a_fixed_datum(two_ranks: TwoRanks) -> None:
     assert two_ranks.losses[0] > two_ranks.losses[1] > two_ranks.losses[2]
     assert not _close(two_ranks.final, two_ranks.base, 1e-2)  # the checkpoint's log-probs moved
     assert sum(map(sum, two_ranks.final)) > sum(map(sum, two_ranks.base))  # towards the data
+    assert two_ranks.base_after == two_ranks.base  # the base (the KL's reference) did not train
 
 
 def test_a_checkpoint_is_the_hf_layout_split_by_layer(two_ranks: TwoRanks, tiny_model_dir: Path) -> None:
