@@ -37,6 +37,7 @@ from reef.config import LearnerConfig, find_recipe
 from reef.core.errors import InvalidInput
 from reef.core.types import Verdict
 from reef.grow.learner import Learner
+from reef.grow.rank_launch import RankLayout
 from reef.grow.recipe import RecipeContext
 from reef.grow.training_client import TrainingClient
 from reef.grow.worker import TrainingFailed, TrainingWorker
@@ -251,6 +252,8 @@ class Learning:
                 device=self.config.device,
                 dtype=self.config.dtype,
                 engine_dtype=getattr(self.runtime, "engine_dtype", None),
+                weights=self.config.weights,
+                layout=RankLayout(self.config.ranks, self.config.nodes, self.config.rendezvous),
             )
             gate = WeightsGate(self.config.gate, self.runtime, worker)
             await gate.check_lengths()  # InvalidInput before the trainer starts
