@@ -544,3 +544,18 @@ def test_rewards_are_measured_against_a_running_baseline_of_earlier_turns(tmp_pa
 
 def job_with(trainer: Any, algorithm_state: dict[str, Any]) -> Any:
     return SimpleNamespace(trainer=trainer, start=None, serving=RELEASE, head_files={}, algorithm_state=algorithm_state)
+
+
+def test_a_stitched_session_is_kept_in_the_store_and_a_restart_stitches_alike(world: World, tmp_path: Path) -> None:
+    world.serve("m1", [user("first")], "one")
+    world.serve("m2", [user("first"), assistant("one"), user("second")], "two")
+    world.step()
+    sessions = {s.record.id: s.session for s in world.state.store.iter_records("t")}
+    assert sessions == {"m1": "stitched:m1", "m2": "stitched:m1"}  # in the store's session column
+    assert world.state.store.get_record("m2").session is None  # the record's content: as the client sent it
+    # a learner started afterwards reads back only m2 (m1 is older than its window): same session
+    again = OpenClawRLRecipe(OpenClawRLConfig(turns_per_batch=1, session_idle_s=60))
+    again.seq = 1
+    again.started = True
+    again.scan(world.view)
+    assert again.open["m2"].session == "stitched:m1"

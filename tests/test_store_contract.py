@@ -109,6 +109,14 @@ def test_record_round_trips_every_field(store: ExperienceStore) -> None:
     assert same(store.get_record("r-full"), stored)
 
 
+def test_a_stitched_session_names_the_record_in_the_store_only(store: ExperienceStore) -> None:
+    first = store.put_record(pending("r-bare"))
+    assert store.stitch_session("r-bare", "stitched:r-0") and not store.stitch_session("r-bare", "other")
+    assert [s.session for s in store.iter_records(SCENARIO)] == ["stitched:r-0"]
+    assert store.get_record("r-bare").session is None  # its content keeps what the client sent
+    assert store.put_record(pending("r-bare")).seq == first.seq  # so a retry still matches it
+
+
 def test_identical_retry_returns_the_same_seq(store: ExperienceStore) -> None:
     first = store.put_record(pending("r1"))
     assert same(store.put_record(pending("r1")), first)

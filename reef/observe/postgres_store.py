@@ -19,6 +19,7 @@ from typing import Callable, Sequence, TypeVar
 import psycopg
 from psycopg import sql
 
+from reef.core.canonical import check_id
 from reef.core.errors import NotFound, RecordConflict, StorageUnavailable
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords
 from reef.observe import rules
@@ -250,6 +251,15 @@ class PostgresStore(ExperienceStore):
                 cur.execute("DELETE FROM records WHERE id = %s", (record_id,))
                 deleted += 1
             return deleted
+
+        return self._run(work)
+
+    def stitch_session(self, record_id: str, session: str) -> bool:
+        check_id(session, "session")
+
+        def work(cur: Cursor) -> bool:
+            sql_ = "UPDATE records SET session = %s WHERE id = %s AND session IS NULL"
+            return cur.execute(sql_, (session, record_id)).rowcount == 1
 
         return self._run(work)
 

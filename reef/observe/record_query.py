@@ -27,6 +27,7 @@ class StoredRecord:
     created_at: float
     finished_at: float | None
     reports: tuple[Report, ...]
+    session: str | None = None  # the request's session, or the one a learner stitched it into
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class RecordQuery:
         if self.reported_only:
             clauses.append("EXISTS (SELECT 1 FROM report_refs f WHERE f.record_id = records.id)")
         return (
-            f"SELECT body, seq, created_at, finished_at FROM records WHERE {' AND '.join(clauses)}"
+            f"SELECT body, seq, created_at, finished_at, session FROM records WHERE {' AND '.join(clauses)}"
             f" ORDER BY seq {'DESC' if self.newest_first else 'ASC'} LIMIT {mark}"
         )
 
@@ -93,14 +94,17 @@ class RecordQuery:
     ) -> RecordPage:
         """The page that `rows` (read at `cursor`) hold, each record with the reports that
         `reports_naming` (read in the same snapshot) finds for it."""
-        records = [(rules.record_from_row(body, int(seq)), created, finished) for body, seq, created, finished in rows]
+        records = [
+            (rules.record_from_row(body, int(seq)), created, finished, session)
+            for body, seq, created, finished, session in rows
+        ]
         if self.release_id is not None:
             records = [r for r in records if r[0].release is not None and r[0].release.release_id == self.release_id]
-        reports = reports_naming([record.id for record, _, _ in records])
+        reports = reports_naming([r[0].id for r in records])
         return RecordPage(
             [
-                StoredRecord(record, created, finished, tuple(reports.get(record.id, ())))
-                for record, created, finished in records
+                StoredRecord(record, created, finished, tuple(reports.get(record.id, ())), session)
+                for record, created, finished, session in records
             ],
             full=len(rows) >= self.page_size,
             last_seq=int(rows[-1][1]) if rows else cursor,

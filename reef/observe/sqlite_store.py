@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
+from reef.core.canonical import check_id
 from reef.core.errors import NotFound, RecordConflict, ReefError, StorageUnavailable
 from reef.core.types import Record, RecordStatus, Report, ReportedRecords
 from reef.observe import rules
@@ -364,6 +365,15 @@ class SQLiteStore(ExperienceStore):
                 conn.execute("DELETE FROM records WHERE id = ?", (record_id,))
                 deleted += 1
             return deleted
+
+        return self._submit(write)
+
+    def stitch_session(self, record_id: str, session: str) -> bool:
+        check_id(session, "session")
+
+        def write(conn: sqlite3.Connection) -> bool:
+            sql_ = "UPDATE records SET session = ? WHERE id = ? AND session IS NULL"
+            return conn.execute(sql_, (session, record_id)).rowcount == 1
 
         return self._submit(write)
 

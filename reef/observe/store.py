@@ -133,6 +133,12 @@ class ExperienceStore(ABC):
         """Delete records (keeping tombstones); idempotent; returns how many were deleted now."""
 
     @abstractmethod
+    def stitch_session(self, record_id: str, session: str) -> bool:
+        """Name the session a learner stitched a record into, when its request named none: the
+        store's session column only (sessions are listed and read back by it), never the record's
+        content, which keeps what the client sent. True when it was set now."""
+
+    @abstractmethod
     def archive_scenario(self, scenario: str, archived_as: str) -> int:
         """Move the scenario's records, reports and tombstones aside under `archived_as` (a name
         no scenario can have: `reef/commit/archive.py`), in one transaction; nothing is deleted

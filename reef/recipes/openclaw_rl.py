@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reef.config.training import ClippedLossConfig
 from reef.core.chat import ChatRequest, Message, Tool, ToolCall
-from reef.core.errors import NotFound, RuntimeFailure
+from reef.core.errors import InvalidInput, NotFound, RuntimeFailure
 from reef.core.fence import Fence
 from reef.core.training import Datum, LossConfig, Sample, weights_part
 from reef.core.types import JSON, Record, RecordStatus, ReportedRecords
@@ -194,7 +194,7 @@ class OpenClawRLRecipe:
             store.iter_records(view.scenario, after_seq=self.seq, since=since, page_size=256), SCAN_LIMIT
         ):
             self.seq = max(self.seq, stored.record.seq or 0)
-            self.arrive(stored.record, stored.created_at, view)
+            self.arrive(stored.record, stored.created_at, view, stored.session)
         self._settle_earlier(None, view, expire_at=now)
         self.expire(now, view)
 
@@ -221,19 +221,31 @@ class OpenClawRLRecipe:
                 view.drop("not_complete")
         return opened
 
-    def arrive(self, record: Record, at: float, view: LearnerView) -> None:
-        """One record, in store order: the next turn of an open one, and (once answered) open itself."""
+    def arrive(self, record: Record, at: float, view: LearnerView, stored_session: str | None = None) -> None:
+        """One record, in store order: the next turn of an open one, and (once answered) open itself.
+        `stored_session` is the store's session of the record: the one its request named, or the
+        one an earlier scan stitched it into (kept in the store, so a restart stitches alike)."""
         messages = client_messages(record)
         previous, next_state = self._previous(record, messages)
         if previous is None and self._settle_earlier(record.seq or 0, view):
             previous, next_state = self._previous(record, messages)
-        session = record.session or (previous.session if previous is not None else f"stitched:{record.id}")
+        session = (
+            record.session or stored_session or (previous.session if previous is not None else f"stitched:{record.id}")
+        )
+        if record.session is None and stored_session is None:
+            self._keep_stitched(record.id, session, view)
         if previous is not None:
             self._follow(previous, record.id, next_state, view)
         if record.status is RecordStatus.IN_PROGRESS:
             self.unfinished[record.id] = (at, session, record.seq or 0)
             return
         self._open(record, at, session, view)
+
+    def _keep_stitched(self, record_id: str, session: str, view: LearnerView) -> None:
+        try:
+            view.store.stitch_session(record_id, session)  # type: ignore[union-attr]
+        except InvalidInput:  # a session id too long to store (a long client-chosen record id)
+            self.counts["stitch_unstored"] += 1
 
     def _previous(self, record: Record, messages: list[JSON]) -> tuple[Turn | None, tuple[JSON, ...]]:
         """The open turn `record` continues and the messages that followed its answer."""
