@@ -38,7 +38,9 @@ from pydantic import Field
 from reef.config import HarnessGateConfig
 from reef.config.strict import Strict
 from reef.core.types import JSON, Record, RecordStatus, ReportedRecords
+from reef.grow.instructions import Instruction, instruction_in
 from reef.grow.recipe import Abandon, Job, LearnerView, Made, RecipeContext, held_out, missing_records
+from reef.recipes.instruction_rule import instruction_rule
 from reef.recipes.proposers.distill import Theme, central_feedback, jaccard, normalise, rule_name, themes
 from reef.recipes.skills import HOLDOUT_SALT, Observation, feedback_text, observation_of
 from reef.surfaces.harness import HarnessTree, Skill, merge_files
@@ -77,14 +79,17 @@ class DayItem:
 @dataclass(frozen=True)
 class Day:
     items: tuple[DayItem, ...]
+    instruction: Instruction | None = None  # an operator's instruction: a batch of its own, by day
 
     @property
     def record_ids(self) -> list[str]:
-        return [i.observation.record_id for i in self.items]
+        own = [self.instruction.id] if self.instruction else []
+        return own + [i.observation.record_id for i in self.items]
 
     @property
     def report_ids(self) -> list[str]:
-        return sorted({i.observation.report_id for i in self.items})
+        own = {self.instruction.report_id} if self.instruction else set()
+        return sorted(own | {i.observation.report_id for i in self.items})
 
 
 class SkillClawRecipe:
@@ -98,6 +103,7 @@ class SkillClawRecipe:
         self.day_started = time.monotonic()
         self.clock = time.monotonic
         self.nights: list[JSON] = []
+        self.instructions: list[Instruction] = []
         self.held_out: deque[Observation] = deque(maxlen=config.gate.max_holdout)
         # held-out records serve the gate only when it has no task file
         self.holdout_fraction = 0.0 if config.gate.tasks else config.gate.holdout_fraction
@@ -112,6 +118,9 @@ class SkillClawRecipe:
         for item in items:
             if missing_records(item):
                 view.drop("compacted_or_missing", missing_records(item))
+            if (instruction := instruction_in(item)) is not None:
+                self.instruct(instruction, view)
+                continue
             feedback = feedback_text(item.report.feedback)
             for record in item.records:
                 if record.id in view.consumed:
@@ -124,7 +133,20 @@ class SkillClawRecipe:
                     if self.day[-1].held:
                         self.held_out.append(self.day[-1].observation)
 
+    def instruct(self, instruction: Instruction, view: LearnerView) -> None:
+        """An operator's instruction becomes a rule at once (a candidate of its own, gated like any
+        other), not waiting for the night; the pool and the control arm stay as they are."""
+        if instruction.id in view.consumed:
+            view.drop("already_used")
+            return
+        view.consumed.add(instruction.id)
+        self.instructions.append(instruction)
+
     async def next_batch(self, view: LearnerView) -> Day | None:
+        if self.instructions:
+            return Day((), self.instructions.pop(0))
+        if not view.from_traffic:  # the training mode holds the night until an operator asks
+            return None
         head = view.head().release_id
         on_head = [i for i in self.day if i.release_id == head]
         if any(i.arm for i in on_head) and not all(
@@ -141,17 +163,28 @@ class SkillClawRecipe:
         return day
 
     def resume(self, items: Sequence[ReportedRecords]) -> Day:
+        if items and (instruction := instruction_in(items[0])) is not None:
+            return Day((), instruction)
         return Day(
             tuple(day_item(i.records[0], i, feedback_text(i.report.feedback), self.holdout_fraction) for i in items)
         )
 
     def high_water(self, cursor: int) -> int:
-        seqs = [i.observation.report_seq for i in self.day]
+        seqs = [i.observation.report_seq for i in self.day] + [i.report_seq for i in self.instructions]
         return min(seqs) - 1 if seqs else cursor
 
     # -- night ----------------------------------------------------------------------------------
 
     async def candidate(self, batch: Day, job: Job) -> Made:
+        if batch.instruction is not None:
+            head = HarnessTree.from_files(job.head_files)
+            rule = instruction_rule(head, batch.instruction)
+            return Made(
+                merge_files(job.head_files, head.apply([rule])),
+                metadata={"instruction_id": batch.instruction.id},
+                metrics={"proposal": {"proposer": "instruction", "mutations": [rule.to_json()]}},
+                held_out=[o.as_task() for o in self.held_out],
+            )
         c = self.config
         state = job.algorithm_state
         night = int(state.get("night", 0)) + 1
@@ -189,7 +222,11 @@ class SkillClawRecipe:
         )
 
     def status(self) -> JSON:
-        return {"day_reports": len(self.day), "nights": self.nights[-5:]}
+        return {
+            "day_reports": len(self.day),
+            "nights": self.nights[-5:],
+            "waiting_instructions": len(self.instructions),
+        }
 
     async def close(self) -> None:
         return None
