@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+@pytest.mark.filterwarnings("ignore:Adapter .* was active which is now deleted:UserWarning")  # each repeat unloads it
 def test_the_weight_push_bench_runs(tiny_model_dir: Path, tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("weight_push", ROOT / "bench" / "weight_push.py")
     assert spec and spec.loader
