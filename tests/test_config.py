@@ -250,3 +250,11 @@ def test_a_removed_setting_is_named_with_what_became_of_it(tmp_path: Path) -> No
     message = str(info.value)
     assert "'learner.gate.overtake_after' was removed: every verdict runs to its decision" in message
     assert "delete it from the config" in message and "unknown key 'learner.gate.margni'" in message
+    for recipe, key in [
+        ("sao", "baseline_decay"),
+        ("ttt_discover", "entropic_kl"),
+        ("ttt_discover", "max_open_groups"),
+    ]:
+        path.write_text(f"learner:\n  {recipe}: {{{key}: 1}}\n")
+        with pytest.raises(InvalidInput, match=f"'learner.{recipe}.{key}' was removed: .*; delete it from the config"):
+            load_config(path, env={})

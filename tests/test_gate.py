@@ -437,7 +437,7 @@ def test_after_a_restart_the_publisher_tells_the_gate_which_half_chose_the_head(
     with ReefState.open(tmp_path / "state") as state:
         gate = WeightsGate(config, Grader(), worker=None)  # type: ignore[arg-type]
         assert gate.judged_on(head) == (0, first)
-        CandidatePublisher(state.chain("s"), gate, serve_release=None)  # type: ignore[arg-type]
+        CandidatePublisher(state.chain("s"), gate)  # type: ignore[arg-type]
         assert gate.judged_on(head) == (1, second)
 
 
@@ -547,7 +547,7 @@ def test_the_publisher_hands_the_gate_the_serving_releases_files_to_answer_on_th
         await worker.start()
         try:
             gate = WeightsGate(config, None, worker)  # type: ignore[arg-type]
-            publisher = CandidatePublisher(chain, gate, serve_release=None)  # type: ignore[arg-type]
+            publisher = CandidatePublisher(chain, gate)  # type: ignore[arg-type]
             warmed = [await publisher.warm(), await publisher.warm(), await publisher.warm()]
             same = await gate.judge(chain.serving(), {}, "sha256:same", adapter, [])  # answers all warmed already
             base = await WeightsGate(config, None, worker).judge(chain.serving(), {}, "sha256:x", adapter, [])  # type: ignore[arg-type]

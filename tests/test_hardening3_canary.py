@@ -193,7 +193,6 @@ def test_a_rollback_while_the_gate_judges_leaves_its_load_until_the_verdict(
                 publisher = CandidatePublisher(
                     chain,
                     WeightsGate(config, runtime, worker=None),  # type: ignore[arg-type]
-                    directory.serve_release,
                     pin=directory.pin,
                 )
                 judged_on = chain.serving().runtime_load_id

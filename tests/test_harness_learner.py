@@ -17,6 +17,7 @@ from reef.core.types import Operation, Record, RecordStatus, Report, Verdict
 from reef.grow.learner import Learner
 from reef.recipes.proposers.distill import DistillProposer
 from reef.recipes.skills import SkillsConfig, SkillsRecipe
+from reef.serve.learning import wire_learner
 
 FEEDBACK = "Answer with a single word only."
 
@@ -34,9 +35,8 @@ def learner(state: ReefState, decide: Any) -> Learner:
         return {}
 
     config = SkillsConfig.model_validate({"min_recurrence": 3, "successes": 0, "gate": {"holdout_fraction": 0.0}})
-    return Learner(
-        state.chain("s"), state.store, SkillsRecipe(config, proposer=DistillProposer(config)), decide, head_files
-    )
+    recipe = SkillsRecipe(config, proposer=DistillProposer(config))
+    return wire_learner(state.chain("s"), state.store, recipe, decide, head_files)
 
 
 def test_a_failing_gate_closes_its_batch_and_a_restart_resumes_an_open_one(tmp_path: Path) -> None:

@@ -17,12 +17,14 @@ import pytest
 from reef.commit.gate import sign_test_p
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
+from reef.core.learned import LearnedCandidate
 from reef.core.live_evidence import LiveEvidence
 from reef.core.types import Operation, Record, RecordStatus, ReleaseRef, Report, TokenSpan, Verdict
 from reef.grow.learner import Learner
 from reef.grow.training_client import TrainingClient
 from reef.grow.worker import TrainingWorker
 from reef.recipes.sao import SAOConfig, SAORecipe
+from reef.serve.learning import wire_learner
 
 PROMPT = [1, 4093, 198, 19556, 314, 216, 33, 30, 2, 198, 1, 520, 9531, 198]  # any ids the tiny model knows
 LOSING = {"wins": 0, "losses": 6, "p_worse": sign_test_p(6, 0)}  # surely worse: dropped
@@ -57,6 +59,7 @@ class ScriptedGate:
         holdout: Any,
         starved: bool = False,
         live: LiveEvidence | None = None,
+        thresholds: Any = None,
     ) -> Verdict:
         await self.hold.wait()
         self.judged.append(candidate_id)
@@ -125,16 +128,20 @@ class Rig:
         live_split: float | None = None,
         answer_ahead_after: float = 60.0,
     ) -> Learner:
-        async def serve_release(chain: Any, release: Any) -> None:
-            chain.advance(chain.serving().release_id, release.ref)  # no runtime here: nothing to load
+        publisher = CandidatePublisher(self.chain, gate)  # type: ignore[arg-type]
 
-        publisher = CandidatePublisher(self.chain, gate, serve_release)  # type: ignore[arg-type]
+        async def decide_and_serve(candidate: LearnedCandidate) -> Verdict:
+            verdict = await publisher.decide(candidate)
+            if verdict.decision == "select":  # served as the server follows the head (no runtime here)
+                self.chain.advance(self.chain.serving().release_id, self.chain.head().ref)
+            return verdict
+
         recipe = SAORecipe(SAOConfig(batch_size=4, steps_per_candidate=1, lr=0.01, max_staleness=5))
-        return Learner(
+        return wire_learner(
             self.chain,
             self.state.store,
             recipe,
-            publisher.decide,
+            decide_and_serve,
             publisher.head_files,
             TrainingClient(self.worker, "s"),
             poll_interval=0.05,
@@ -460,3 +467,16 @@ def test_three_batches_open_at_a_crash_resume_and_the_gate_takes_the_newest(
         assert rig.chain.open_batches() == []
 
     run_with_rig(tmp_path, tiny_model_dir, body)
+
+
+def test_publishing_moves_the_head_and_leaves_serving_it_to_the_server(tmp_path: Path) -> None:
+    """The publisher only writes the chain (commit never calls into serve): a selected candidate
+    becomes the head, and the serving pointer moves only when the server follows the head."""
+    with ReefState.open(tmp_path / "state") as state:
+        chain = state.create("s", "sao")
+        start = chain.head().release_id
+        publisher = CandidatePublisher(chain, ScriptedGate(("select", PROMISING)))  # type: ignore[arg-type]
+        candidate = LearnedCandidate("s", "b1", "sao", {"adapter_model.safetensors": b"a"}, start, {}, 0)
+        verdict = asyncio.run(publisher.decide(candidate))
+        assert verdict.decision == "select" and chain.head().release_id != start
+        assert chain.serving().release_id == start

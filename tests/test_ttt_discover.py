@@ -13,10 +13,10 @@ from typing import Any
 from reef.commit.publisher import CandidatePublisher
 from reef.commit.state import ReefState
 from reef.core.types import Operation, Record, RecordStatus, ReleaseRef, Report, TokenSpan, Verdict
-from reef.grow.learner import Learner
 from reef.grow.training_client import TrainingClient
 from reef.grow.worker import TrainingWorker
 from reef.recipes.ttt_discover import TTTDiscoverConfig, TTTDiscoverRecipe, entropic_advantages, leave_one_out
+from reef.serve.learning import wire_learner
 
 PROMPT = [1, 4093, 198, 19556, 314, 216, 33, 30, 2, 198, 1, 520, 9531, 198]  # any ids the tiny model knows
 
@@ -49,6 +49,7 @@ class Gate:
         holdout: Any,
         starved: bool = False,
         live: Any = None,
+        thresholds: Any = None,
     ) -> Verdict:
         self.judged.append(candidate_id)
         return Verdict("select", {"gate": "test"})
@@ -92,12 +93,9 @@ def test_groups_out_of_order_incomplete_and_spanning_two_releases(tiny_model_dir
         first = ReleaseRef(head.release_id, head.content_id, "load-1")
         gate = Gate()
 
-        async def serve_release(chain: Any, release: Any) -> None:
-            return None
-
-        publisher = CandidatePublisher(chain, gate, serve_release)  # type: ignore[arg-type]
+        publisher = CandidatePublisher(chain, gate)  # type: ignore[arg-type]
         recipe = TTTDiscoverRecipe(TTTDiscoverConfig(group_size=3, lr=0.01))
-        learner = Learner(
+        learner = wire_learner(
             chain,
             state.store,
             recipe,

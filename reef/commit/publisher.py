@@ -1,11 +1,13 @@
-"""From a learned candidate to a served release: the gate decides, the chain records, the runtime swaps.
+"""From a learned candidate to a release on the chain: the gate decides, the chain records.
 
 A selected candidate is committed to the artifact store and published on the head by
-compare-and-swap, then loaded under a new runtime_load_id and made the serving release (new
-requests get it; requests in flight finish on theirs; the old load is unloaded once unpinned).
-A rejected one is logged with its verdict and never served; one the gate sends to `review` is
-published pending and served only once promoted. Each closes the learner's batch. `settle` is
-shared by the weights and the harness publishers; neither knows which recipe made a candidate.
+compare-and-swap; the server serves it by following the chain's head (`reef.serve.learning`, as
+it follows the heads other front ends publish: loaded under a new runtime_load_id, new requests
+get it, requests in flight finish on theirs). Publishing never calls into the server: the flow
+goes one way, from the gate to the chain. A rejected candidate is logged with its verdict and
+never served; one the gate sends to `review` is published pending and served only once promoted.
+Each closes the learner's batch. `settle` is shared by the weights and the harness publishers;
+neither knows which recipe made a candidate.
 """
 
 from __future__ import annotations
@@ -13,17 +15,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from contextlib import AbstractContextManager
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from reef.commit.gate import WeightsGate
 from reef.commit.release_chain import ReleaseChain
 from reef.core.canonical import content_id_of
 from reef.core.learned import LearnedCandidate
-from reef.core.types import Candidate, Release, Verdict
+from reef.core.types import Candidate, Verdict
 from reef.surfaces.harness import PREFIX as HARNESS_PREFIX
 from reef.surfaces.harness import artifact_kind
 
-Serve = Callable[[ReleaseChain, Release], Awaitable[Any]]
 Pin = Callable[[str | None], AbstractContextManager[Any]]  # keeps a runtime load loaded while held
 
 
@@ -32,10 +33,9 @@ def _no_pin(runtime_load_id: str | None) -> AbstractContextManager[Any]:
 
 
 class CandidatePublisher:
-    def __init__(self, chain: ReleaseChain, gate: WeightsGate | None, serve_release: Serve, pin: Pin = _no_pin) -> None:
+    def __init__(self, chain: ReleaseChain, gate: WeightsGate | None, pin: Pin = _no_pin) -> None:
         self.chain = chain
         self.gate = gate
-        self.serve_release = serve_release
         self.pin = pin  # the server's (`ScenarioDirectory.pin`): the gate's answers need the load they started on
         if gate is not None:
             gate.remember(chain.releases())  # which half selected each release, for `gate.halves`
@@ -87,8 +87,8 @@ class CandidatePublisher:
         self, candidate: LearnedCandidate, artifact: Candidate, verdict: Verdict, judged_head: str, *, high_water: int
     ) -> Verdict:
         """Log a candidate judged against `judged_head` (StaleHead if the head moved since):
-        rejected, published and served (`select`), or published pending review (`review`,
-        served only once promoted)."""
+        rejected, published as the head (`select`), or published pending review (`review`,
+        the head only once promoted)."""
         common = dict(
             batch_id=candidate.batch_id,
             algorithm_state=candidate.algorithm_state,
@@ -98,9 +98,7 @@ class CandidatePublisher:
         if verdict.decision == "reject":
             await asyncio.to_thread(self.chain.reject, artifact.content_id, judged_head, verdict=verdict, **common)
             return verdict
-        release = await asyncio.to_thread(self.chain.publish, artifact, judged_head, verdict=verdict, **common)
-        if not release.pending:
-            await self.serve_release(self.chain, release)
+        await asyncio.to_thread(self.chain.publish, artifact, judged_head, verdict=verdict, **common)
         return verdict
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Literal
 
@@ -12,7 +11,7 @@ from reef.config.learner import LearnerConfig, RecipeConfig
 from reef.config.runtimes import EmbeddedConfig, SGLangConfig, UpstreamConfig, VLLMConfig
 from reef.config.strict import Strict
 from reef.core.errors import InvalidInput
-from reef.core.urls import checked_url
+from reef.core.urls import checked_url, is_loopback
 
 DEFAULT_PORT = 8900
 
@@ -153,18 +152,9 @@ class ServeConfig(Strict):
 
     def check_exposure(self) -> None:
         """Refuse to listen beyond loopback without a token, unless told `insecure`."""
-        if self.tokens or self.insecure or _is_loopback(self.host):
+        if self.tokens or self.insecure or is_loopback(self.host):
             return
         raise InvalidInput(
             f"refusing to listen on {self.host} without a token: set REEF_TOKEN (or tokens: in the config), "
             "or pass --insecure if this network is trusted"
         )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

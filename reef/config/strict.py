@@ -8,6 +8,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 REMOVED_SETTINGS = {
     "learner.gate.overtake_after": "every verdict runs to its decision (one race, in which it fired once, "
     "never made it a default)",
+    "learner.sao.baseline_decay": "the running score baseline's decay is 0.9 (no config set another)",
+    "learner.ttt_discover.entropic_kl": "the entropic advantage's weights are ln 2 nats from uniform, the "
+    "paper's value (no config set another)",
+    "learner.ttt_discover.max_open_groups": "at most 256 incomplete groups wait (no config set another)",
 }
 
 

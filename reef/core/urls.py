@@ -1,5 +1,6 @@
 """The one rule for a server URL Reef writes into something another program runs (an install
-script, a wrapper): scheme, host, optional port and path, plain characters only."""
+script, a wrapper): scheme, host, optional port and path, plain characters only; and which host
+names are loopback."""
 
 from __future__ import annotations
 
@@ -24,6 +25,16 @@ def checked_url(url: str) -> str:
             f"the server URL must look like http://host[:port][/path] with plain characters, got {url!r}"
         )
     return url.rstrip("/")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a host name (no port, no brackets) is this machine: localhost or a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _plain_parts(m: re.Match[str]) -> bool:

@@ -22,14 +22,13 @@ import contextlib
 import dataclasses
 import logging
 import time
-from typing import Any
 
-from reef.commit.gate_lane import Decide, GateLane, Outcome, Queued, Warm
+from reef.commit.gate_lane import GateLane, Outcome, Queued
 from reef.core.canonical import new_id
 from reef.core.errors import NotFound, StaleHead
 from reef.core.learned import LearnedCandidate
 from reef.core.training import checkpoint_part
-from reef.grow.canary import CanaryLoop, CanaryServing
+from reef.grow.canary import CanaryLoop
 from reef.grow.chain_view import Chain, ChainView, HeadFiles, batched_record_ids, reported_record
 from reef.grow.learner_stats import LearnerStats, SampleWait
 from reef.grow.learner_status import learner_status
@@ -49,29 +48,29 @@ ANSWER_AHEAD_AFTER_S = 15.0
 
 
 class Learner:
+    """The intake and training loop. Its gate's lane and canary loop come built (`reef.serve.learning`
+    wires the three); `stats` is the one the canary loop also writes its failures to."""
+
     def __init__(
         self,
         chain: Chain,
         store: ExperienceStore,
         recipe: Recipe,
-        decide: Decide,
         head_files: HeadFiles,
+        lane: GateLane,
+        canary: CanaryLoop,
+        stats: LearnerStats,
         trainer: TrainingClient | None = None,
+        *,
         poll_interval: float = 0.5,
-        canary: CanaryServing | None = None,
-        gate_after: int = 1,
-        warm: Warm | None = None,
-        live_split: float | None = None,
         answer_ahead_after: float = ANSWER_AHEAD_AFTER_S,
     ) -> None:
         self.chain, self.scenario, self.store, self.recipe = chain, chain.scenario, store, recipe
         self.reader, self.trainer, self.poll_interval = ChainView(chain, head_files), trainer, poll_interval
         self.answer_ahead_after = answer_ahead_after
         self.pipelined = recipe.surface == "weights"
-        self.stats = LearnerStats()
-        self.lane = GateLane(self.scenario, decide, self._span_attributes, gate_after=gate_after, warm=warm)
+        self.stats, self.lane, self.canary = stats, lane, canary
         self.lane.line = self
-        self.canary = CanaryLoop(self.scenario, canary if self.pipelined else None, live_split, self.stats)
         self.steering = Steering(recipe, self.canary)  # training mode and live settings, from the log
         self.wait = SampleWait(idle_since=time.monotonic())  # waiting for samples from the start
         self.cursor = chain.high_water()
@@ -177,7 +176,9 @@ class Learner:
         self.stats.state = WORKING_STATE[self.recipe.surface]
         attributes = {"reef.surface": self.recipe.surface, "reef.batch.records": len(batch.record_ids)}
         try:
-            with spans.span("reef.learn", self._span_attributes(batch_id, attributes), ok=(Abandon,)):
+            with spans.span(
+                "reef.learn", spans.batch_scope(self.scenario, self.recipe.name, batch_id, attributes), ok=(Abandon,)
+            ):
                 made = await self.recipe.candidate(batch, job)
         except Abandon as exc:
             await self.abandon(batch_id, f"{exc.kind}: {exc.reason}")
@@ -212,13 +213,13 @@ class Learner:
 
     def _candidate(self, batch_id: str, high_water: int, job: Job, made: Made) -> LearnedCandidate:
         state = {**job.algorithm_state, "recipe": self.recipe.name}
+        steps = job.trainer.take_steps() if job.trainer is not None else []
+        metrics = {**made.metrics, "steps": steps} if steps else made.metrics  # the dashboard's training curve
         return LearnedCandidate(
             self.scenario,
             batch_id,
             self.recipe.name,
             made.files,
-        steps = job.trainer.take_steps() if job.trainer is not None else []
-        metrics = {**made.metrics, "steps": steps} if steps else made.metrics  # the dashboard's training curve
             job.head.release_id,
             job.head_files,
             high_water,
@@ -284,10 +285,6 @@ class Learner:
 
     def _line_outrun(self) -> bool:
         return self.line.outrun_by(self.chain.head(), judging=self.lane.at_gate is not None)
-
-    def _span_attributes(self, batch_id: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        named = {"reef.scenario": self.scenario, "reef.batch_id": batch_id, "reef.recipe": self.recipe.name}
-        return {**named, **(extra or {})}
 
     def _drop_working(self, reason: str) -> None:
         self.line.drop(reason)

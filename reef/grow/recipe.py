@@ -62,6 +62,13 @@ class RecipeContext:
     gate: GateConfig  # the weights gate's settings (with tasks, every record may train)
 
 
+def offline_holdout_fraction(context: RecipeContext | None) -> float:
+    """The fraction of records a weights recipe keeps out of training for the gate's offline check:
+    none when the gate has evaluation tasks (then every record trains)."""
+    gate = context.gate if context is not None else None
+    return gate.holdout_fraction if gate is not None and not gate.tasks else 0.0
+
+
 @dataclass
 class LearnerView:
     """What a recipe sees of its scenario while it takes in reports and forms batches."""

@@ -91,6 +91,11 @@ def span(
         _scope.reset(token)
 
 
+def batch_scope(scenario: str, recipe: str, batch_id: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The scope's attributes of a learner's batch, plus `extra`."""
+    return {"reef.scenario": scenario, "reef.batch_id": batch_id, "reef.recipe": recipe, **(extra or {})}
+
+
 def numeric(prefix: str, values: Mapping[str, Any]) -> dict[str, Any]:
     """The flat numbers (and short strings) of a metrics dict as span attributes under `prefix`;
     lists, dicts and None (per-task results, answers) are left out."""

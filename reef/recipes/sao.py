@@ -32,11 +32,20 @@ from pydantic import Field
 from reef.config.training import ClippedLossConfig
 from reef.core.training import Sample, TrainConfig
 from reef.core.types import JSON, Record, ReportedRecords
-from reef.grow.recipe import Job, LearnerView, Made, RecipeContext, held_out, missing_records
+from reef.grow.recipe import (
+    Job,
+    LearnerView,
+    Made,
+    RecipeContext,
+    held_out,
+    missing_records,
+    offline_holdout_fraction,
+)
 from reef.grow.rollouts import rollout_problem, sample_of, staleness_problem
 
 NAME = "sao"
 HOLDOUT_KEEP = 64
+BASELINE_DECAY = 0.9  # of the running score baseline, an EMA over samples
 
 
 class SAOConfig(ClippedLossConfig):
@@ -55,7 +64,6 @@ class SAOConfig(ClippedLossConfig):
         description="cispo: every token's gradient, weighted by its ratio truncated at 1 + eps_clip_high; "
         "ppo: PPO's clipped surrogate over every token; clipped_is: tokens whose ratio left the clip range are masked out",
     )
-    baseline_decay: float = Field(0.9, ge=0, lt=1, description="EMA decay of the running score baseline")
 
 
 @dataclass
@@ -90,9 +98,7 @@ class SAORecipe:
 
     def __init__(self, config: SAOConfig, context: RecipeContext | None = None) -> None:
         self.config = config
-        # held-out records feed only the gate's offline check; with evaluation tasks every record trains
-        gate = context.gate if context is not None else None
-        self.holdout_fraction = gate.holdout_fraction if gate is not None and not gate.tasks else 0.0
+        self.holdout_fraction = offline_holdout_fraction(context)
         self.pending: list[ScoredSample] = []
         self.holdout: deque[ScoredSample] = deque(maxlen=HOLDOUT_KEEP)
         self.last_train_seconds: float | None = None
@@ -100,8 +106,7 @@ class SAORecipe:
     def train_config(self) -> TrainConfig:
         c = self.config
         return TrainConfig(
-            lora_r=c.lora_r,
-            lora_alpha=c.lora_alpha,
+            lora=c.lora,
             lr=c.lr,
             warmup_steps=c.warmup_steps,
             eps_clip=c.eps_clip,
@@ -199,7 +204,7 @@ class SAORecipe:
         baseline = state.get("baseline")
         if baseline is None:
             baseline = sum(s.score for s in batch) / len(batch)
-        decay = self.config.baseline_decay
+        decay = BASELINE_DECAY
         samples = []
         for item in batch:
             samples.append(

@@ -11,7 +11,7 @@ abandoned with the reason, so its records are never trained on.
 
 Advantages are leave-one-out within the group: a rollout's score minus the mean of its
 siblings'. With `advantage: entropic`, the adaptive entropic variant: weights exp(beta * score)
-with beta chosen so that their distribution is `entropic_kl` nats from uniform, and advantage =
+with beta chosen so that their distribution is ENTROPIC_KL (ln 2) nats from uniform, and advantage =
 a rollout's weight over its siblings' mean weight, minus 1 (the best rollouts count far more
 than the rest, as a search that wants the maximum needs). The loss is `importance_sampling`
 (on-policy, no clipping) with a KL penalty to the base model. `groups_per_batch` complete groups
@@ -32,11 +32,22 @@ from reef.config.training import WeightsTrainingConfig
 from reef.core.errors import NotFound
 from reef.core.training import Datum, LossConfig, Sample
 from reef.core.types import JSON, Record, Report, ReportedRecords
-from reef.grow.recipe import Abandon, Job, LearnerView, Made, RecipeContext, held_out, missing_records
+from reef.grow.recipe import (
+    Abandon,
+    Job,
+    LearnerView,
+    Made,
+    RecipeContext,
+    held_out,
+    missing_records,
+    offline_holdout_fraction,
+)
 from reef.grow.rollouts import rollout_problem, sample_of, staleness_problem
 
 NAME = "ttt_discover"
 COORDINATES = ("step", "group", "rollout", "group_size")
+ENTROPIC_KL = math.log(2)  # nats of the entropic advantage's weights from uniform (the paper's)
+MAX_OPEN_GROUPS = 256  # incomplete groups kept waiting; the oldest go first
 
 
 class TTTDiscoverConfig(WeightsTrainingConfig):
@@ -46,9 +57,7 @@ class TTTDiscoverConfig(WeightsTrainingConfig):
     group_size: int = Field(8, ge=2, description="Rollouts per group; a report naming another size is dropped")
     groups_per_batch: int = Field(1, ge=1, description="Complete groups per candidate")
     advantage: Literal["loo", "entropic"] = Field("loo", description="loo: score minus the siblings' mean")
-    entropic_kl: float = Field(math.log(2), gt=0, description="entropic: KL of the weights from uniform, in nats")
     kl_coef: float = Field(0.05, ge=0, description="Weight of the KL penalty to the base model")
-    max_open_groups: int = Field(256, ge=1, description="Incomplete groups kept waiting; the oldest go first")
 
 
 @dataclass(frozen=True)
@@ -97,8 +106,7 @@ class TTTDiscoverRecipe:
 
     def __init__(self, config: TTTDiscoverConfig, context: RecipeContext | None = None) -> None:
         self.config = config
-        gate = context.gate if context is not None else None
-        self.holdout_fraction = gate.holdout_fraction if gate is not None and not gate.tasks else 0.0
+        self.holdout_fraction = offline_holdout_fraction(context)
         self.groups: dict[tuple[int, int], Group] = {}  # waiting, in the order first seen
         self.holdout: deque[Rollout] = deque(maxlen=64)
 
@@ -145,7 +153,7 @@ class TTTDiscoverRecipe:
         waiting.rollouts[index] = rollout
 
     def _expire(self, view: LearnerView) -> None:
-        while len(self.groups) > self.config.max_open_groups:
+        while len(self.groups) > MAX_OPEN_GROUPS:
             oldest = next(iter(self.groups))
             view.drop("incomplete_group_expired", len(self.groups.pop(oldest).rollouts))
 
@@ -229,9 +237,7 @@ class TTTDiscoverRecipe:
         rollouts = group.ordered()
         scores = [r.score for r in rollouts]
         advantages = (
-            entropic_advantages(scores, self.config.entropic_kl)
-            if self.config.advantage == "entropic"
-            else leave_one_out(scores)
+            entropic_advantages(scores, ENTROPIC_KL) if self.config.advantage == "entropic" else leave_one_out(scores)
         )
         return [
             Datum(

@@ -18,12 +18,12 @@ forged request already fails at `TokenAuth`. Two guards cover the rest:
 
 from __future__ import annotations
 
-import ipaddress
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reef.config import ServeConfig
+from reef.core.urls import is_loopback
 from reef.serve.http_errors import error_response
 from reef.ui import PREFIX as DASHBOARD
 
@@ -92,7 +92,7 @@ class LoopbackOnly:
         return None
 
     def _is_own(self, name: str) -> bool:
-        return name in self.own_hosts or is_loopback_name(name)
+        return name in self.own_hosts or is_loopback(name)
 
 
 def own_hosts(config: ServeConfig) -> frozenset[str]:
@@ -111,15 +111,6 @@ def host_name(host: bytes) -> str:
         return name if bracket and (not port or (port[0] == ":" and port[1:].isdigit())) else ""
     name, colon, port = text.rpartition(":")
     return name if colon and port.isdigit() else text
-
-
-def is_loopback_name(name: str) -> bool:
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def _same_origin(origin: bytes, host: bytes | None) -> bool:

@@ -22,6 +22,7 @@ records are gone from the experience store).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -29,18 +30,26 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol
 
 from reef.commit.gate import WeightsGate
+from reef.commit.gate_lane import Decide, GateLane, Warm
 from reef.commit.harness_gate import HarnessGate
 from reef.commit.harness_publisher import HarnessPublisher
 from reef.commit.publisher import CandidatePublisher
+from reef.commit.release_chain import ReleaseChain
 from reef.commit.state import ReefState
 from reef.config import LearnerConfig, find_recipe
 from reef.core.errors import InvalidInput
+from reef.core.learned import LearnedCandidate
 from reef.core.types import Verdict
-from reef.grow.learner import Learner
+from reef.grow.canary import CanaryLoop, CanaryServing
+from reef.grow.chain_view import HeadFiles
+from reef.grow.learner import ANSWER_AHEAD_AFTER_S, Learner
+from reef.grow.learner_stats import LearnerStats
 from reef.grow.rank_launch import RankLayout
-from reef.grow.recipe import RecipeContext
+from reef.grow.recipe import Recipe, RecipeContext
 from reef.grow.training_client import TrainingClient
 from reef.grow.worker import TrainingFailed, TrainingWorker
+from reef.observe import spans
+from reef.observe.store import ExperienceStore
 from reef.runtimes.base import Runtime
 from reef.serve.canary import ScenarioCanary
 from reef.serve.scenarios import ScenarioDirectory
@@ -154,20 +163,19 @@ class Learning:
             self.idle[scenario] = f"the {name} recipe cannot start: {exc}"
             log.error("scenario %s: %s", scenario, self.idle[scenario])
             return
-        fraction = self.config.canary.get(scenario)
-        canary = ScenarioCanary(self.scenarios, scenario, fraction) if fraction else None
-        learner = Learner(
+        fraction = self.config.canary.get(scenario) if recipe_class.surface == "weights" else None
+        learner = wire_learner(
             chain,
             self.state.store,
             recipe,
-            _logged(chain, name, publisher.decide),
+            _logged(chain, name, self._served(chain, publisher.decide)),
             publisher.head_files,
             trainer,
-            poll_interval=self.config.poll_interval,
-            canary=canary,
+            canary=ScenarioCanary(self.scenarios, scenario, fraction) if fraction else None,
             gate_after=self.config.gate.after_batches,
             warm=publisher.warm if recipe_class.surface == "weights" else None,
             live_split=self.config.gate.live_split,
+            poll_interval=self.config.poll_interval,
         )
         self.learners[scenario] = learner
         self.tasks[scenario] = asyncio.get_running_loop().create_task(learner.run(), name=f"learner:{scenario}")
@@ -259,7 +267,19 @@ class Learning:
             await gate.check_lengths()  # InvalidInput before the trainer starts
             await worker.start()  # TrainingFailed (e.g. learner.device: cuda without a GPU) leaves no worker
             self.worker, self._gate = worker, gate
-        return CandidatePublisher(chain, self._gate, self.scenarios.serve_release, pin=self.scenarios.pin)
+        return CandidatePublisher(chain, self._gate, pin=self.scenarios.pin)
+
+    def _served(self, chain: ReleaseChain, decide: Decide) -> Decide:
+        """The publisher's `decide`, then, once it published a release as the head (`select`),
+        this front end serves it, following the chain as it follows other front ends' heads."""
+
+        async def decide_and_serve(candidate: LearnedCandidate) -> Verdict:
+            verdict = await decide(candidate)
+            if verdict.decision == "select":
+                await self.scenarios.follow_head(chain)
+            return verdict
+
+        return decide_and_serve
 
     async def head_moved(self, scenario: str) -> None:
         """An operator moved the head (a rollback or promote, answered by this front end): the
@@ -277,7 +297,7 @@ class Learning:
         return HarnessPublisher(
             chain,
             self._harness_gates[name],
-            CandidatePublisher(chain, None, self.scenarios.serve_release),
+            CandidatePublisher(chain, None),
             self.scenarios.admit,
             gate_config.publish,
         )
@@ -314,6 +334,41 @@ class Learning:
             "leases": leases,
             "lease_error": self.lease_error,
         }
+
+
+def wire_learner(
+    chain: ReleaseChain,
+    store: ExperienceStore,
+    recipe: Recipe,
+    decide: Decide,
+    head_files: HeadFiles,
+    trainer: TrainingClient | None = None,
+    *,
+    canary: CanaryServing | None = None,
+    gate_after: int = 1,
+    warm: Warm | None = None,
+    live_split: float | None = None,
+    poll_interval: float = 0.5,
+    answer_ahead_after: float = ANSWER_AHEAD_AFTER_S,
+) -> Learner:
+    """A scenario's three loops, joined: the gate's lane (judging, `decide`), the canary loop
+    (`canary` None: no canary), and the learner (intake and training) that feeds both."""
+    stats = LearnerStats()
+    scope = functools.partial(spans.batch_scope, chain.scenario, recipe.name)
+    lane = GateLane(chain.scenario, decide, scope, gate_after=gate_after, warm=warm)
+    canary_loop = CanaryLoop(chain.scenario, canary, live_split, stats)
+    return Learner(
+        chain,
+        store,
+        recipe,
+        head_files,
+        lane,
+        canary_loop,
+        stats,
+        trainer,
+        poll_interval=poll_interval,
+        answer_ahead_after=answer_ahead_after,
+    )
 
 
 def _logged(
