@@ -97,7 +97,9 @@ async def train(model: Path, device: str, weights: str, ranks: int, steps: int) 
         tokens, began = 0.0, time.monotonic()
         for _ in range(steps):
             metrics = await client.forward_backward([datum], "cross_entropy")
-            await client.optim_step(AdamParams(lr=1e-2 if weights == "lora" else 1e-4))
+            await client.optim_step(
+                AdamParams(lr=1e-2 if weights == "lora" else 1e-3)
+            )  # a check: the answers must move
             tokens += float(metrics.get("tokens", len(completion)))
         rate = tokens / (time.monotonic() - began)
         checkpoint = await client.save_state()
@@ -128,6 +130,7 @@ class Load:
         self.serving = ""
         self.served = 0
         self.failures: list[str] = []
+        self.pinned: dict[str, int] = {}  # load id -> requests on it now (unloaded only once none is)
         self._stop = False
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -137,11 +140,21 @@ class Load:
 
     async def _loop(self) -> None:
         while not self._stop:
+            load_id = self.serving
+            self.pinned[load_id] = self.pinned.get(load_id, 0) + 1
             try:
-                await greedy(self.runtime, self.serving)
+                await greedy(self.runtime, load_id)
                 self.served += 1
             except Exception as exc:  # counted: the check is that there are none
                 self.failures.append(repr(exc))
+            finally:
+                self.pinned[load_id] -= 1
+
+    async def unload(self, load_id: str) -> None:
+        """Unload once no request is on it, as the server does."""
+        while self.pinned.get(load_id):
+            await asyncio.sleep(0.05)
+        await self.runtime.unload(load_id)
 
     async def stop(self) -> None:
         self._stop = True
@@ -182,7 +195,7 @@ async def check_engine(
                 f"push {name} into {engine}: sync {seconds:.2f} s, {during} request(s) served during the swap, "
                 f"answer changed: {changed}; rollback to the base {back_s:.2f} s, base's answer again: {restored}"
             )
-            await runtime.unload(load_id)
+            await load.unload(load_id)
     finally:
         await load.stop()
         failures = len(load.failures)
