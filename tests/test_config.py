@@ -218,10 +218,10 @@ def test_every_weights_recipe_shares_one_declaration_of_lora_and_optimiser_setti
             declaring = [cls for cls in recipe.Settings.__mro__ if name in vars(cls).get("__annotations__", {})]
             assert declaring[-1] is WeightsTrainingConfig, (recipe.name, name)
     path = tmp_path / "serve.yaml"  # the keys users write are as before, each recipe's defaults its own
-    path.write_text("learner:\n  ttt_discover: {lora_r: 8, warmup_steps: 3}\n  openclaw_rl: {lr: 1.0e-4}\n")
+    path.write_text("learner:\n  ttt_discover: {lora_r: 8, lr: 3.0e-4}\n  openclaw_rl: {lr: 1.0e-4}\n")
     learner = load_config(path, env={}).learner
     ttt = learner.settings_for("ttt_discover")
-    assert (ttt.lora.r, ttt.adam.warmup_steps, ttt.kl_coef) == (8, 3, 0.05)
+    assert (ttt.lora.r, ttt.adam.lr, ttt.kl_coef) == (8, 3.0e-4, 0.05)
     assert learner.settings_for("openclaw_rl").adam.lr == 1e-4 and learner.settings_for("sao").steps_per_candidate == 2
     path.write_text("learner:\n  ttt_discover: {lora_rank: 8}\n")
     with pytest.raises(InvalidInput, match=r"unknown key 'learner.ttt_discover.lora_rank'"):
@@ -254,6 +254,9 @@ def test_a_removed_setting_is_named_with_what_became_of_it(tmp_path: Path) -> No
         ("sao", "baseline_decay"),
         ("ttt_discover", "entropic_kl"),
         ("ttt_discover", "max_open_groups"),
+        ("sao", "warmup_steps"),
+        ("skills", "max_pending"),
+        ("skills", "similarity"),
     ]:
         path.write_text(f"learner:\n  {recipe}: {{{key}: 1}}\n")
         with pytest.raises(InvalidInput, match=f"'learner.{recipe}.{key}' was removed: .*; delete it from the config"):

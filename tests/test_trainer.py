@@ -181,11 +181,8 @@ def test_a_rollback_restarts_from_its_checkpoints_optimiser(trainer: LoRATrainer
 
 
 def test_a_fresh_optimiser_ramps_its_learning_rate_up(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
-    from reef.recipes.sao import SAOConfig, SAORecipe
-
     assert [warmed_up_lr(TrainConfig(lr=1.0, warmup_steps=4), n) for n in range(6)] == [0.25, 0.5, 0.75, 1, 1, 1]
     assert warmed_up_lr(TrainConfig(lr=1.0), 0) == 1.0
-    assert SAORecipe(SAOConfig(warmup_steps=3)).train_config().warmup_steps == 3
     samples = samples_of(rollouts[:4], [1.0, -1.0, 0.5, -0.5])
     start = adapter_only(trainer.step("wu-elsewhere", None, samples, TrainConfig(lr=0.0))[0])  # a fresh optimiser
 

@@ -191,10 +191,6 @@ class ModelEndpointConfig(Strict):
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of its answers")
 
 
-class LLMProposerConfig(ModelEndpointConfig):
-    tries: int = Field(3, ge=1, description="Calls per batch before invalid output is skipped")
-
-
 class HarnessGateConfig(Strict):
     """How a harness candidate is judged against the serving harness."""
 
@@ -204,7 +200,6 @@ class HarnessGateConfig(Strict):
     margin: int = Field(1, ge=0, description="Wins minus losses the candidate must reach")
     publish: Literal["auto", "review"] = Field("auto", description="review: a selected candidate waits for promote")
     holdout_fraction: float = Field(0.25, ge=0, lt=1, description="Without tasks: reported records kept as gate tasks")
-    max_holdout: int = Field(32, ge=1, description="Without tasks: most recent held-out records used")
     max_tokens: int = Field(128, ge=1, description="Tokens of one evaluation answer")
     temperature: float = Field(0.0, ge=0, description="0: greedy, the same answer every time")
 

@@ -44,7 +44,6 @@ class TracesConfig(Strict):
 
     enabled: bool = Field(False, description="Make spans; also on when otlp_endpoint is set")
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP base URL; default OTEL_EXPORTER_OTLP_ENDPOINT")
-    service_name: str = Field("reef", description="service.name of the spans' resource")
 
     @property
     def on(self) -> bool:

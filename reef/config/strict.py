@@ -12,6 +12,17 @@ REMOVED_SETTINGS = {
     "learner.ttt_discover.entropic_kl": "the entropic advantage's weights are ln 2 nats from uniform, the "
     "paper's value (no config set another)",
     "learner.ttt_discover.max_open_groups": "at most 256 incomplete groups wait (no config set another)",
+    "learner.skills.llm.tries": "the LLM proposer is asked at most 3 times a batch (no config set another)",
+    "learner.skills.max_pending": "at most 256 failures wait for a batch (no config set another)",
+    "learner.skills.similarity": "distill groups feedback by a word overlap of 0.5 (no config set another)",
+    "learner.skills.gate.max_holdout": "the gate's tasks are the 32 latest held-out records (no config set another)",
+    "learner.skillclaw.gate.max_holdout": "the gate's tasks are the 32 latest held-out records (no config set another)",
+    "traces.service_name": "spans name the service reef, or what OTEL_SERVICE_NAME says",
+    **{
+        f"learner.{recipe}.warmup_steps": "a fresh optimiser steps at the full rate from its first step "
+        "(no config set another; a recipe's own AdamParams may still ramp up)"
+        for recipe in ("sao", "ttt_discover", "openclaw_rl")
+    },
 }
 
 

@@ -19,7 +19,6 @@ class WeightsTrainingConfig(Strict):
     full_lr: float | None = Field(
         None, gt=0, description="AdamW's learning rate with learner.weights: full; unset: lr times 0.02"
     )
-    warmup_steps: int = Field(0, ge=0, description="A fresh optimiser's first steps ramp lr up linearly over this many")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the base model")
     steps_per_candidate: int = Field(
         1,
@@ -35,7 +34,7 @@ class WeightsTrainingConfig(Strict):
 
     @property
     def adam(self) -> AdamParams:
-        return AdamParams(lr=self.lr, warmup_steps=self.warmup_steps, full_lr=self.full_lr)
+        return AdamParams(lr=self.lr, full_lr=self.full_lr)
 
 
 class ClippedLossConfig(WeightsTrainingConfig):

@@ -108,7 +108,6 @@ class SAORecipe:
         return TrainConfig(
             lora=c.lora,
             lr=c.lr,
-            warmup_steps=c.warmup_steps,
             eps_clip=c.eps_clip,
             eps_clip_high=c.eps_clip_high,
             kl_coef=c.kl_coef,

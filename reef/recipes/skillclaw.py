@@ -42,7 +42,7 @@ from reef.grow.instructions import Instruction, instruction_in
 from reef.grow.recipe import Abandon, Job, LearnerView, Made, RecipeContext, held_out, missing_records
 from reef.recipes.instruction_rule import instruction_rule
 from reef.recipes.proposers.distill import Theme, central_feedback, jaccard, normalise, rule_name, themes
-from reef.recipes.skills import HOLDOUT_SALT, Observation, feedback_text, observation_of
+from reef.recipes.skills import HOLDOUT_SALT, MAX_HOLDOUT, Observation, feedback_text, observation_of
 from reef.surfaces.harness import HarnessTree, Skill, merge_files
 from reef.surfaces.inject import CONTROL_KEY
 
@@ -104,7 +104,7 @@ class SkillClawRecipe:
         self.clock = time.monotonic
         self.nights: list[JSON] = []
         self.instructions: list[Instruction] = []
-        self.held_out: deque[Observation] = deque(maxlen=config.gate.max_holdout)
+        self.held_out: deque[Observation] = deque(maxlen=MAX_HOLDOUT)
         # held-out records serve the gate only when it has no task file
         self.holdout_fraction = 0.0 if config.gate.tasks else config.gate.holdout_fraction
 

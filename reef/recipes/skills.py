@@ -2,7 +2,7 @@
 
 Each reported record becomes an observation: its score, the report's textual feedback, the
 client's prompt and the answer. A score below `failure_below` is a failure. Failures wait in a
-pending list (at most `max_pending`, the oldest dropped first) until the proposer says which of
+pending list (at most MAX_PENDING, the oldest dropped first) until the proposer says which of
 them make a batch: the LLM proposer takes the `batch_size` lowest-scored failures once that many
 wait; the model-free proposer takes the failures whose feedback forms a theme that recurs at
 least `min_recurrence` times. A batch also carries the `successes` most recent successes, for
@@ -26,7 +26,7 @@ from typing import Any, Iterable, Literal, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reef.config import HarnessGateConfig, LLMProposerConfig
+from reef.config import HarnessGateConfig, ModelEndpointConfig
 from reef.core.errors import InvalidInput
 from reef.core.types import JSON, Record, RecordStatus, ReportedRecords
 from reef.grow.instructions import Instruction, instruction_in
@@ -40,6 +40,8 @@ FEEDBACK_KEYS = ("feedback", "message", "reason", "comment", "text", "note", "ex
 SUCCESS_KEEP = 32
 LAST_FAILURES = 5
 HOLDOUT_SALT = "holdout:"
+MAX_PENDING = 256  # failures waiting for a batch; the oldest go first
+MAX_HOLDOUT = 32  # without tasks: the most recent held-out records the gate answers
 
 
 class SkillsConfig(BaseModel):
@@ -52,9 +54,7 @@ class SkillsConfig(BaseModel):
     batch_size: int = Field(8, ge=1, description="Most failures in one batch (llm: failures needed for one)")
     successes: int = Field(2, ge=0, description="Successes added to a batch for contrast")
     min_recurrence: int = Field(3, ge=1, description="distill: failures with similar feedback before a rule")
-    similarity: float = Field(0.5, gt=0, le=1, description="distill: word overlap (Jaccard) of one theme")
-    max_pending: int = Field(256, ge=1, description="Failures kept waiting for a batch; the oldest go first")
-    llm: LLMProposerConfig = Field(default_factory=LLMProposerConfig)
+    llm: ModelEndpointConfig = Field(default_factory=ModelEndpointConfig)
     gate: HarnessGateConfig = Field(default_factory=HarnessGateConfig)
 
 
@@ -151,7 +151,7 @@ class SkillsRecipe:
         self.failures: list[Observation] = []
         self.instructions: list[Instruction] = []  # taken before any failure, each a batch of its own
         self.successes: deque[Observation] = deque(maxlen=SUCCESS_KEEP)
-        self.held_out: deque[Observation] = deque(maxlen=config.gate.max_holdout)
+        self.held_out: deque[Observation] = deque(maxlen=MAX_HOLDOUT)
         self.proposer_failures: Counter[str] = Counter()
         self.last_proposer_failures: deque[str] = deque(maxlen=LAST_FAILURES)
         self._tree: tuple[str, HarnessTree] | None = None
@@ -180,7 +180,7 @@ class SkillsRecipe:
                     self.failures.append(obs)
                 else:
                     self.successes.append(obs)
-        overflow = len(self.failures) - self.config.max_pending
+        overflow = len(self.failures) - MAX_PENDING
         if overflow > 0:
             self.failures = self.failures[overflow:]
             view.drop("pending_overflow", overflow)

@@ -161,7 +161,8 @@ def build(settings: TracesConfig, runtime: Any) -> Tracing | None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}))
+    # service.name "reef" unless the standard OTEL_SERVICE_NAME names another
+    provider = TracerProvider(resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "reef"}))
     traces_url = settings.otlp_endpoint and settings.otlp_endpoint.rstrip("/") + "/v1/traces"
     processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url) if traces_url else OTLPSpanExporter())
     provider.add_span_processor(processor)

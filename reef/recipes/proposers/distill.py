@@ -2,7 +2,7 @@
 
 Feedback is normalised (lower case, words only, common words dropped, a plural `s` cut) and
 failures are grouped greedily: one joins the first theme whose first feedback shares at least
-`similarity` of its words (Jaccard). A theme seen at least `min_recurrence` times is ready: its
+SIMILARITY of its words (Jaccard). A theme seen at least `min_recurrence` times is ready: its
 most central feedback (the one most similar to the others), as written, becomes the rule
 `fb-<its words>`. If a rule this proposer made for the same theme exists already (its text
 shares the theme's words) and the theme still recurs, the rule did not stop it, and it is
@@ -22,6 +22,7 @@ from reef.surfaces.harness import HarnessTree, Mutation
 RULE_PREFIX = "fb-"
 NAME_WORDS = 5
 MAX_RULE_CHARS = 600
+SIMILARITY = 0.5  # word overlap (Jaccard) of one theme
 STILL_MISSED = "Earlier answers kept missing this rule; follow it exactly."
 _WORD = re.compile(r"[a-z0-9]+")
 STOPWORDS = frozenset(
@@ -57,7 +58,7 @@ class DistillProposer:
     async def propose(self, tree: HarnessTree, batch: Batch, serving: Any = None) -> Proposal:
         mutations, notes = [], []
         for theme in self._ready(batch.failures, tree):
-            mutation = plan(theme, tree, self.config.similarity)
+            mutation = plan(theme, tree, SIMILARITY)
             if mutation is None or any(m.name == mutation.name for m in mutations):
                 continue
             mutations.append(mutation)
@@ -83,8 +84,8 @@ class DistillProposer:
     def _ready(self, failures: Sequence[Observation], tree: HarnessTree) -> list[Theme]:
         return [
             t
-            for t in themes(failures, self.config.similarity)
-            if len(t.members) >= self.config.min_recurrence and plan(t, tree, self.config.similarity) is not None
+            for t in themes(failures, SIMILARITY)
+            if len(t.members) >= self.config.min_recurrence and plan(t, tree, SIMILARITY) is not None
         ]
 
 

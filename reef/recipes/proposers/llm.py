@@ -3,7 +3,7 @@ answers with mutations as JSON.
 
 The answer must be one JSON object `{"mutations": [...]}` (a fenced ```json block is accepted),
 checked against a schema (pydantic, then `Mutation.from_json`) and applied to the tree; anything
-that fails is sent back to the model with the error, up to `tries` calls, and then the batch is
+that fails is sent back to the model with the error, up to TRIES calls, and then the batch is
 skipped with the reason (logged in the chain, counted in the learner status).
 
 Client text (prompts, answers, feedback) reaches the model only inside fenced data blocks
@@ -29,6 +29,7 @@ from reef.surfaces.harness import HarnessTree, Mutation
 
 EXCERPT = 1200
 MAX_MUTATIONS = 8
+TRIES = 3  # calls a batch before invalid output is skipped
 _FENCED_JSON = re.compile(r"```(?:json)?\s*\n(.*?)\n\s*```", re.DOTALL)
 
 INSTRUCTIONS = """You improve the harness of an AI agent: its system prompt, rules and skills.
@@ -76,7 +77,7 @@ class LLMProposer:
     async def propose(self, tree: HarnessTree, batch: Batch, serving: ReleaseRef) -> Proposal:
         messages = prompt_messages(tree, batch, Fence())
         errors: list[str] = []
-        for attempt in range(1, self.config.llm.tries + 1):
+        for attempt in range(1, TRIES + 1):
             try:
                 answer = await self.endpoint.ask(messages, serving)
             except RuntimeFailure as exc:
@@ -95,9 +96,7 @@ class LLMProposer:
             if not mutations:
                 raise ProposalFailed("no_change", "the model proposed no change")
             return Proposal(tuple(mutations), {"proposer": self.name, "tries": attempt, "model": self.endpoint.where})
-        raise ProposalFailed(
-            "invalid_output", f"no valid proposal after {self.config.llm.tries} tries: " + "; ".join(errors)
-        )
+        raise ProposalFailed("invalid_output", f"no valid proposal after {TRIES} tries: " + "; ".join(errors))
 
     async def close(self) -> None:
         await self.endpoint.close()
