@@ -33,7 +33,7 @@ from reef.grow.chain_view import Chain, ChainView, HeadFiles, batched_record_ids
 from reef.grow.learner_stats import LearnerStats, SampleWait
 from reef.grow.learner_status import learner_status
 from reef.grow.loop import keep_stepping
-from reef.grow.recipe import Abandon, Batch, Job, LearnerView, Made, Recipe
+from reef.grow.recipe import Abandon, Batch, Job, LearnerView, Recipe
 from reef.grow.steering import Steering
 from reef.grow.training_client import TrainingClient
 from reef.grow.working_line import WorkingLine
@@ -195,7 +195,7 @@ class Learner:
             return
         self.line.extend(made.files)
         self.stats.candidates += 1
-        candidate = self._candidate(batch_id, high_water, job, made)
+        candidate = job.candidate(made, self.recipe.name, high_water, self.steering.gate_overrides)
         if not self.pipelined:
             await self.settle(await self.lane.judge(candidate))
             self.stats.state = "collecting"
@@ -210,25 +210,6 @@ class Learner:
         start = self.line.files if self.line.files is not None else checkpoint_part(head_files)
         serving = self.chain.serving()
         return Job(self.scenario, batch_id, start, head, head_files, serving, self.trainer, dict(self.algorithm_state))
-
-    def _candidate(self, batch_id: str, high_water: int, job: Job, made: Made) -> LearnedCandidate:
-        state = {**job.algorithm_state, "recipe": self.recipe.name}
-        steps = job.trainer.take_steps() if job.trainer is not None else []
-        metrics = {**made.metrics, "steps": steps} if steps else made.metrics  # the dashboard's training curve
-        return LearnedCandidate(
-            self.scenario,
-            batch_id,
-            self.recipe.name,
-            made.files,
-            job.head.release_id,
-            job.head_files,
-            high_water,
-            made.metadata,
-            metrics,
-            state,
-            made.held_out,
-            gate_overrides=dict(self.steering.gate_overrides),
-        )
 
     def starved(self) -> bool:
         return self.wait.starved()

@@ -21,11 +21,12 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, ClassVar, Protocol, Sequence
+from typing import Any, Awaitable, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from pydantic import BaseModel
 
 from reef.config import GateConfig, HarnessGateConfig
+from reef.core.learned import LearnedCandidate
 from reef.core.types import JSON, Release, ReleaseRef, ReportedRecords
 from reef.grow.training_client import TrainingClient
 from reef.observe.store import ExperienceStore
@@ -102,6 +103,27 @@ class Job:
     serving: ReleaseRef  # what serves now (a proposer may ask the scenario's own runtime)
     trainer: TrainingClient | None  # the training primitives (weights surface only)
     algorithm_state: JSON  # the recipe's state so far; update it as the batch is used
+
+    def candidate(
+        self, made: Made, recipe: str, high_water: int, gate_overrides: Mapping[str, Any]
+    ) -> LearnedCandidate:
+        """What the gate is handed of `made`: where it came from, the recipe's state, and the
+        training steps the job took (the dashboard's training curve)."""
+        steps = self.trainer.take_steps() if self.trainer is not None else []
+        return LearnedCandidate(
+            self.scenario,
+            self.batch_id,
+            recipe,
+            made.files,
+            self.head.release_id,
+            self.head_files,
+            high_water,
+            made.metadata,
+            {**made.metrics, "steps": steps} if steps else made.metrics,
+            {**self.algorithm_state, "recipe": recipe},
+            made.held_out,
+            gate_overrides=dict(gate_overrides),
+        )
 
 
 @dataclass
