@@ -38,7 +38,7 @@ def test_reef_serve_warms_up_and_its_first_steps_work_as_printed(tiny_model_dir:
     }
     with ReefServer(tmp_path, settings) as reef:
         logs = reef.logs()
-        assert "warm start: the default scenario and its learner loaded" in logs
+        assert "warm start: the default scenario ready" in logs
         status = httpx.get(f"{reef.url}/reef/status").json()
         assert [learner["scenario"] for learner in status["learning"]["learners"]] == ["default"]
         assert status["storage"]["records"] == 0  # the warm-up token is never recorded

@@ -112,6 +112,8 @@ def create_app(
         await learning.start()
         if follower is not None:
             follower.start()
+        if on_ready is not None:
+            await on_ready(reef)
         try:
             yield
         finally:

@@ -44,7 +44,9 @@ def when_ready(
         if wants_warm_start(config, runtime):
             seconds = await warm_start(app.scenarios, runtime)
             if seconds is not None:
-                say(f"warm start: the default scenario and its learner loaded, first token in {seconds:.1f} s")
+                say(
+                    f"warm start: the default scenario ready (with its learner, when learning is on), first token in {seconds:.1f} s"
+                )
         for line in ready_lines(config, runtime):
             say(line)
 
