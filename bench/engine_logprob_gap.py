@@ -106,14 +106,14 @@ def serve_and_record(runtime: str, dtype: str | None, requests: int, work: Path)
 
 def gaps(records: list[Any], trainer: Any) -> dict[str, Any]:
     """Per-token |trainer - engine| and the clip's masked fraction, per temperature and overall."""
-    from reef.grow.rollouts import sample_of
+    from reef.grow.rollouts import rollout_of
 
     out: dict[str, Any] = {}
     every: list[float] = []
     for temperature in TEMPERATURES:
-        samples = [sample_of(r) for r in records if float(r.request.get("temperature")) == temperature and r.token_ids]
+        samples = [rollout_of(r) for r in records if float(r.request.get("temperature")) == temperature and r.token_ids]
         ours = trainer.logprobs(None, [(s.prompt_ids, s.completion_ids) for s in samples], temperature)
-        diffs = [t - e for s, row in zip(samples, ours) for t, e in zip(row, s.rollout_logprobs)]
+        diffs = [t - e for s, row in zip(samples, ours) for t, e in zip(row, s.behaviour_logprobs)]
         out[f"temperature_{temperature}"] = summary(diffs)
         every += diffs
     out["all"] = summary(every)

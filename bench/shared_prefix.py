@@ -39,7 +39,7 @@ import torch  # noqa: E402
 from reef.commit.gate import WARM_CHUNK  # noqa: E402
 from reef.core.chat import ChatRequest, ChatResult, Message  # noqa: E402
 from reef.core.prefix import MIN_SHARED_PREFIX  # noqa: E402
-from reef.core.training import Sample, TrainConfig  # noqa: E402
+from reef.core.training import Rollout, TrainConfig  # noqa: E402
 from reef.core.types import ReleaseRef  # noqa: E402
 from reef.demo import tasks as demo  # noqa: E402
 from reef.grow.trainer import LoRATrainer  # noqa: E402
@@ -109,7 +109,7 @@ def training(model_dir: Path, steps: int) -> dict[str, Any]:
     completions = [[100 + i, 200, 300, 400, 2] for i in range(8)]
     logprobs = trainer.logprobs(None, list(zip(prompts, completions)))  # on-policy: nothing masked at first
     samples = [
-        Sample(p, c, lp, 1.0 if i % 2 else -1.0, 1.0)
+        Rollout(f"r{i}", "base", p, c, lp).datum(1.0 if i % 2 else -1.0)
         for i, (p, c, lp) in enumerate(zip(prompts, completions, logprobs))
     ]
     config = TrainConfig()
@@ -120,7 +120,7 @@ def training(model_dir: Path, steps: int) -> dict[str, Any]:
         trainer.load_state(key, None, config.lora)
         started = time.perf_counter()
         for _ in range(steps):
-            metrics = trainer.forward_backward(key, [s.datum() for s in samples], config.loss, config.loss_config)
+            metrics = trainer.forward_backward(key, samples, config.loss, config.loss_config)
             trainer.optim_step(key, config.adam)
         seconds[setting], losses[setting] = time.perf_counter() - started, metrics["loss"]
     return {

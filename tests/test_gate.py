@@ -32,8 +32,9 @@ from reef.commit.state import ReefState
 from reef.config import GateConfig
 from reef.core.chat import ChatRequest, ChatResult, Delta, Finish, Message, TextDelta
 from reef.core.errors import InvalidInput
+from reef.core.training import Rollout
 from reef.core.types import ArtifactKind, Candidate, Operation, Release, ReleaseRef, Verdict
-from reef.grow.trainer import Sample, TrainConfig
+from reef.grow.trainer import TrainConfig
 from reef.grow.worker import TrainingWorker
 from reef.runtimes.base import Runtime
 from reef.runtimes.embedded import EmbeddedRuntime
@@ -136,7 +137,8 @@ def rollouts(model_dir: Path, n: int) -> list[tuple[list[int], list[int], list[f
 def test_offline_check_rejects_a_candidate_trained_on_inverted_scores(tiny_model_dir: Path) -> None:
     data = rollouts(tiny_model_dir, 8)
     scores = [1.0 if i % 2 == 0 else 0.0 for i in range(8)]  # the truth
-    holdout = [(s, Sample(p, c, lp, 0.0)) for s, (p, c, lp) in zip(scores, data)]
+    held = [Rollout(f"r{i}", "base", p, c, lp) for i, (p, c, lp) in enumerate(data)]
+    holdout = list(zip(scores, held))
     # one small step: first-order effects dominate (with big steps LoRA's B·A product makes
     # second-order, sign-blind changes win on a random tiny model)
     config = TrainConfig(lr=0.01, eps_clip=0.99, eps_clip_high=100.0)
@@ -148,7 +150,7 @@ def test_offline_check_rejects_a_candidate_trained_on_inverted_scores(tiny_model
         out = {}
         try:
             for name, sign in (("inverted", -1.0), ("true", 1.0)):
-                samples = [Sample(p, c, lp, sign * (s - 0.5)) for s, (p, c, lp) in zip(scores, data)]
+                samples = [r.datum(sign * (s - 0.5)) for s, r in zip(scores, held)]
                 files, _ = await worker.train(name, None, samples, config)
                 verdict = await gate.judge(ReleaseRef("r", "c", None), {}, "sha256:x", files, holdout)
                 out[name] = verdict.decision
@@ -183,7 +185,10 @@ def test_each_answer_on_the_tasks_keeps_its_task_index(tiny_model_dir: Path, tmp
             gate = WeightsGate(config, runtime, worker)
             out = []
             for name, lr in (("a", 0.05), ("b", 0.1)):
-                samples = [Sample(p, c, lp, 1.0 if i % 2 else -1.0) for i, (p, c, lp) in enumerate(data)]
+                samples = [
+                    Rollout(f"r{i}", "base", p, c, lp).datum(1.0 if i % 2 else -1.0)
+                    for i, (p, c, lp) in enumerate(data)
+                ]
                 files, _ = await worker.train(name, None, samples, TrainConfig(lr=lr))
                 out.append((await gate.judge(current, {}, f"sha256:{name}", files, [])).metrics)
         finally:

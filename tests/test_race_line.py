@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from race_line import LineConfig, LineSAO  # noqa: E402
 
-from reef.core.training import Sample  # noqa: E402
-from reef.recipes.sao import ScoredSample  # noqa: E402
+from reef.core.training import Rollout  # noqa: E402
+from reef.grow.rollouts import ScoredRollout  # noqa: E402
 
 
 class Drops:
@@ -27,7 +27,7 @@ class Drops:
 def recipe_with(served: list[str], tmp_path: Path, fresh: int = 4, made_ago: float = 0.0) -> LineSAO:
     recipe = LineSAO(LineConfig(line_dir=str(tmp_path), batch_size=2, steps_per_candidate=2, fresh=fresh))
     for n, release in enumerate(served):
-        recipe.pending.append(ScoredSample(f"r{n}", f"rep{n}", n, 1.0, Sample([1], [2], [-0.1], 0.0)))
+        recipe.pending.append(ScoredRollout(f"rep{n}", n, 1.0, Rollout(f"r{n}", "rel", [1], [2], [-0.1])))
         recipe.served_by[f"r{n}"] = release
     recipe.newest = ("canary-b2", time.monotonic() - made_ago)
     return recipe
@@ -39,7 +39,7 @@ def test_a_batch_waits_for_the_newest_candidates_samples_and_puts_them_last(tmp_
     recipe = recipe_with(served, tmp_path)
     assert asyncio.run(recipe.next_batch(view)) is None  # three of the four it waits for
     assert len(recipe.pending) == 6 and not view.dropped
-    recipe.pending.append(ScoredSample("r6", "rep6", 6, 1.0, Sample([1], [2], [-0.1], 0.0)))
+    recipe.pending.append(ScoredRollout("rep6", 6, 1.0, Rollout("r6", "rel", [1], [2], [-0.1])))
     recipe.served_by["r6"] = "canary-b2"
     batch = asyncio.run(recipe.next_batch(view))
     assert batch is not None and batch.record_ids == ["r1", "r3", "r4", "r6"]

@@ -7,8 +7,9 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from reef.core.training import Sample
-from reef.recipes.sao import SAOBatch, SAOConfig, SAORecipe, ScoredSample
+from reef.core.training import Rollout
+from reef.grow.rollouts import ScoredRollout
+from reef.recipes.sao import SAOBatch, SAOConfig, SAORecipe
 
 
 class Trainer:
@@ -33,7 +34,7 @@ class Trainer:
 
 def train(config: SAOConfig) -> Trainer:
     items = [
-        ScoredSample(f"r{i}", f"p{i}", i, float(i % 2), Sample([1, 2], [3, 4], [-0.5, -0.5], 0.0))
+        ScoredRollout(f"p{i}", i, float(i % 2), Rollout(f"r{i}", "rel", [1, 2], [3, 4], [-0.5, -0.5]))
         for i in range(config.batch_size * config.steps_per_candidate)
     ]
     trainer = Trainer()

@@ -19,8 +19,10 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import load as load_safetensors  # noqa: E402
 
 from reef.core.chat import ChatRequest, Finish, Message, TextDelta  # noqa: E402
+from reef.core.training import Datum  # noqa: E402
+from reef.core.training import Rollout as Served  # noqa: E402
 from reef.core.types import ReleaseRef  # noqa: E402
-from reef.grow.trainer import LoRATrainer, Sample, TrainConfig, answer_room, warmed_up_lr  # noqa: E402
+from reef.grow.trainer import LoRATrainer, TrainConfig, answer_room, warmed_up_lr  # noqa: E402
 from reef.grow.worker import TrainingFailed, TrainingWorker  # noqa: E402
 from reef.runtimes.chatml import MAX_CONTEXT, prompt_ids  # noqa: E402
 from reef.runtimes.embedded import EmbeddedRuntime  # noqa: E402
@@ -73,8 +75,10 @@ async def generate(
         await runtime.close()
 
 
-def samples_of(rollouts: list[Rollout], advantages: list[float]) -> list[Sample]:
-    return [Sample(p, c, lp, a, t) for (p, c, lp, t), a in zip(rollouts, advantages)]
+def samples_of(rollouts: list[Rollout], advantages: list[float]) -> list[Datum]:
+    return [
+        Served(f"r{i}", "rel", p, c, lp, t).datum(a) for i, ((p, c, lp, t), a) in enumerate(zip(rollouts, advantages))
+    ]
 
 
 def weights(files: dict[str, bytes]) -> dict[str, Any]:
@@ -157,7 +161,7 @@ def test_advantages_move_likelihoods_their_way(trainer: LoRATrainer, rollouts: l
 
 def test_off_policy_tokens_are_masked(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
     start, _ = trainer.step("masked", None, samples_of(rollouts[:4], [1.0] * 4), TrainConfig(lr=0.0))
-    stale = [Sample(p, c, [x + 3.0 for x in lp], 1.0, t) for p, c, lp, t in rollouts[:4]]  # ratio e^-3
+    stale = samples_of([(p, c, [x + 3.0 for x in lp], t) for p, c, lp, t in rollouts[:4]], [1.0] * 4)  # ratio e^-3
     files, m = trainer.step("masked", start, stale, TrainConfig(lr=0.1))
     assert m["clipped_fraction"] == 1.0 and m["loss"] == 0.0 and m["grad_norm"] == 0.0
     assert m["max_abs_log_ratio"] > 2.9
@@ -201,7 +205,7 @@ def test_a_fresh_optimiser_ramps_its_learning_rate_up(trainer: LoRATrainer, roll
 def test_bad_samples_are_refused(trainer: LoRATrainer, rollouts: list[Rollout]) -> None:
     p, c, lp, _ = rollouts[0]
     with pytest.raises(ValueError, match="rollout log-probs"):
-        trainer.step("bad", None, [Sample(p, c, lp[:-1], 1.0)], TrainConfig())
+        trainer.step("bad", None, samples_of([(p, c, lp[:-1], 1.0)], [1.0]), TrainConfig())
 
 
 def test_the_gates_answers_on_the_trainer_stop_where_the_context_ends(trainer: LoRATrainer) -> None:
@@ -443,7 +447,7 @@ def test_worker_reports_a_failed_job_and_goes_on(
 ) -> None:
     p, c, lp, _ = rollouts[0]
     with pytest.raises(TrainingFailed, match="rollout log-probs"):  # the child's own message comes back
-        on(loop, worker.train("err", None, [Sample(p, c, lp[:-1], 1.0)], TrainConfig()))
+        on(loop, worker.train("err", None, samples_of([(p, c, lp[:-1], 1.0)], [1.0]), TrainConfig()))
     assert on(loop, worker.logprobs(None, [(p, c)]))[0]  # the child survived its job's failure
 
 

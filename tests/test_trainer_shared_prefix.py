@@ -11,7 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from reef.grow.trainer import MIN_SHARED_PREFIX, LoRATrainer, Sample, TrainConfig  # noqa: E402
+from reef.core.training import Datum, Rollout  # noqa: E402
+from reef.grow.trainer import MIN_SHARED_PREFIX, LoRATrainer, TrainConfig  # noqa: E402
 from tests.test_trainer import one_thread, pytestmark, weights  # noqa: E402,F401  (one_thread: autouse)
 
 Seq = tuple[list[int], list[int]]
@@ -51,10 +52,13 @@ def assert_close(a: list[list[float]], b: list[list[float]], tol: float = 1e-5) 
     assert max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)) < tol
 
 
-def samples(trainer: LoRATrainer, seqs: list[Seq]) -> list[Sample]:
+def samples(trainer: LoRATrainer, seqs: list[Seq]) -> list[Datum]:
     """On-policy samples (behaviour log-probs from the base) with advantages of both signs."""
     lps = trainer.logprobs(None, seqs)
-    return [Sample(p, c, lp, 1.0 if i % 2 else -1.0, 1.0) for i, ((p, c), lp) in enumerate(zip(seqs, lps))]
+    return [
+        Rollout(f"r{i}", "base", p, c, lp).datum(1.0 if i % 2 else -1.0)
+        for i, ((p, c), lp) in enumerate(zip(seqs, lps))
+    ]
 
 
 def test_logprobs_are_the_same_for_the_base_and_a_trained_adapter(trainer: LoRATrainer) -> None:
@@ -71,7 +75,7 @@ def test_logprobs_are_the_same_for_the_base_and_a_trained_adapter(trainer: LoRAT
 
 def test_a_training_step_is_the_same(trainer: LoRATrainer) -> None:
     seqs = shared_rows(seed=1)
-    data = [s.datum() for s in samples(trainer, seqs)]
+    data = samples(trainer, seqs)
     config = TrainConfig(lr=1e-3, kl_coef=0.1)  # the KL term runs the base over the prefix too
 
     start, _ = trainer.step("fb-start", None, samples(trainer, seqs[:2]), TrainConfig(lr=5e-2))  # B != 0

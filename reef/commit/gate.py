@@ -47,7 +47,7 @@ from reef.core.dotted import load_dotted
 from reef.core.errors import InvalidInput
 from reef.core.live_evidence import LiveEvidence, combined_p, tasks_share_p
 from reef.core.sign_test import sign_test_p
-from reef.core.training import Sample, weights_part
+from reef.core.training import Rollout, weights_part
 from reef.core.types import Release, ReleaseRef, Verdict
 from reef.runtimes.base import Runtime
 from reef.runtimes.chatml import MAX_CONTEXT
@@ -94,7 +94,7 @@ class WeightsGate:
         current_files: Mapping[str, bytes],
         candidate_id: str,
         candidate_files: Mapping[str, bytes],
-        holdout: Sequence[tuple[float, Sample]],
+        holdout: Sequence[tuple[float, Rollout]],
         starved: bool = False,
         live: LiveEvidence | None = None,
         thresholds: Mapping[str, Any] | None = None,
@@ -282,7 +282,7 @@ class WeightsGate:
         self,
         current_files: Mapping[str, bytes],
         candidate_files: Mapping[str, bytes],
-        holdout: Sequence[tuple[float, Sample]],
+        holdout: Sequence[tuple[float, Rollout]],
     ) -> Verdict:
         if not holdout:
             return Verdict("reject", {"gate": "offline", "reason": "no held-out reported records yet"})
@@ -313,7 +313,7 @@ class WeightsGate:
         return Verdict("select" if ok else "reject", metrics)
 
     async def _drift(
-        self, current: Mapping[str, bytes], candidate: Mapping[str, bytes], samples: list[Sample]
+        self, current: Mapping[str, bytes], candidate: Mapping[str, bytes], samples: list[Rollout]
     ) -> float:
         """Mean over samples of the change in mean log-prob per token, candidate minus current."""
         sequences = [(s.prompt_ids, s.completion_ids) for s in samples]

@@ -24,7 +24,7 @@ class LearnedCandidate:
     metadata: JSON = field(default_factory=dict)  # stored in the artifact manifest (e.g. mutations)
     metrics: JSON = field(default_factory=dict)  # stored in the chain entry (training or proposal notes)
     algorithm_state: JSON = field(default_factory=dict)  # the recipe's state after this batch (e.g. a baseline)
-    # what the gate evaluates on when it has no task file: (score, Sample) pairs for weights,
+    # what the gate evaluates on when it has no task file: (score, Rollout) pairs for weights,
     # task objects for a harness
     held_out: list[Any] = field(default_factory=list)
     # the learner waits for samples as the gate begins to judge this one: the gate may leave the

@@ -5,14 +5,14 @@ A `Datum` is one sequence to learn from: the prompt it continued, the completion
 log-probs the completion was sampled with (the behaviour policy), and per completion token an
 advantage and a loss weight (0 masks the token out). A loss is chosen by name (`LOSSES`);
 `LossConfig` holds its knobs, `AdamParams` those of the optimiser step, `LoraShape` the shape
-of a fresh adapter. `Sample` is the one-advantage-per-rollout shorthand SAO started with.
+of a fresh adapter. A `Rollout` is a served completion as recipes keep it until it becomes a `Datum`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 # ppo: PPO's clipped surrogate against the behaviour log-probs (SAO's loss): every token counts; one
 #   whose ratio already left (1 - eps_clip, 1 + eps_clip_high) the way its advantage pushes adds
@@ -53,24 +53,24 @@ class Datum:
 
 
 @dataclass(frozen=True)
-class Sample:
-    """A rollout with one advantage for all its tokens (SAO's unit)."""
+class Rollout:
+    """One served completion as the learner trains on it, made once from its record
+    (`reef.grow.rollouts.rollout_of`). Recipes keep it beside their own score, report or group
+    slot, and it becomes a training row only when they train: `datum(advantage)`."""
 
+    record_id: str
+    release_id: str  # the release that sampled it (the behaviour policy)
     prompt_ids: list[int]
     completion_ids: list[int]
-    rollout_logprobs: list[float]
-    advantage: float
-    temperature: float = 1.0
+    behaviour_logprobs: list[float]  # per completion token, as sampled
+    temperature: float = 1.0  # the temperature it was sampled at (0 counts as 1)
 
-    def datum(self) -> Datum:
+    def datum(self, advantage: float | Sequence[float]) -> Datum:
+        """The training row: one advantage for every token, or one per token; every token weighs 1."""
         n = len(self.completion_ids)
+        advantages = [float(advantage)] * n if isinstance(advantage, (int, float)) else list(advantage)
         return Datum(
-            self.prompt_ids,
-            self.completion_ids,
-            self.rollout_logprobs,
-            [self.advantage] * n,
-            [1.0] * n,
-            self.temperature,
+            self.prompt_ids, self.completion_ids, self.behaviour_logprobs, advantages, [1.0] * n, self.temperature
         )
 
 

@@ -42,7 +42,6 @@ from reef.core.training import (
     Datum,
     LoraShape,
     LossConfig,
-    Sample,
     TrainConfig,
     checkpoint_part,
     full_weights_part,
@@ -214,12 +213,12 @@ class FullTrainer(SequenceModel):
         return files
 
     def step(
-        self, key: str, checkpoint: dict[str, bytes] | None, samples: list[Sample], config: TrainConfig
+        self, key: str, checkpoint: dict[str, bytes] | None, data: list[Datum], config: TrainConfig
     ) -> tuple[dict[str, bytes], dict[str, float]]:
-        """One SAO step, the primitives in order: load, clipped-IS forward-backward, AdamW, save."""
+        """One optimiser step, the primitives in order: load, forward-backward of `config.loss`, AdamW, save."""
         started = time.monotonic()
         self.load_state(key, checkpoint, config.lora)
-        metrics = self.forward_backward(key, [s.datum() for s in samples], config.loss, config.loss_config)
+        metrics = self.forward_backward(key, data, config.loss, config.loss_config)
         metrics.update(self.optim_step(key, config.adam))
         files = self.save_state(key)
         metrics["seconds"] = time.monotonic() - started

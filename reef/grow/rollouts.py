@@ -1,4 +1,4 @@
-"""A served record as a rollout to train on: whether it can be, honestly, and its `Sample`.
+"""A served record as a rollout to train on: whether it can be, honestly, and its `Rollout`.
 
 A record is a rollout only if it was served here (an imported one, `POST /reef/records/batch`,
 has no tokens of a release), is complete, has its token ids, log-probs and prompt token ids,
@@ -10,10 +10,26 @@ reproduce), it has not been learned from, and its release is known to the chain 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from reef.core.provenance import verified
-from reef.core.training import Sample
+from reef.core.training import Rollout
 from reef.core.types import Record, RecordStatus
 from reef.grow.recipe import LearnerView
+
+
+@dataclass(frozen=True)
+class ScoredRollout:
+    """A trainable rollout with the report that scored it (for the batch log)."""
+
+    report_id: str
+    report_seq: int
+    score: float
+    rollout: Rollout
+
+    @property
+    def record_id(self) -> str:
+        return self.rollout.record_id
 
 
 def rollout_problem(record: Record, consumed: set[str]) -> str | None:
@@ -44,14 +60,17 @@ def staleness_problem(release_id: str, view: LearnerView, max_staleness: int) ->
     return None
 
 
-def sample_of(record: Record, advantage: float = 0.0) -> Sample:
-    """The rollout a record holds, as the trainer takes it."""
+def rollout_of(record: Record) -> Rollout:
+    """The rollout a served record holds, made once: recipes keep it until it becomes a `Datum`."""
+    if record.release is None:
+        raise ValueError(f"record {record.id} names no release: it is no rollout")
     response = record.response or {}
     temperature = record.request.get("temperature")
-    return Sample(
+    return Rollout(
+        record_id=record.id,
+        release_id=record.release.release_id,
         prompt_ids=list(response["prompt_token_ids"]),
         completion_ids=list(record.token_ids or []),
-        rollout_logprobs=list(record.logprobs or []),
-        advantage=advantage,
+        behaviour_logprobs=list(record.logprobs or []),
         temperature=1.0 if temperature in (None, 0) else float(temperature),
     )

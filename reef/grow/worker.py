@@ -42,7 +42,7 @@ from reef.grow.rank_launch import Launch, RankLayout, rank_command
 
 if TYPE_CHECKING:
     from reef.core.chat import ChatRequest
-    from reef.core.training import Sample, TrainConfig
+    from reef.core.training import Datum, TrainConfig
 
 LOGPROBS_KEY = "_logprobs"  # the queue of log-prob jobs that name no scenario
 GENERATE_KEY = "_generate"  # the queue of the gate's greedy answers (`gate.answer_on: trainer`)
@@ -233,10 +233,10 @@ class TrainingWorker:
         return await self._submit(key, method, (key, *args))
 
     async def train(
-        self, key: str, checkpoint: dict[str, bytes] | None, samples: list[Sample], config: TrainConfig
+        self, key: str, checkpoint: dict[str, bytes] | None, data: list[Datum], config: TrainConfig
     ) -> tuple[dict[str, bytes], dict[str, float]]:
         """`LoRATrainer.step` (load, forward-backward, AdamW, save) in the child, as one job."""
-        return await self.call(key, "step", checkpoint, samples, config)  # type: ignore[no-any-return]
+        return await self.call(key, "step", checkpoint, data, config)  # type: ignore[no-any-return]
 
     async def logprobs(
         self,

@@ -33,6 +33,7 @@ import asyncio
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import islice
 from typing import Callable, Literal, Sequence
 
@@ -42,10 +43,10 @@ from reef.config.training import ClippedLossConfig
 from reef.core.chat import ChatRequest, Message, Tool, ToolCall
 from reef.core.errors import InvalidInput, NotFound, RuntimeFailure
 from reef.core.fence import Fence
-from reef.core.training import Datum, LossConfig, Sample, weights_part
+from reef.core.training import Datum, LossConfig, Rollout, weights_part
 from reef.core.types import JSON, Record, RecordStatus, ReportedRecords
 from reef.grow.recipe import Abandon, Job, LearnerView, Made, RecipeContext, held_out
-from reef.grow.rollouts import rollout_problem, sample_of, staleness_problem
+from reef.grow.rollouts import rollout_of, rollout_problem, staleness_problem
 from reef.recipes.judge import JudgeConfig, judge_messages, majority, parse_verdict
 from reef.recipes.session_turns import client_messages, prefix_digests, turn_key, until_assistant
 from reef.runtimes.endpoint import ModelEndpoint
@@ -112,6 +113,11 @@ class Ready:
     def record_id(self) -> str:
         return self.record.id
 
+    @cached_property
+    def rollout(self) -> Rollout:
+        """Its record as the trainer takes it, made once (the judge reads the record itself)."""
+        return rollout_of(self.record)
+
 
 @dataclass(frozen=True)
 class TurnBatch:
@@ -161,7 +167,7 @@ class OpenClawRLRecipe:
         self.unfinished: dict[str, tuple[float, str, int]] = {}  # in_progress record -> (stored at, session, seq)
         self.ready: deque[Ready] = deque()
         self.holdout_waiting: deque[Ready] = deque(maxlen=HOLDOUT_KEEP)
-        self.holdout: deque[tuple[float, Sample]] = deque(maxlen=HOLDOUT_KEEP)
+        self.holdout: deque[tuple[float, Rollout]] = deque(maxlen=HOLDOUT_KEEP)
         self.reported: dict[str, tuple[str, float]] = {}  # record id -> (report id, score): the latest
         self.view: LearnerView | None = None
         self.counts: Counter[str] = Counter()
@@ -358,7 +364,7 @@ class OpenClawRLRecipe:
         self.holdout_waiting.clear()
         judged = await asyncio.gather(*(self.judgement(t, job) for t in [*batch.turns, *holdout]))
         for turn, j in zip(holdout, judged[len(batch.turns) :]):
-            self.holdout.append((j.reward, sample_of(turn.record)))
+            self.holdout.append((j.reward, turn.rollout))
         hints = await self._hint_advantages(batch.turns, judged[: len(batch.turns)], job) if c.hints.enabled else {}
         state = job.algorithm_state
         baseline = float(state.get("reward_baseline", 0.0))
@@ -406,16 +412,12 @@ class OpenClawRLRecipe:
         )
 
     def _datum(self, turn: Ready, reward: float, distill: list[float] | None) -> Datum | None:
-        sample = sample_of(turn.record)
-        n = len(sample.completion_ids)
-        advantages = [self.config.reward_weight * reward] * n
+        advantages = [self.config.reward_weight * reward] * len(turn.rollout.completion_ids)
         if distill is not None:
             advantages = [a + self.config.hints.weight * d for a, d in zip(advantages, distill)]
         if not any(advantages):
             return None
-        return Datum(
-            sample.prompt_ids, sample.completion_ids, sample.rollout_logprobs, advantages, [1.0] * n, sample.temperature
-        )
+        return turn.rollout.datum(advantages)
 
     async def judgement(self, turn: Ready, job: Job) -> Judgement:
         """The turn's reward: the judge's majority vote, mixed with a reported score if any."""
@@ -474,14 +476,14 @@ class OpenClawRLRecipe:
         teacher = weights_part(job.head_files) if self.config.hints.teacher == "serving" else None
         out: dict[str, list[float]] = {}
         for turn, hint in hinted:
-            sample = sample_of(turn.record)
+            rollout = turn.rollout
             try:
                 ids = prompt_ids(hinted_request(turn.record, hint or ""))
             except Exception:  # noqa: BLE001 - a request the template cannot render again: no hint
                 self.counts["hint_failures"] += 1
                 continue
-            scores = (await job.trainer.logprobs([(ids, sample.completion_ids)], teacher, sample.temperature))[0]
-            out[turn.record_id] = [t - s for t, s in zip(scores, sample.rollout_logprobs)]
+            scores = (await job.trainer.logprobs([(ids, rollout.completion_ids)], teacher, rollout.temperature))[0]
+            out[turn.record_id] = [t - s for t, s in zip(scores, rollout.behaviour_logprobs)]
         self.counts["hinted"] += len(out)
         return out
 

@@ -30,7 +30,7 @@ from typing import Any, Literal, Sequence
 from pydantic import Field
 
 from reef.config.training import ClippedLossConfig
-from reef.core.training import Sample, TrainConfig
+from reef.core.training import Datum, TrainConfig
 from reef.core.types import JSON, Record, ReportedRecords
 from reef.grow.recipe import (
     Job,
@@ -41,7 +41,7 @@ from reef.grow.recipe import (
     missing_records,
     offline_holdout_fraction,
 )
-from reef.grow.rollouts import rollout_problem, sample_of, staleness_problem
+from reef.grow.rollouts import ScoredRollout, rollout_of, rollout_problem, staleness_problem
 
 NAME = "sao"
 HOLDOUT_KEEP = 64
@@ -66,20 +66,9 @@ class SAOConfig(ClippedLossConfig):
     )
 
 
-@dataclass
-class ScoredSample:
-    """A trainable sample with where it came from (for the batch log)."""
-
-    record_id: str
-    report_id: str
-    report_seq: int
-    score: float
-    sample: Sample
-
-
 @dataclass(frozen=True)
 class SAOBatch:
-    items: list[ScoredSample]
+    items: list[ScoredRollout]
 
     @property
     def record_ids(self) -> list[str]:
@@ -99,8 +88,8 @@ class SAORecipe:
     def __init__(self, config: SAOConfig, context: RecipeContext | None = None) -> None:
         self.config = config
         self.holdout_fraction = offline_holdout_fraction(context)
-        self.pending: list[ScoredSample] = []
-        self.holdout: deque[ScoredSample] = deque(maxlen=HOLDOUT_KEEP)
+        self.pending: list[ScoredRollout] = []
+        self.holdout: deque[ScoredRollout] = deque(maxlen=HOLDOUT_KEEP)
         self.last_train_seconds: float | None = None
 
     def train_config(self) -> TrainConfig:
@@ -130,14 +119,14 @@ class SAORecipe:
                 if reason:
                     view.drop(reason)
                     continue
-                scored = ScoredSample(record.id, item.report.id, item.cursor, item.report.score, sample_of(record))
+                scored = ScoredRollout(item.report.id, item.cursor, item.report.score, rollout_of(record))
                 waiting = self.holdout if held_out(record.id, self.holdout_fraction) else self.pending
                 self._replace_earlier_report(waiting, record.id, view)
                 waiting.append(scored)
 
     @staticmethod
     def _replace_earlier_report(
-        waiting: list[ScoredSample] | deque[ScoredSample], record_id: str, view: LearnerView
+        waiting: list[ScoredRollout] | deque[ScoredRollout], record_id: str, view: LearnerView
     ) -> None:
         """Two reports on one record (a client retrying without a report_id) make one sample, scored
         by the later report: a batch never trains on one record twice."""
@@ -168,9 +157,7 @@ class SAORecipe:
     def resume(self, items: Sequence[ReportedRecords]) -> SAOBatch:
         return SAOBatch(
             [
-                ScoredSample(
-                    item.records[0].id, item.report.id, item.cursor, item.report.score, sample_of(item.records[0])
-                )
+                ScoredRollout(item.report.id, item.cursor, item.report.score, rollout_of(item.records[0]))
                 for item in items
             ]
         )
@@ -183,45 +170,37 @@ class SAORecipe:
     async def candidate(self, batch: SAOBatch, job: Job) -> Made:
         """`steps_per_candidate` optimiser steps of the configured loss, on from `job.start`."""
         assert job.trainer is not None
-        samples, job.algorithm_state = self.with_advantages(batch.items, job.algorithm_state)
+        data, job.algorithm_state = self.with_advantages(batch.items, job.algorithm_state)
         c, started = self.train_config(), time.monotonic()
         await job.trainer.load_state(job.start, c.lora)
         metrics: dict[str, float] = {}
-        for start in range(0, len(samples), self.config.batch_size):
-            chunk = [s.datum() for s in samples[start : start + self.config.batch_size]]
+        for start in range(0, len(data), self.config.batch_size):
+            chunk = data[start : start + self.config.batch_size]
             metrics = await job.trainer.forward_backward(chunk, c.loss, c.loss_config)
             metrics.update(await job.trainer.optim_step(c.adam))
         files = await job.trainer.save_state()
         self.last_train_seconds = round(time.monotonic() - started, 3)
-        return Made(files, metrics={"training": metrics}, held_out=[(s.score, s.sample) for s in self.holdout])
+        return Made(files, metrics={"training": metrics}, held_out=[(s.score, s.rollout) for s in self.holdout])
 
     def with_advantages(
-        self, batch: list[ScoredSample], state: dict[str, Any] | None
-    ) -> tuple[list[Sample], dict[str, Any]]:
+        self, batch: list[ScoredRollout], state: dict[str, Any] | None
+    ) -> tuple[list[Datum], dict[str, Any]]:
         """Advantage = score - running baseline, the baseline updated sample by sample."""
         state = dict(state or {})
         baseline = state.get("baseline")
         if baseline is None:
             baseline = sum(s.score for s in batch) / len(batch)
         decay = BASELINE_DECAY
-        samples = []
+        data = []
         for item in batch:
-            samples.append(
-                Sample(
-                    item.sample.prompt_ids,
-                    item.sample.completion_ids,
-                    item.sample.rollout_logprobs,
-                    advantage=item.score - baseline,
-                    temperature=item.sample.temperature,
-                )
-            )
+            data.append(item.rollout.datum(item.score - baseline))
             baseline = decay * baseline + (1 - decay) * item.score
         state.update(
             baseline=baseline,
             samples_seen=int(state.get("samples_seen", 0)) + len(batch),
             candidates=int(state.get("candidates", 0)) + 1,
         )
-        return samples, state
+        return data, state
 
     def status(self) -> JSON:
         return {

@@ -30,7 +30,7 @@ from pydantic import Field
 
 from reef.config.training import WeightsTrainingConfig
 from reef.core.errors import NotFound
-from reef.core.training import Datum, LossConfig, Sample
+from reef.core.training import Datum, LossConfig
 from reef.core.types import JSON, Record, Report, ReportedRecords
 from reef.grow.recipe import (
     Abandon,
@@ -42,7 +42,7 @@ from reef.grow.recipe import (
     missing_records,
     offline_holdout_fraction,
 )
-from reef.grow.rollouts import rollout_problem, sample_of, staleness_problem
+from reef.grow.rollouts import ScoredRollout, rollout_of, rollout_problem, staleness_problem
 
 NAME = "ttt_discover"
 COORDINATES = ("step", "group", "rollout", "group_size")
@@ -60,27 +60,17 @@ class TTTDiscoverConfig(WeightsTrainingConfig):
     kl_coef: float = Field(0.05, ge=0, description="Weight of the KL penalty to the base model")
 
 
-@dataclass(frozen=True)
-class Rollout:
-    record_id: str
-    report_id: str
-    report_seq: int
-    score: float
-    release_id: str
-    sample: Sample
-
-
 @dataclass
 class Group:
     step: int
     group: int
-    rollouts: dict[int, Rollout] = field(default_factory=dict)
+    rollouts: dict[int, ScoredRollout] = field(default_factory=dict)  # by slot
 
     @property
     def name(self) -> str:
         return f"step {self.step} group {self.group}"
 
-    def ordered(self) -> list[Rollout]:
+    def ordered(self) -> list[ScoredRollout]:
         return [self.rollouts[i] for i in sorted(self.rollouts)]
 
 
@@ -108,7 +98,7 @@ class TTTDiscoverRecipe:
         self.config = config
         self.holdout_fraction = offline_holdout_fraction(context)
         self.groups: dict[tuple[int, int], Group] = {}  # waiting, in the order first seen
-        self.holdout: deque[Rollout] = deque(maxlen=64)
+        self.holdout: deque[ScoredRollout] = deque(maxlen=64)
 
     # -- eligibility ----------------------------------------------------------------------------
 
@@ -126,22 +116,13 @@ class TTTDiscoverRecipe:
                 if problem is not None:
                     view.drop(problem)
                     continue
-                assert at is not None and record.release is not None
+                assert at is not None
                 self._place(
-                    Rollout(
-                        record.id,
-                        item.report.id,
-                        item.cursor,
-                        float(item.report.score),
-                        record.release.release_id,
-                        sample_of(record),
-                    ),
-                    at,
-                    view,
+                    ScoredRollout(item.report.id, item.cursor, float(item.report.score), rollout_of(record)), at, view
                 )
         self._expire(view)
 
-    def _place(self, rollout: Rollout, at: tuple[int, int, int, int], view: LearnerView) -> None:
+    def _place(self, rollout: ScoredRollout, at: tuple[int, int, int, int], view: LearnerView) -> None:
         step, group, index, _ = at
         if held_out(f"{step}/{group}", self.holdout_fraction, "group:"):
             self.holdout.append(rollout)
@@ -170,7 +151,7 @@ class TTTDiscoverRecipe:
         return GroupBatch([self.groups.pop(key) for key in complete[: self.config.groups_per_batch]])
 
     def _refusal(self, group: Group, view: LearnerView) -> tuple[str, str] | None:
-        releases = sorted({r.release_id for r in group.rollouts.values()})
+        releases = sorted({r.rollout.release_id for r in group.rollouts.values()})
         if len(releases) > 1:
             return "mixed_releases", f"{group.name} spans {len(releases)} releases ({', '.join(releases)})"
         problem = staleness_problem(releases[0], view, self.config.max_staleness)
@@ -187,13 +168,8 @@ class TTTDiscoverRecipe:
             at = coordinate(item.report, record)
             if at is None or record.release is None:
                 raise NotFound(f"record {record.id} names no group")
-            groups.setdefault(at[:2], Group(*at[:2])).rollouts[at[2]] = Rollout(
-                record.id,
-                item.report.id,
-                item.cursor,
-                float(item.report.score),
-                record.release.release_id,
-                sample_of(record),
+            groups.setdefault(at[:2], Group(*at[:2])).rollouts[at[2]] = ScoredRollout(
+                item.report.id, item.cursor, float(item.report.score), rollout_of(record)
             )
         return GroupBatch([groups[key] for key in sorted(groups)])
 
@@ -208,7 +184,7 @@ class TTTDiscoverRecipe:
             (
                 ("mixed_releases", f"{g.name} spans several releases")
                 for g in batch.groups
-                if len({r.release_id for r in g.rollouts.values()}) > 1
+                if len({r.rollout.release_id for r in g.rollouts.values()}) > 1
             ),
             None,
         )
@@ -230,7 +206,7 @@ class TTTDiscoverRecipe:
         return Made(
             await job.trainer.save_state(),
             metrics={"training": metrics, "groups": [g.name for g in batch.groups]},
-            held_out=[(r.score, r.sample) for r in self.holdout],
+            held_out=[(r.score, r.rollout) for r in self.holdout],
         )
 
     def _data(self, group: Group) -> list[Datum]:
@@ -239,17 +215,7 @@ class TTTDiscoverRecipe:
         advantages = (
             entropic_advantages(scores, ENTROPIC_KL) if self.config.advantage == "entropic" else leave_one_out(scores)
         )
-        return [
-            Datum(
-                r.sample.prompt_ids,
-                r.sample.completion_ids,
-                r.sample.rollout_logprobs,
-                [a] * len(r.sample.completion_ids),
-                [1.0] * len(r.sample.completion_ids),
-                r.sample.temperature,
-            )
-            for r, a in zip(rollouts, advantages)
-        ]
+        return [r.rollout.datum(a) for r, a in zip(rollouts, advantages)]
 
     def status(self) -> JSON:
         return {"open_groups": len(self.groups), "held_out": len(self.holdout)}

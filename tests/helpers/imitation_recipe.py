@@ -16,7 +16,7 @@ from typing import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from reef.core.provenance import verified
-from reef.core.training import AdamParams, Datum, LoraShape, LossConfig, Sample
+from reef.core.training import AdamParams, Datum, LoraShape, LossConfig, Rollout
 from reef.core.types import JSON, Record, RecordStatus, ReportedRecords
 from reef.grow.recipe import Job, LearnerView, Made, RecipeContext, held_out
 
@@ -43,8 +43,8 @@ class Target:
         n = len(self.completion_ids)
         return Datum(self.prompt_ids, self.completion_ids, [], [0.0] * n, [1.0] * n)
 
-    def sample(self) -> Sample:  # the gate's offline check reads (prompt, completion)
-        return Sample(self.prompt_ids, self.completion_ids, [0.0] * len(self.completion_ids), 0.0)
+    def rollout(self) -> Rollout:  # the gate's offline check reads (prompt, completion)
+        return Rollout(self.record_id, "", self.prompt_ids, self.completion_ids, [0.0] * len(self.completion_ids))
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class ImitationRecipe:
         return Made(
             await job.trainer.save_state(),
             metrics={"training": metrics},
-            held_out=[(t.score, t.sample()) for t in self.holdout],
+            held_out=[(t.score, t.rollout()) for t in self.holdout],
         )
 
     def status(self) -> JSON:
