@@ -235,7 +235,9 @@ def test_a_harness_recipe_names_its_gate_settings_in_the_protocol(tmp_path: Path
     skills = find_recipe("skills")
     recipe = skills(SkillsConfig(gate=HarnessGateConfig(margin=3)), proposer=object())  # type: ignore[arg-type]
     assert recipe.harness_gate.margin == 3
-    assert all(find_recipe(name).harness_gate is None for name in RECIPES if name != "skills")
+    harness = {"skills", "skillclaw"}
+    assert all(find_recipe(name).harness_gate is None for name in RECIPES if name not in harness)
+    assert all(isinstance(find_recipe(name).harness_gate, property) for name in harness)
     path = tmp_path / "serve.yaml"
     path.write_text("recipes:\n  default: tests.test_config:HarnessRecipeWithoutGate\n")
     with pytest.raises(InvalidInput, match="harness recipe without harness_gate"):

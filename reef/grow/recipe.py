@@ -80,8 +80,9 @@ class LearnerView:
     head: Callable[[], Release]
     head_files: Callable[[], Awaitable[dict[str, bytes]]]
     dropped: Counter[str] = field(default_factory=Counter)
-    store: ExperienceStore | None = None  # read-only: the scenario's records, for a recipe that learns from
-    # traffic itself rather than from reports (openclaw_rl stitches sessions from it)
+    store: ExperienceStore | None = None  # the scenario's records, for a recipe that learns from traffic
+    # itself rather than from reports (openclaw_rl stitches sessions from it); read-only but for
+    # `stitch_session`, which names a record's session in the store, never its content
     # the training mode lets traffic make a batch now (auto, hybrid, or a train-now request); when
     # False, a recipe that takes instructions (`instruct`) is still asked, for those alone
     from_traffic: bool = True
