@@ -133,6 +133,20 @@ def test_the_number_of_worked_examples_is_a_setting(tmp_path: Path) -> None:
     assert all(len(row["messages"]) == 3 for row in rows)
 
 
+def test_the_demo_trains_full_weights_on_ranks_when_asked(tmp_path: Path) -> None:
+    import yaml
+
+    from reef.config import load_config
+    from reef.demo.server import demo_settings
+
+    heldout = demo_tasks.write_heldout_jsonl(tmp_path / "h.jsonl", 1)
+    assert "weights" not in demo_settings(tmp_path, heldout, 8000, None)["learner"]  # LoRA: Reef's default
+    settings = demo_settings(tmp_path, heldout, 8000, None, weights="full", ranks=2)
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(settings))
+    learner = load_config(tmp_path / "serve.yaml", env={}).learner
+    assert (learner.weights, learner.ranks) == ("full", 2)
+
+
 # -- the learning curve ---------------------------------------------------------------------------
 
 

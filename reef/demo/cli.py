@@ -81,6 +81,21 @@ import click
     "(docs/learning.md compares them)  [default: cispo]",
 )
 @click.option(
+    "--weights",
+    type=click.Choice(["lora", "full"]),
+    default="lora",
+    show_default=True,
+    help="learner.weights: train a LoRA adapter, or every weight of the model (full; each candidate is "
+    "then a whole checkpoint, and its learning rate learner.sao.full_lr)",
+)
+@click.option(
+    "--ranks",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="learner.ranks: training processes (a torchrun job with FSDP2 above 1; needs --weights full)",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -98,6 +113,8 @@ def demo(
     runtime: str,
     canary: float | None,
     loss: str | None,
+    weights: str,
+    ranks: int,
     as_json: bool,
 ) -> None:
     """Watch Reef learn: the whole loop on the embedded model, with a live learning curve.
@@ -122,6 +139,7 @@ def demo(
       reef demo                          # 15 minutes, curve in ./reef-demo/
       reef demo --minutes 5 --out-dir /tmp/curve
       reef demo --runtime vllm           # the same loop, served by vLLM (CPU build)
+      reef demo --weights full --ranks 2 # full weights, trained by two FSDP ranks
     """
     from reef.core.errors import ReefError
     from reef.extras import require
@@ -149,6 +167,8 @@ def demo(
             runtime=runtime,
             canary=CANARY if canary is None else canary,
             loss=loss or LOSS,
+            weights=weights,
+            ranks=ranks,
             console=Console(stderr=as_json),
         )
     except DemoServerError as exc:

@@ -394,6 +394,8 @@ def run_demo(
     runtime: str = "embedded",
     canary: float = CANARY,
     loss: str = LOSS,
+    weights: str = "lora",
+    ranks: int = 1,
 ) -> DemoResult:
     from rich.console import Console
 
@@ -405,7 +407,9 @@ def run_demo(
     heldout = demo_tasks.write_heldout_jsonl(workdir / "heldout.jsonl", examples)
     port = free_port()
     config = workdir / "serve.yaml"
-    settings = demo_settings(workdir, heldout, port, model_dir, lr, runtime, canary=canary, loss=loss)
+    settings = demo_settings(
+        workdir, heldout, port, model_dir, lr, runtime, canary=canary, loss=loss, weights=weights, ranks=ranks
+    )
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
     server = DemoServer(config, port, (out_dir / "serve.log").resolve())
     console.print(f"reef demo: starting reef serve on {server.url} (state in {workdir}, log {server.log_path})")

@@ -82,6 +82,8 @@ def demo_settings(
     gate_after_batches: int = GATE_AFTER_BATCHES,
     live_split: float | None = LIVE_SPLIT,
     gate_halves: bool | str = GATE_HALVES,
+    weights: str = "lora",
+    ranks: int = 1,
 ) -> dict[str, Any]:
     """serve.yaml for the demo: the embedded model (or vLLM, serving the same model folder the
     trainer trains), short answers, and a learner whose gate runs the held-out tasks through the
@@ -99,6 +101,7 @@ def demo_settings(
         "embedded": embedded,
         **engine,
         "learner": {
+            **({"weights": weights, "ranks": ranks} if weights != "lora" or ranks != 1 else {}),
             "sao": {"batch_size": 8, "steps_per_candidate": STEPS_PER_CANDIDATE, "lr": lr, "loss": loss},
             "gate": {
                 "tasks": str(heldout.resolve()),
