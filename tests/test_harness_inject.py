@@ -131,9 +131,11 @@ def test_runtimes_leave_harness_files_alone() -> None:
     runtime = UpstreamRuntime("http://127.0.0.1:9/v1")
     files = {**TREE.to_files(), "harness/extensions/model.safetensors": b"not weights"}
     assert asyncio.run(runtime.load(content_id_of(files), files)).startswith("upstream:")
-    embedded = pytest.importorskip("reef.runtimes.embedded")
-    assert embedded._adapter_files({"harness/extensions/x/adapter_config.json": b"{}"}) is None  # noqa: SLF001
-    assert embedded._adapter_files({"adapter_config.json": b"{}", **TREE.to_files()}) == {"adapter_config.json": b"{}"}  # noqa: SLF001
+    from reef.core.training import adapter_part, weights_kind
+
+    assert not adapter_part({"harness/extensions/x/adapter_config.json": b"{}"})
+    assert weights_kind({"harness/extensions/x/adapter_config.json": b"{}", **files}) is None
+    assert adapter_part({"adapter_config.json": b"{}", **TREE.to_files()}) == {"adapter_config.json": b"{}"}
 
 
 def test_tool_results_do_not_count_as_mentions(tmp_path: Path) -> None:
