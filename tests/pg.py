@@ -79,8 +79,9 @@ def _remove_stale_clusters() -> None:
     for root in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
         pid_file = root / "data" / "postmaster.pid"
         try:
-            if pid_file.exists():
-                stale = not _alive(int(pid_file.read_text().split()[0]))
+            if pid_file.exists():  # a fresh one may be initdb's passing backend, in another test process
+                young = time.time() - pid_file.stat().st_mtime < 300
+                stale = not young and not _alive(int(pid_file.read_text().split()[0]))
             else:
                 stale = time.time() - root.stat().st_mtime > 3600
         except (OSError, ValueError, IndexError):
