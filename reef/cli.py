@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from reef import __version__
-from reef.client import DEFAULT_URL, ReefClient, ReefClientError
 from reef.commit.archive import archived_scenarios
 from reef.commit.state import ReefState
 from reef.core.errors import ReefError
@@ -343,22 +342,13 @@ def _check_gate(config: ServeConfig) -> None:
 
 # -- talking to a running server -------------------------------------------------------------
 
-URL = click.option(
-    "--url", envvar="REEF_URL", default=DEFAULT_URL, show_default=True, help="Reef's address (REEF_URL)."
+# the options and the call of every client command: one copy, in the commands' own module
+from reef.cli_train import (  # noqa: E402
+    TOKEN,
+    URL,
+    _print,  # noqa: E402
 )
-TOKEN = click.option("--token", envvar="REEF_TOKEN", default=None, help="Bearer token (REEF_TOKEN).")
-
-
-def _client_call(url: str, token: str | None, call):  # type: ignore[no-untyped-def]
-    try:
-        with ReefClient(url, token) as client:
-            return call(client)
-    except ReefClientError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _print(data: object) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True))
+from reef.cli_train import _call as _client_call  # noqa: E402
 
 
 @main.command()
