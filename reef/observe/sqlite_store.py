@@ -370,12 +370,8 @@ class SQLiteStore(ExperienceStore):
 
     def stitch_session(self, record_id: str, session: str) -> bool:
         check_id(session, "session")
-
-        def write(conn: sqlite3.Connection) -> bool:
-            sql_ = "UPDATE records SET session = ? WHERE id = ? AND session IS NULL"
-            return conn.execute(sql_, (session, record_id)).rowcount == 1
-
-        return self._submit(write)
+        sql_ = "UPDATE records SET session = ? WHERE id = ? AND session IS NULL"
+        return self._submit(lambda conn: conn.execute(sql_, (session, record_id)).rowcount == 1)
 
     def archive_scenario(self, scenario: str, archived_as: str) -> int:
         def write(conn: sqlite3.Connection) -> int:
