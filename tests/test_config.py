@@ -195,6 +195,24 @@ def test_a_gate_bounded_only_when_starved_needs_the_bound(tmp_path: Path) -> Non
     assert load_config(path, env={}).learner.gate.concurrency == 4
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_full_weights_on_an_engine_refuse_what_would_push_a_candidate_into_it(tmp_path: Path, engine: str) -> None:
+    path = tmp_path / "serve.yaml"
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "2+2?", "answer": "4"}\n')
+    full = f"runtime: {engine}\nlearner:\n  weights: full\n"
+    path.write_text(full + "  canary: {demo: 0.1}\n")
+    with pytest.raises(InvalidInput, match=r"learner.canary with learner.weights: full on " + engine):
+        load_config(path, env={})
+    path.write_text(full + f"  gate: {{tasks: {tasks}}}\n")
+    with pytest.raises(InvalidInput, match=r"set learner.gate.answer_on: trainer"):
+        load_config(path, env={})
+    path.write_text(full + f"  gate: {{tasks: {tasks}, answer_on: trainer}}\n")
+    assert load_config(path, env={}).learner.gate.answer_on == "trainer"
+    path.write_text(f"runtime: embedded\nlearner:\n  weights: full\n  canary: {{demo: 0.1}}\n")
+    assert load_config(path, env={}).learner.canary == {"demo": 0.1}  # a model per load: no sharing
+
+
 # -- recipes' shared settings and the Recipe protocol ---------------------------------------------
 
 

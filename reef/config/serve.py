@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from reef.config.learner import LearnerConfig, RecipeConfig
 from reef.config.runtimes import EmbeddedConfig, SGLangConfig, UpstreamConfig, VLLMConfig
@@ -144,6 +144,25 @@ class ServeConfig(Strict):
     @classmethod
     def _plain_public_url(cls, url: str | None) -> str | None:
         return None if url is None else checked_url(url)  # the rule every URL baked into a script meets
+
+    @model_validator(mode="after")
+    def _one_engine_one_set_of_full_weights(self) -> ServeConfig:
+        """An engine holds one set of full weights for every request: a candidate answered there
+        (a canary, the gate's tasks on the runtime) would serve the serving release's traffic."""
+        if self.learner.weights != "full" or self.runtime_kind not in ("vllm", "sglang"):
+            return self
+        if self.learner.canary:
+            raise ValueError(
+                f"learner.canary with learner.weights: full on {self.runtime_kind}: the candidate's weights "
+                "would be pushed into the one engine every request shares; leave the canary off"
+            )
+        if self.learner.gate.tasks is not None and self.learner.gate.answer_on == "runtime":
+            raise ValueError(
+                f"learner.gate.answer_on: runtime with learner.weights: full on {self.runtime_kind}: each "
+                "candidate would be pushed into the serving engine to be judged; set "
+                "learner.gate.answer_on: trainer (and learner.gate.temperature: 0)"
+            )
+        return self
 
     @property
     def runtime_kind(self) -> str:
