@@ -14,18 +14,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from reef import __version__
+from reef.cli_state import STATE_DIR, open_state
 from reef.commit.archive import archived_scenarios
 from reef.commit.state import ReefState
 from reef.core.errors import ReefError
-
-STATE_DIR = click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path(".reef"),
-    show_default=True,
-    envvar="REEF_STATE_DIR",
-    help="Reef's state directory (records, commit logs, artifacts).",
-)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -59,6 +51,7 @@ def inspect(state_dir: Path, as_json: bool, store_dsn: str | None, artifacts_rem
     Says which stale git locks (left by a git killed mid-update) recovery removed, and which
     lock files are still there (on standard error with --json).
 
+    \b
     Examples:
       reef inspect --state-dir .reef
       reef inspect --state-dir /srv/reef --store postgresql://reef@db/reef --artifacts-remote /srv/artifacts.git
@@ -66,7 +59,7 @@ def inspect(state_dir: Path, as_json: bool, store_dsn: str | None, artifacts_rem
     if not state_dir.exists():
         raise click.ClickException(f"no state directory at {state_dir}")
     try:
-        with _open_state(state_dir, store_dsn, artifacts_remote) as state:
+        with open_state(state_dir, store_dsn, artifacts_remote) as state:
             state.verify_artifacts()
             rows = [_scenario_row(state, name) for name in state.scenarios()]
             archived = [_archived_row(state, gone) for gone in archived_scenarios(state)]
@@ -538,216 +531,14 @@ def status(url: str, token: str | None) -> None:
     _print(_client_call(url, token, lambda c: c.status()))
 
 
-# -- export: reading the state directory offline -----------------------------------------------
-
-STORE = click.option(
-    "--store",
-    "store_dsn",
-    envvar="REEF_STORE",
-    metavar="DSN",
-    help="The experience store, when the server keeps it in PostgreSQL: the same "
-    "postgresql:// DSN as its `store:` setting (REEF_STORE). Default: the SQLite "
-    "store in the state directory.",
-)
-
-
-def _open_state(state_dir: Path, store_dsn: str | None, artifacts_remote: str | None = None) -> ReefState:
-    if not state_dir.is_dir():
-        raise click.ClickException(f"no state directory at {state_dir}")
-    store = None
-    if store_dsn and store_dsn != "sqlite":
-        if not store_dsn.startswith(("postgresql://", "postgres://")):
-            raise click.ClickException("--store must be a postgresql:// DSN (or 'sqlite')")
-        from reef.extras import require
-
-        try:
-            require("--store postgresql:// (the PostgreSQL store)", "postgres")
-        except ReefError as exc:
-            raise click.ClickException(str(exc)) from None
-        from reef.observe.postgres_store import PostgresStore
-
-        store = PostgresStore(store_dsn)
-    elif not (state_dir / "experience.db").is_file():
-        raise click.ClickException(
-            f"no experience store at {state_dir / 'experience.db'} (a PostgreSQL store is named with --store)"
-        )
-    return ReefState.open(state_dir, store=store, artifacts_remote=artifacts_remote)
-
-
-@main.group()
-def export() -> None:
-    """Take experience or a release out of Reef: records as a chat dataset (JSONL), a release
-    as a PEFT adapter folder and/or a harness tree.
-
-    Both read the state directory offline, like `reef inspect`: they work whether or not the
-    server runs (SQLite's WAL lets them read beside it) and need no token.
-    """
-
-
-@export.command("records")
-@STATE_DIR
-@STORE
-@click.argument("scenario")
-@click.option(
-    "--out",
-    "out_path",
-    default="-",
-    show_default=True,
-    metavar="FILE|-",
-    help="Where to write the JSONL; '-' is standard output. A file is written whole or not at all; "
-    "a symbolic link or a device (/dev/stdout) is refused, never replaced.",
-)
-@click.option("--release", "release_id", metavar="ID", help="Only records served by this release (id or prefix).")
-@click.option("--min-score", type=float, help="Only records whose score (mean of their reports) is at least this.")
-@click.option("--max-score", type=float, help="Only records whose score (mean of their reports) is at most this.")
-@click.option(
-    "--since",
-    metavar="TIME",
-    help="Only records stored at or after TIME (ISO 8601, UTC unless it says otherwise, or epoch seconds).",
-)
-@click.option("--until", metavar="TIME", help="Only records stored before TIME.")
-@click.option(
-    "--status",
-    type=click.Choice(["complete", "incomplete", "any"]),
-    default="complete",
-    show_default=True,
-    help="Which records: finished normally, ended by an error (partial answers), or all (in progress too).",
-)
-@click.option("--reported-only", is_flag=True, help="Only records some report scored.")
-@click.option(
-    "--client-messages",
-    is_flag=True,
-    help="Export the client's own messages, without the harness inject mode put in front.",
-)
-def export_records(
-    state_dir: Path,
-    store_dsn: str | None,
-    scenario: str,
-    out_path: str,
-    release_id: str | None,
-    min_score: float | None,
-    max_score: float | None,
-    since: str | None,
-    until: str | None,
-    status: str,
-    reported_only: bool,
-    client_messages: bool,
-) -> None:
-    """Write a scenario's records as JSONL in chat format, one record a line.
-
-    Each line: {"messages": [the request in OpenAI chat format, then the assistant's answer],
-    "tools": [...] (when offered), "score": mean report score or null, "scores": [...],
-    "feedback": [...], "metadata": {"record_id", "scenario", "release_id", "session", "tags",
-    "created_at", "status"}}. `datasets.load_dataset("json", data_files=FILE)` reads it.
-    Records are streamed in the order they were stored, so memory stays flat.
-
-    \b
-    Examples:
-      reef export records default --out default.jsonl
-      reef export records coding --min-score 1 --since 2026-05-01 --out good.jsonl
-      reef export records coding --store postgresql://reef@db/reef --release 3f2a9c | jq .score
-    """
-    from reef.core.types import RecordStatus
-    from reef.observe.export import (
-        RecordFilters,
-        examples,
-        parse_time,
-        refuse_link_or_special,
-        write_jsonl,
-        write_jsonl_file,
-    )
-
-    statuses = None if status == "any" else {RecordStatus(status)}
-    out_file = None if out_path == "-" else Path(out_path)
-    try:
-        if out_file is not None:
-            refuse_link_or_special(out_file)  # before any work: `--out /dev/stdout` is refused at once
-        filters = RecordFilters(
-            statuses=statuses,
-            since=parse_time(since) if since else None,
-            until=parse_time(until) if until else None,
-            min_score=min_score,
-            max_score=max_score,
-            reported_only=reported_only,
-        )
-        with _open_state(state_dir, store_dsn) as state:
-            state.chain(scenario)  # NotFound for an unknown scenario
-            if release_id:
-                from dataclasses import replace
-
-                from reef.commit.export import resolve_release
-
-                filters = replace(filters, release_id=resolve_release(state, scenario, release_id).release_id)
-            request_of = None
-            if client_messages:
-                from reef.surfaces.inject import client_request
-
-                request_of = lambda record: client_request(record.request, record.harness)  # noqa: E731
-            rows = examples(state.store, scenario, filters, request_of)
-            count = write_jsonl(sys.stdout, rows) if out_file is None else write_jsonl_file(out_file, rows)
-    except (ReefError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"exported {count} record(s) of scenario {scenario}" + (f" to {out_file}" if out_file else ""), err=True)
-
-
-@export.command("release")
-@STATE_DIR
-@STORE
-@click.argument("scenario")
-@click.argument("release_id")
-@click.argument("dest", metavar="DIR", type=click.Path(path_type=Path))
-@click.option("--force", is_flag=True, help="Write into DIR even if it is not empty (our files are overwritten).")
-@click.option("--base-model", help="Set adapter_config.json's base_model_name_or_path to this name or path.")
-@click.option("--only", type=click.Choice(["adapter", "harness"]), help="Write only this part of the release.")
-def export_release(
-    state_dir: Path,
-    store_dsn: str | None,
-    scenario: str,
-    release_id: str,
-    dest: Path,
-    force: bool,
-    base_model: str | None,
-    only: str | None,
-) -> None:
-    """Write a release's LoRA adapter as a PEFT folder and/or its harness as files under DIR/harness/.
-
-    DIR gets adapter_config.json and adapter_model.safetensors, loadable by
-    `peft.PeftModel.from_pretrained(base, DIR)` and by vLLM (`LoRARequest(name, 1, DIR)`);
-    base_model_name_or_path names the base model (HuggingFaceTB/SmolLM2-135M-Instruct for the
-    embedded model; --base-model to say otherwise). DIR/reef-export.json records the scenario,
-    release and content id. RELEASE_ID may be a prefix (`reef releases` lists them).
-
-    \b
-    Examples:
-      reef export release coding 3f2a9c ./coding-adapter
-      reef export release coding 3f2a9c ./coding-harness --only harness --force
-    """
-    from reef.commit.export import PARTS
-    from reef.commit.export import export_release as write_release
-
-    try:
-        with _open_state(state_dir, store_dsn) as state:
-            done = write_release(
-                state, scenario, release_id, dest, force=force, base_model=base_model, parts=(only,) if only else PARTS
-            )
-    except (ReefError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-    what = []
-    if done.adapter_files:
-        what.append(f"adapter ({', '.join(done.adapter_files)}; base model {done.base_model})")
-    if done.harness_files:
-        what.append(f"harness ({len(done.harness_files)} file(s) under {dest / 'harness'})")
-    click.echo(
-        f"release {done.release.release_id} (step {done.release.step}) of {scenario} -> {dest}: " + "; ".join(what)
-    )
-
-
 from reef.cli_compact import compact, scenario_sizes  # noqa: E402  (a command of its own module, registered here)
+from reef.cli_export import export  # noqa: E402  (a command group of its own module, registered here)
 from reef.cli_import import import_records  # noqa: E402  (a command of its own module, registered here)
 from reef.cli_train import config, mode, train, train_now  # noqa: E402  (commands of their own module)
 from reef.demo.cli import demo  # noqa: E402  (a command of its own module, registered here)
 
 main.add_command(compact)
+main.add_command(export)
 main.add_command(demo)
 main.add_command(import_records)
 for command in (train, train_now, mode, config):

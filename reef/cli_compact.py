@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from reef.cli_state import STATE_DIR
 from reef.commit.state import ReefState
 from reef.commit.weights_store import compact_optimiser, size_report
 from reef.core.errors import ReefError
@@ -19,14 +20,7 @@ def scenario_sizes(state: ReefState, name: str) -> dict[str, int]:
 
 
 @click.command()
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path(".reef"),
-    show_default=True,
-    envvar="REEF_STATE_DIR",
-    help="Reef's state directory (records, commit logs, artifacts).",
-)
+@STATE_DIR
 @click.option(
     "--keep",
     type=click.IntRange(min=1),
@@ -41,6 +35,7 @@ def compact(state_dir: Path, keep: int, only: str | None) -> None:
     Weights are never freed: every release still serves and rolls back; training from a compacted
     release starts a fresh optimiser. Prints the bytes freed per scenario.
 
+    \b
     Examples:
       reef compact --state-dir .reef
       reef compact --state-dir /srv/reef --keep 3 --scenario support

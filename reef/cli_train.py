@@ -50,6 +50,7 @@ def train(
 ) -> None:
     """Tell a scenario what to learn, in words (manual or hybrid mode; a harness recipe).
 
+    \b
     Examples:
       reef train support "Stop apologising; answer in one line." --wait 120
     """
@@ -110,6 +111,7 @@ def config_set(url: str, token: str | None, scenario: str, changes: tuple[str, .
     """Change live settings: NAME=VALUE ... (lr, batch_size, gate_margin, gate_confidence,
     canary_fraction, training_mode).
 
+    \b
     Examples:
       reef config set support batch_size=4 gate_margin=2
     """
