@@ -2,7 +2,7 @@
 
 Each `Dialect` turns a body into a `ChatRequest`, a `ChatResult` into a response body, deltas
 into SSE bytes, and errors into the dialect's own error shape; the wire details live in
-`openai_wire.py`, `anthropic_wire.py` and `responses_wire.py`.
+`openai_wire.py`, `anthropic_wire.py`, `responses_wire.py` and `responses_events.py`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from typing import Any, Protocol
 
 from reef.core.chat import ChatRequest, ChatResult, Delta
-from reef.serve import anthropic_wire, openai_wire, responses_wire
+from reef.serve import anthropic_wire, openai_wire, responses_events, responses_wire
 from reef.serve.tool_policy import UnsupportedTools
 
 
@@ -120,10 +120,10 @@ class ResponsesDialect:
         return responses_wire.parse_responses_request(body, unsupported_tools)
 
     def response(self, result: ChatResult, record_id: str, model: str) -> dict[str, Any]:
-        return responses_wire.response_body(result, record_id=record_id, created_at=int(time.time()), model=model)
+        return responses_events.response_body(result, record_id=record_id, created_at=int(time.time()), model=model)
 
     def stream(self, body: Any, record_id: str, model: str, input_tokens: int) -> StreamEncoder:
-        return responses_wire.EventEncoder(record_id, int(time.time()), model)
+        return responses_events.EventEncoder(record_id, int(time.time()), model)
 
     def error_body(self, kind: str, message: str) -> dict[str, Any]:
         return openai_wire.error_body(message, kind)
