@@ -137,7 +137,7 @@ def test_the_demo_trains_full_weights_on_ranks_when_asked(tmp_path: Path) -> Non
     import yaml
 
     from reef.config import load_config
-    from reef.demo.server import demo_settings
+    from reef.demo.server import FULL_LEARNING_RATE, demo_settings
 
     heldout = demo_tasks.write_heldout_jsonl(tmp_path / "h.jsonl", 1)
     assert "weights" not in demo_settings(tmp_path, heldout, 8000, None)["learner"]  # LoRA: Reef's default
@@ -145,6 +145,7 @@ def test_the_demo_trains_full_weights_on_ranks_when_asked(tmp_path: Path) -> Non
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump(settings))
     learner = load_config(tmp_path / "serve.yaml", env={}).learner
     assert (learner.weights, learner.ranks) == ("full", 2)
+    assert learner.settings_for("sao").full_lr == FULL_LEARNING_RATE  # 0.02 x lr barely moved it
 
 
 # -- the learning curve ---------------------------------------------------------------------------

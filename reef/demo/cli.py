@@ -86,7 +86,7 @@ import click
     default="lora",
     show_default=True,
     help="learner.weights: train a LoRA adapter, or every weight of the model (full; each candidate is "
-    "then a whole checkpoint, and its learning rate learner.sao.full_lr)",
+    "then a whole checkpoint, trained at learner.sao.full_lr 2e-5)",
 )
 @click.option(
     "--ranks",
