@@ -4,8 +4,9 @@ A real `reef serve` on the embedded model (SmolLM2-135M-Instruct, its default ru
 one scenario bound to `openclaw_rl`; nobody ever calls `/reef/report`. Scripted users (real
 HTTP clients, `--concurrency` at once) hold conversations over the demo's training questions
 (reef.demo.tasks, asked with its one worked example): after a wrong answer the user says
-"That's wrong, try again." and asks again (up to `--tries` times), after a right one it says
-"Right." and asks the next question, in the same conversation; half of the conversations send
+"That's wrong, try again." and asks again (up to `--tries` times; after the last, "That's wrong.
+Never mind." and the next question), after a right one it says "Right." and asks the next
+question, in the same conversation; half of the conversations send
 `x-reef-session`, the other half are stitched by their message prefixes. The judge is a real
 HTTP server (tests/scripted_upstream.py) that reads the fenced next state and votes -1 when it
 says "wrong", else +1: a stand-in for a model judge whose verdicts are reproducible. The gate
@@ -128,7 +129,9 @@ async def conversation(
             messages = [*messages, {"role": "assistant", "content": text}]
             if right or attempt == tries - 1:
                 following = asked[index + 1] if index + 1 < len(asked) else None
-                said = "Right." if right else "Never mind."
+                # a user who gives up still says the answer was wrong: the judge reads what a model
+                # judge would ("Never mind." alone was voted +1, so every last wrong try was rewarded)
+                said = "Right." if right else "That's wrong. Never mind."
                 ask = f" Next: {demo_tasks.user_prompt(following)}" if following else " Thanks, bye."
                 messages = [*messages, {"role": "user", "content": said + ask}]
                 break

@@ -467,7 +467,7 @@ def converse(client: httpx.Client, who: str, questions: list[tuple[str, str]], h
             right = expected in answer["content"].lower()
             following = questions[index + 1][0] if index + 1 < len(questions) else "bye"
             if right or attempt == tries - 1:
-                pending = ("Right! " if right else "Never mind. ") + following
+                pending = ("Right! " if right else "That's wrong. Never mind. ") + following
                 break
             pending = "wrong, try again"
     messages.append({"role": "user", "content": pending})
