@@ -76,7 +76,7 @@ class OpenClawRLConfig(ClippedLossConfig):
 
     session_idle_s: float = Field(600.0, gt=0, description="A session ends after this long without a next turn")
     # bench/openclaw_rl.py: 8 turns and 1 step a candidate at lr 5e-4 published nothing in 11 minutes;
-    # 16 turns, 4 steps at 2e-4 learned (docs/learning.md)
+    # 16 turns, 4 steps at 2e-4 learned once and not in later runs (docs/learning.md: not settled)
     turns_per_batch: int = Field(16, ge=1, description="Turns with a next state per candidate")
     steps_per_candidate: int = Field(4, ge=1, description="Optimiser steps over a batch before the gate judges it")
     lr: float = Field(2e-4, gt=0, description="AdamW's learning rate")
