@@ -209,7 +209,7 @@ def test_full_weights_on_an_engine_refuse_what_would_push_a_candidate_into_it(tm
         load_config(path, env={})
     path.write_text(full + f"  gate: {{tasks: {tasks}, answer_on: trainer}}\n")
     assert load_config(path, env={}).learner.gate.answer_on == "trainer"
-    path.write_text(f"runtime: embedded\nlearner:\n  weights: full\n  canary: {{demo: 0.1}}\n")
+    path.write_text("runtime: embedded\nlearner:\n  weights: full\n  canary: {demo: 0.1}\n")
     assert load_config(path, env={}).learner.canary == {"demo": 0.1}  # a model per load: no sharing
 
 
