@@ -23,7 +23,8 @@ LAYERS = [  # lowest first; a package may import its own modules and those of lo
     {"recipes"},
     {"serve"},
     {"demo"},
-    {"cli_import", "cli_compact", "cli_train"},  # commands of their own modules, which cli registers
+    {"cli_state"},  # what the offline commands share
+    {"cli_import", "cli_compact", "cli_export", "cli_train"},  # commands of their own modules, which cli registers
     {"cli"},
     {"__main__"},
 ]
