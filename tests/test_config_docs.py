@@ -52,7 +52,7 @@ def test_the_catalog_walks_every_section_and_each_declaration_once() -> None:
     } <= set(keys)
     lines = {setting.name: setting.line() for setting in settings()}
     assert lines["learner.{sao,ttt_discover,openclaw_rl}.lr"].startswith(
-        "- `learner.{sao,ttt_discover,openclaw_rl}.lr` (float, default `0.0005` (learner.openclaw_rl: `0.0002`)): "
+        "- `learner.{sao,ttt_discover,openclaw_rl}.lr` (float, default `0.0005` (learner.openclaw_rl: `0.0001`)): "
     )
     assert "default `0.0` (learner.ttt_discover: `0.05`)" in lines["learner.{sao,ttt_discover,openclaw_rl}.kl_coef"]
     assert lines["learner.skills.llm.url"].startswith(

@@ -75,11 +75,11 @@ class OpenClawRLConfig(ClippedLossConfig):
     the LoRA shape, optimiser and clip range are every weights recipe's (reef/config/training.py)."""
 
     session_idle_s: float = Field(600.0, gt=0, description="A session ends after this long without a next turn")
-    # bench/openclaw_rl.py: 8 turns and 1 step a candidate at lr 5e-4 published nothing in 11 minutes;
-    # 16 turns, 4 steps at 2e-4 learned once and not in later runs (docs/learning.md: not settled)
-    turns_per_batch: int = Field(16, ge=1, description="Turns with a next state per candidate")
-    steps_per_candidate: int = Field(4, ge=1, description="Optimiser steps over a batch before the gate judges it")
-    lr: float = Field(2e-4, gt=0, description="AdamW's learning rate")
+    # bench/openclaw_rl.py: 16 turns and 4 steps at 2e-4 trained batches of one right answer or none
+    # and published nothing; 32 turns and 2 steps at 1e-4 gained on both seeds (docs/learning.md)
+    turns_per_batch: int = Field(32, ge=1, description="Turns with a next state per candidate")
+    steps_per_candidate: int = Field(2, ge=1, description="Optimiser steps over a batch before the gate judges it")
+    lr: float = Field(1e-4, gt=0, description="AdamW's learning rate")
     reward_weight: float = Field(1.0, ge=0, description="Weight of the judged reward in each token's advantage")
     report_weight: float = Field(0.5, ge=0, le=1, description="Share of a reported score in a turn's reward")
     report_pass: float = Field(0.5, description="A reported score above this is +1, below it -1")
